@@ -1,0 +1,1 @@
+"""Thin orchestration: when to measure and where to log. The math lives in ``metrics/``."""

@@ -1,0 +1,61 @@
+"""Stable, ``/``-namespaced metric keys, and the flattening of a snapshot into them.
+
+``comp/{Q,K,V}/{measure}/L0H1->L1H3``, ``comp/{Q,K,V}/{measure}_minus_baseline/...``,
+``comp/baseline/{measure}`` (+ ``_stderr``), ``heads/{induction,prev_token,duplicate}/L1H3``
+(+ ``/top``), ``loss/{first_occurrence,repeated,icl_score}``, ``circuit/K/{measure}`` (+
+``_minus_baseline``, ``_minus_baseline_rank``), ``circuit/{writer,reader}_{layer,head}``.
+"""
+
+from __future__ import annotations
+
+from metrics.snapshot import Snapshot
+
+HEAD_SCORES = {"induction": "induction", "prev_token": "previous_token", "duplicate": "duplicate_token"}
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def pair_name(writer: tuple[int, int], reader: tuple[int, int]) -> str:
+    return f"{head_name(*writer)}->{head_name(*reader)}"
+
+
+def snapshot_metrics(snap: Snapshot) -> dict[str, float]:
+    """Every scalar of ``snap`` under its key; masked (NaN) pairs are never emitted."""
+    metrics: dict[str, float] = {
+        "loss/first_occurrence": snap.first_occurrence_loss,
+        "loss/repeated": snap.repeated_loss,
+        "loss/icl_score": snap.icl_score,
+    }
+    for key, attribute in HEAD_SCORES.items():
+        scores = getattr(snap, attribute)  # (L, H)
+        for (layer, head), value in _entries(scores):
+            metrics[f"heads/{key}/{head_name(layer, head)}"] = value
+        metrics[f"heads/{key}/top"] = float(scores.max())
+    for measure, by_kind in snap.composition.items():
+        baseline = snap.baselines[measure]
+        metrics[f"comp/baseline/{measure}"] = baseline.mean
+        metrics[f"comp/baseline/{measure}_stderr"] = baseline.stderr
+        for kind, scores in by_kind.items():
+            for (l1, h1, l2, h2), value in _entries(scores):
+                name = pair_name((l1, h1), (l2, h2))
+                metrics[f"comp/{kind}/{measure}/{name}"] = value
+                metrics[f"comp/{kind}/{measure}_minus_baseline/{name}"] = value - baseline.mean
+        if snap.circuit is not None:
+            (l1, h1), (l2, h2) = snap.circuit
+            k = by_kind["K"]
+            metrics[f"circuit/K/{measure}"] = float(k[l1, h1, l2, h2])
+            metrics[f"circuit/K/{measure}_minus_baseline"] = float(k[l1, h1, l2, h2]) - baseline.mean
+            others_above = int((k.nan_to_num(float("-inf")) > k[l1, h1, l2, h2]).sum())
+            metrics[f"circuit/K/{measure}_minus_baseline_rank"] = float(1 + others_above)
+    if snap.circuit is not None:
+        (l1, h1), (l2, h2) = snap.circuit
+        metrics.update({"circuit/writer_layer": l1, "circuit/writer_head": h1, "circuit/reader_layer": l2, "circuit/reader_head": h2})
+    return metrics
+
+
+def _entries(scores):
+    """``(index tuple, float)`` for every non-NaN entry of a tensor."""
+    for index in (~scores.isnan()).nonzero().tolist():
+        yield tuple(index), float(scores[tuple(index)])

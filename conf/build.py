@@ -1,0 +1,97 @@
+"""Turn a validated config into the datamodule, module, loggers, callbacks and trainer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from omegaconf import DictConfig, OmegaConf
+
+from callbacks.figure import PhaseChangeFigure
+from callbacks.tracker import CompositionTracker
+from data.datamodule import TokenDataModule, make_sampler
+from data.probe import make_probe_batch
+from models.lit_module import InductionLM
+from models.transformer import TransformerShape
+
+
+def build_datamodule(cfg: DictConfig) -> TokenDataModule:
+    d = cfg.data
+    sampler = make_sampler(
+        d.name.value, d.seed, d.seq_len, cfg.model.d_vocab - int(d.bos), d.bos,
+        n_min=d.n_min, n_max=d.n_max, n_triggers=d.n_triggers, concentration=d.concentration,
+    )
+    return TokenDataModule(sampler, d.batch_size)
+
+
+def build_module(cfg: DictConfig) -> InductionLM:
+    m, o = cfg.model, cfg.optim
+    shape = TransformerShape(
+        n_layers=m.n_layers, n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head,
+        n_ctx=m.n_ctx, d_vocab=m.d_vocab, normalization=str(m.normalization.value),
+    )
+    return InductionLM(shape, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), warmup_steps=o.warmup_steps)
+
+
+def wandb_mode(cfg: DictConfig) -> str:
+    """The config's mode if set, else ``$WANDB_MODE``, else offline (no account or network needed)."""
+    mode = cfg.logger.wandb.mode
+    return mode.value if mode is not None else os.environ.get("WANDB_MODE", "offline")
+
+
+def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
+    loggers: list[Logger] = []
+    w = cfg.logger.wandb
+    if w.enabled:
+        loggers.append(
+            WandbLogger(
+                project=w.project, entity=w.entity, group=w.group, tags=list(w.tags), name=w.name,
+                save_dir=str(run_dir), mode=wandb_mode(cfg),
+                config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+            )
+        )
+    if cfg.logger.csv:
+        loggers.append(CSVLogger(save_dir=str(run_dir), name="csv", version=""))
+    return loggers
+
+
+def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
+    callbacks: list[L.Callback] = [
+        ModelCheckpoint(
+            dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
+            every_n_train_steps=cfg.trainer.checkpoint_every_n_steps,
+        )
+    ]
+    tr = cfg.tracker
+    if tr.enabled:
+        probe = make_probe_batch(tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(cfg.data.bos), cfg.data.bos)
+        callbacks.append(
+            CompositionTracker(
+                probe, every_n_steps=tr.every_n_steps, image_every_n_steps=tr.image_every_n_steps,
+                measures=tuple(tr.measures), baseline_samples=tr.baseline_samples,
+            )
+        )
+        callbacks.append(PhaseChangeFigure(run_dir, smoothing_window=tr.smoothing_window))
+    return callbacks
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
+    t = cfg.trainer
+    return L.Trainer(
+        default_root_dir=str(run_dir),
+        max_steps=t.max_steps,
+        accelerator=t.accelerator,
+        devices=t.devices,
+        precision=t.precision,
+        gradient_clip_val=t.gradient_clip_val,
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        log_every_n_steps=t.log_every_n_steps,
+        enable_progress_bar=t.enable_progress_bar,
+        deterministic=t.deterministic,
+        logger=build_loggers(cfg, run_dir) or False,
+        callbacks=build_callbacks(cfg, run_dir),
+        enable_model_summary=False,
+    )

@@ -1,0 +1,132 @@
+"""Typed schemas for every config group. Hydra merges each group's YAML onto these dataclasses,
+so a misspelt key, a wrong type or an unknown enum value fails before anything is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Normalization(str, Enum):
+    none = "none"
+    layernorm = "layernorm"
+    rmsnorm = "rmsnorm"
+
+
+class DataName(str, Enum):
+    repeated = "repeated"
+    bigram_triggers = "bigram_triggers"
+
+
+class WandbMode(str, Enum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass
+class ModelConfig:
+    n_layers: int = 2
+    n_heads: int = 2
+    d_model: int = 64
+    d_head: int = 16
+    n_ctx: int = 33
+    d_vocab: int = 257  # random tokens + BOS
+    normalization: Normalization = Normalization.none
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 100
+
+
+@dataclass
+class DataConfig:
+    """``n_min, n_max`` apply to ``repeated``; ``n_triggers, concentration`` to ``bigram_triggers``."""
+
+    name: DataName = DataName.repeated
+    seed: int = 0
+    batch_size: int = 32
+    seq_len: int = 33
+    bos: bool = True
+    n_min: int = 8
+    n_max: int = 16
+    n_triggers: int = 4
+    concentration: float = 0.5
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1500
+    accelerator: str = "cpu"
+    devices: int = 1
+    precision: str = "32-true"
+    gradient_clip_val: Optional[float] = 1.0
+    accumulate_grad_batches: int = 1
+    log_every_n_steps: int = 10
+    enable_progress_bar: bool = True
+    deterministic: bool = False
+    checkpoint_every_n_steps: int = 500
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = True
+    mode: Optional[WandbMode] = None  # None: $WANDB_MODE if set, else offline
+    project: str = "induction-composition"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    name: Optional[str] = None
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    csv: bool = True
+
+
+@dataclass
+class TrackerConfig:
+    enabled: bool = True
+    every_n_steps: int = 10
+    image_every_n_steps: int = 250  # 0 disables heatmap images
+    measures: List[str] = field(default_factory=lambda: ["frobenius"])
+    baseline_samples: int = 2000
+    probe_batch_size: int = 64
+    probe_n: int = 16
+    probe_seed: int = 0
+    smoothing_window: int = 5  # points, for phase-change detection
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    resume: Optional[str] = None  # a checkpoint path to resume training from
+    model: ModelConfig = MISSING
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = MISSING
+    tracker: TrackerConfig = MISSING
+
+
+def register_schemas() -> None:
+    """Make the schemas available to ``conf/config.yaml`` and each group's YAML files."""
+    store = ConfigStore.instance()
+    store.store(name="schema", node=Config)
+    for group, node in [
+        ("model", ModelConfig),
+        ("data", DataConfig),
+        ("trainer", TrainerConfig),
+        ("logger", LoggerConfig),
+        ("tracker", TrackerConfig),
+    ]:
+        store.store(group=group, name="schema", node=node)

@@ -1,0 +1,67 @@
+"""Cross-field checks the typed schema cannot express; run before anything heavy is built."""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from metrics.snapshot import COMPOSITION_MEASURES
+
+
+class ConfigError(ValueError):
+    """A config that type-checks but cannot run; the message says which keys and why."""
+
+
+def config_problems(cfg: DictConfig) -> list[str]:
+    """Every problem found in ``cfg``, as one readable sentence each (empty when it can run)."""
+    m, d, t, tr = cfg.model, cfg.data, cfg.trainer, cfg.tracker
+    problems = []
+    for key in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx"):
+        if m[key] < 1:
+            problems.append(f"model.{key}={m[key]} must be >= 1")
+    if m.d_head > m.d_model:
+        problems.append(f"model.d_head={m.d_head} must be <= model.d_model={m.d_model}")
+    n_random = m.d_vocab - int(d.bos)
+    if n_random < 2:
+        problems.append(f"model.d_vocab={m.d_vocab} leaves {n_random} random tokens (BOS takes one); need >= 2")
+    if d.seq_len > m.n_ctx:
+        problems.append(f"data.seq_len={d.seq_len} exceeds model.n_ctx={m.n_ctx}")
+    if d.batch_size < 1:
+        problems.append(f"data.batch_size={d.batch_size} must be >= 1")
+    if d.name == "repeated":
+        if not 1 <= d.n_min <= d.n_max:
+            problems.append(f"data.n_min={d.n_min}, data.n_max={d.n_max}: need 1 <= n_min <= n_max")
+        elif d.seq_len - int(d.bos) <= d.n_max:
+            problems.append(
+                f"data.seq_len={d.seq_len} leaves no room to repeat a block of data.n_max={d.n_max} tokens"
+                f" (need seq_len > n_max{' + 1 for BOS' if d.bos else ''})"
+            )
+    if d.name == "bigram_triggers" and not 1 <= d.n_triggers < n_random:
+        problems.append(f"data.n_triggers={d.n_triggers} must be in [1, {n_random - 1}]")
+    if t.max_steps < 1:
+        problems.append(f"trainer.max_steps={t.max_steps} must be >= 1")
+    if t.accelerator == "gpu" and not torch.cuda.is_available():
+        problems.append("trainer=gpu but no CUDA device is visible to torch (use trainer=cpu)")
+    if tr.enabled:
+        if tr.every_n_steps < 1:
+            problems.append(f"tracker.every_n_steps={tr.every_n_steps} must be >= 1")
+        if tr.image_every_n_steps < 0:
+            problems.append(f"tracker.image_every_n_steps={tr.image_every_n_steps} must be >= 0 (0 disables)")
+        unknown = sorted(set(tr.measures) - set(COMPOSITION_MEASURES))
+        if unknown:
+            problems.append(f"tracker.measures has unknown {unknown}; known: {sorted(COMPOSITION_MEASURES)}")
+        probe_len = 2 * tr.probe_n + int(d.bos)
+        if tr.probe_n < 2:
+            problems.append(f"tracker.probe_n={tr.probe_n} must be >= 2")
+        if probe_len > m.n_ctx:
+            problems.append(f"tracker.probe_n={tr.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={m.n_ctx}")
+        if tr.baseline_samples < 2:
+            problems.append(f"tracker.baseline_samples={tr.baseline_samples} must be >= 2")
+    return problems
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` listing every problem in ``cfg``."""
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))

@@ -1,0 +1,1 @@
+"""Induction-data generators, the probe batch and the datamodule."""

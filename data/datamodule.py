@@ -1,0 +1,74 @@
+"""The training stream: an infinite, seeded, resumable iterable of token batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import lightning as L
+import numpy as np
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset
+
+from data.bigram_triggers import bigram_trigger_tokens, make_chain
+from data.repeated import repeated_tokens
+
+TokenSampler = Callable[[np.ndarray], Tensor]  # sample ids (b,) -> tokens (b, seq_len)
+
+
+class TokenStream(IterableDataset):
+    """Yields batches ``[batch_size, seq_len]`` of token ids, forever.
+
+    Batch ``i`` on rank ``r`` of ``world`` holds samples ``(i * world + r) * batch_size + [0, batch_size)``,
+    so ranks draw disjoint samples and the stream resumes exactly from any batch index.
+    """
+
+    def __init__(self, sampler: TokenSampler, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.next_batch = 0
+
+    def sample_ids(self, batch_index: int) -> np.ndarray:
+        first = (batch_index * self.world_size + self.rank) * self.batch_size
+        return np.arange(first, first + self.batch_size)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        while True:
+            batch = self.sampler(self.sample_ids(self.next_batch))
+            self.next_batch += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next_batch": self.next_batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next_batch = state["next_batch"]
+
+
+def make_sampler(name: str, seed: int, seq_len: int, n_random: int, bos: bool, **options) -> TokenSampler:
+    """The sample-ids -> tokens function of data generator ``name`` (``repeated`` or ``bigram_triggers``)."""
+    if name == "repeated":
+        return lambda ids: repeated_tokens(seed, ids, seq_len, n_random, options["n_min"], options["n_max"], bos)
+    if name == "bigram_triggers":
+        chain = make_chain(seed, n_random, options["n_triggers"], options["concentration"])
+        return lambda ids: bigram_trigger_tokens(chain, seed, ids, seq_len, bos)
+    raise ValueError(f"unknown data generator {name!r}; choose 'repeated' or 'bigram_triggers'")
+
+
+class TokenDataModule(L.LightningDataModule):
+    """Serves a :class:`TokenStream`; resumes at the trainer's step and splits samples across ranks."""
+
+    def __init__(self, sampler: TokenSampler, batch_size: int) -> None:
+        super().__init__()
+        self.sampler = sampler
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
+        stream = TokenStream(self.sampler, self.batch_size, rank, world)
+        if trainer is not None:
+            # one batch per micro-step: resume exactly where a checkpoint left off
+            stream.next_batch = trainer.global_step * trainer.accumulate_grad_batches
+        return DataLoader(stream, batch_size=None, num_workers=0)

@@ -1,0 +1,75 @@
+"""Per-head QK and OV circuits as low-rank factor pairs (Elhage et al. 2021, "A Mathematical
+Framework for Transformer Circuits"), in the row-vector convention of MEASURES.md.
+
+A ``[d_model, d_model]`` circuit of rank <= d_head is never formed: it is kept as
+``left @ right.mT`` with ``left, right [..., d_model, d_head]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models.transformer import AttentionOnlyTransformer, norm_gain
+
+
+@dataclass(frozen=True)
+class LowRank:
+    """A stack of ``d_model x d_model`` matrices ``left @ right.mT``; ``left, right [..., d_model, rank]``."""
+
+    left: Tensor
+    right: Tensor
+
+    def dense(self) -> Tensor:
+        """The full matrices ``[..., d_model, d_model]``: for tests and references only."""
+        return self.left @ self.right.mT
+
+    @property
+    def T(self) -> LowRank:
+        return LowRank(self.right, self.left)
+
+    def flatten_heads(self) -> LowRank:
+        """``[n_layers, n_heads, d, r] -> [n_layers * n_heads, d, r]``."""
+        return LowRank(self.left.flatten(0, 1), self.right.flatten(0, 1))
+
+    def index(self, idx: Tensor) -> LowRank:
+        return LowRank(self.left[idx], self.right[idx])
+
+
+@dataclass(frozen=True)
+class HeadCircuits:
+    """Every head's circuits, ``[n_layers, n_heads, d_model, d_head]`` factors each.
+
+    ``qk``: ``W_QK = W_Q W_Kᵀ`` (logit of dst i, src j is ``x_i W_QK x_jᵀ / sqrt(d_head)``).
+    ``ov``: ``W_OV = W_V W_O`` (a head writes ``x_j W_OV``).
+    Normalization gains are folded into the reading weights ``W_Q, W_K, W_V``.
+    """
+
+    qk: LowRank
+    ov: LowRank
+
+    @property
+    def n_layers(self) -> int:
+        return self.qk.left.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.qk.left.shape[1]
+
+
+def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype = torch.float64) -> HeadCircuits:
+    """The model's QK and OV circuits, detached, in ``dtype`` (float64 by default for exact scores)."""
+    W_Q, W_K, W_V, W_O = [], [], [], []
+    with torch.no_grad():
+        for layer in model.layers:
+            gain = norm_gain(layer.norm)
+            fold = (lambda w: w) if gain is None else (lambda w, g=gain: g[None, :, None] * w)
+            W_Q.append(fold(layer.W_Q))
+            W_K.append(fold(layer.W_K))
+            W_V.append(fold(layer.W_V))
+            W_O.append(layer.W_O)
+        stack = lambda ws: torch.stack(ws).detach().to(dtype)  # (n_layers, n_heads, ...)
+        W_Q, W_K, W_V, W_O = stack(W_Q), stack(W_K), stack(W_V), stack(W_O)
+    return HeadCircuits(qk=LowRank(W_Q, W_K), ov=LowRank(W_V, W_O.mT))

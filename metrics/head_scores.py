@@ -1,0 +1,38 @@
+"""Attention-pattern head scores on the probe batch (Olsson et al. 2022, "In-context Learning and
+Induction Heads"; MEASURES.md).
+
+The probe is ``[BOS], t_1 .. t_n, t_1 .. t_n``: the second copy starts at ``repeat_start`` and each
+of its tokens first occurred exactly ``n`` positions earlier. Patterns are ``[batch, heads, query,
+key]``; each score is ``[heads]``, the mean over the batch and the scored query positions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def mean_attention_at_offset(pattern: Tensor, queries: Tensor, offset: int) -> Tensor:
+    """Mean of ``pattern[:, :, q, q - offset]`` over the batch and queries ``q`` -> ``[heads]``."""
+    return pattern[:, :, queries, queries - offset].mean(dim=(0, 2))
+
+
+def previous_token_score(pattern: Tensor) -> Tensor:
+    """Mean attention from each position ``i >= 1`` to ``i - 1``."""
+    queries = torch.arange(1, pattern.shape[-1], device=pattern.device)
+    return mean_attention_at_offset(pattern, queries, 1)
+
+
+def repeat_queries(pattern: Tensor, repeat_start: int, n: int) -> Tensor:
+    return torch.arange(repeat_start, repeat_start + n, device=pattern.device)
+
+
+def induction_score(pattern: Tensor, repeat_start: int, n: int) -> Tensor:
+    """Mean attention from each repeated token to the token that *followed* its first occurrence
+    (prefix matching), i.e. offset ``n - 1``."""
+    return mean_attention_at_offset(pattern, repeat_queries(pattern, repeat_start, n), n - 1)
+
+
+def duplicate_token_score(pattern: Tensor, repeat_start: int, n: int) -> Tensor:
+    """Mean attention from each repeated token to its first occurrence, offset ``n``."""
+    return mean_attention_at_offset(pattern, repeat_queries(pattern, repeat_start, n), n)

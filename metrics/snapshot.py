@@ -1,0 +1,87 @@
+"""Everything the tracker measures at one step, from the model's weights and the probe batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from data.probe import ProbeBatch
+from metrics.baseline import Baseline, random_baseline
+from metrics.circuit_pair import circuit_pair
+from metrics.circuits import head_circuits
+from metrics.composition import PairMeasure, composition_scores, frobenius_ratio
+from metrics.head_scores import duplicate_token_score, induction_score, previous_token_score
+from metrics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
+from models.transformer import AttentionOnlyTransformer
+
+COMPOSITION_MEASURES: dict[str, PairMeasure] = {
+    "frobenius": frobenius_ratio,
+}
+"""The composition measures the tracker can compute, by name: one line per measure."""
+
+Head = tuple[int, int]  # (layer, head)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One measurement. Composition tensors are ``[n_layers, n_heads, n_layers, n_heads]``
+    (writer layer, writer head, reader layer, reader head; NaN where the reader is not later);
+    head scores are ``[n_layers, n_heads]``."""
+
+    composition: dict[str, dict[str, Tensor]]  # measure -> kind (Q, K, V) -> scores
+    baselines: dict[str, Baseline]  # measure -> random baseline for the model's shapes
+    previous_token: Tensor
+    induction: Tensor
+    duplicate_token: Tensor
+    first_occurrence_loss: float
+    repeated_loss: float
+    icl_score: float
+    circuit: tuple[Head, Head] | None  # (previous-token writer, induction reader); None for 1 layer
+
+    def minus_baseline(self, measure: str, kind: str) -> Tensor:
+        return self.composition[measure][kind] - self.baselines[measure].mean
+
+
+@torch.no_grad()
+def take_snapshot(
+    model: AttentionOnlyTransformer,
+    probe: ProbeBatch,
+    measures: tuple[str, ...] = ("frobenius",),
+    baseline_samples: int = 2000,
+) -> Snapshot:
+    """Measure ``model`` on ``probe``; leaves the model's mode and every RNG untouched."""
+    unknown = set(measures) - set(COMPOSITION_MEASURES)
+    if unknown:
+        raise ValueError(f"unknown composition measures {sorted(unknown)}; known: {sorted(COMPOSITION_MEASURES)}")
+    was_training = model.training
+    model.eval()
+    try:
+        tokens = probe.tokens.to(model.W_E.device)
+        logits, cache = model.run_with_cache(tokens)
+    finally:
+        model.train(was_training)
+    patterns = cache["pattern"]  # n_layers x (b, h, t, t)
+    per_layer = lambda score, *args: torch.stack([score(p, *args) for p in patterns]).cpu()  # (L, H)
+    previous = per_layer(previous_token_score)
+    induction = per_layer(induction_score, probe.repeat_start, probe.n)
+    losses = token_losses(logits.float(), tokens)
+
+    circuits = head_circuits(model)
+    shape = model.shape
+    composition = {m: {k: v.cpu() for k, v in composition_scores(circuits, COMPOSITION_MEASURES[m]).items()} for m in measures}
+    baselines = {
+        m: random_baseline(COMPOSITION_MEASURES[m], shape.d_model, shape.d_head, baseline_samples) for m in measures
+    }
+    return Snapshot(
+        composition=composition,
+        baselines=baselines,
+        previous_token=previous,
+        induction=induction,
+        duplicate_token=per_layer(duplicate_token_score, probe.repeat_start, probe.n),
+        first_occurrence_loss=first_occurrence_loss(losses, probe.first_start, probe.n).item(),
+        repeated_loss=repeated_loss(losses, probe.repeat_start, probe.n).item(),
+        icl_score=in_context_learning_score(losses).item(),
+        circuit=circuit_pair(previous, induction) if shape.n_layers >= 2 else None,
+    )

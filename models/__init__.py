@@ -1,0 +1,1 @@
+"""The attention-only transformer and its LightningModule."""

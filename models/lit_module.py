@@ -1,0 +1,48 @@
+"""LightningModule: next-token training of an :class:`AttentionOnlyTransformer`."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from models.transformer import AttentionOnlyTransformer, TransformerShape
+
+
+def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Mean cross-entropy of ``logits [b, t, v]`` at predicting ``tokens[:, 1:]``."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+
+
+class InductionLM(L.LightningModule):
+    """Trains the transformer with AdamW, a linear warmup, and logs ``train/loss``.
+
+    Gradient clipping is the Trainer's (``trainer.gradient_clip_val``).
+    """
+
+    def __init__(
+        self,
+        shape: TransformerShape,
+        lr: float = 3e-3,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+    ) -> None:
+        super().__init__()
+        self.model = AttentionOnlyTransformer(shape)
+        self.lr, self.weight_decay, self.betas, self.warmup_steps = lr, weight_decay, tuple(betas), warmup_steps
+
+    def training_step(self, tokens: Tensor, batch_idx: int) -> Tensor:
+        loss = next_token_loss(self.model(tokens), tokens)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay, betas=self.betas
+        )
+        if self.warmup_steps <= 0:
+            return optimizer
+        warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / self.warmup_steps))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
