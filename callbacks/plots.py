@@ -81,6 +81,9 @@ def training_curves(
     if circuit_raw is not None:
         ax_comp.plot(*circuit_raw, color="tab:purple", label="circuit pair K-comp (raw)")
         ax_comp.plot(*circuit_minus_baseline, color="tab:purple", ls="--", label="circuit pair K-comp minus baseline")
+    if circuit_raw is None and not other_pairs_minus_baseline:
+        ax_comp.text(0.5, 0.5, "no composition: one layer has no earlier->later head pairs",
+                     transform=ax_comp.transAxes, ha="center", va="center", color="0.4")
     if baseline is not None:
         ax_comp.axhline(baseline, color="k", lw=0.8, ls=":", label=f"random baseline {baseline:.3f}")
     ax_comp.set_ylabel("K-composition (Frobenius)")
@@ -91,7 +94,7 @@ def training_curves(
         ax.grid(alpha=0.3)
     if change is not None:
         ax_loss.set_title(
-            f"phase change (repeated-token loss): onset {change.onset_step:.0f}, "
+            f"largest transition of the repeated-token loss: onset {change.onset_step:.0f}, "
             f"midpoint {change.midpoint_step:.0f}, end {change.end_step:.0f}",
             fontsize=9,
         )

@@ -47,13 +47,13 @@ def bigram_trigger_tokens(
     """Token ids ``[len(sample_ids), seq_len]``; sample k is a pure function of ``(chain, seed, k)``."""
     n_random = chain.cumulative.shape[0]
     body_len = seq_len - int(bos)
-    u = torch.from_numpy(random_uniform(seed, sample_ids, body_len, STEP_STREAM))  # (b, t)
+    u = torch.from_numpy(random_uniform(seed, sample_ids, body_len, STEP_STREAM)).T.contiguous()  # (t, b)
     outputs = torch.from_numpy(random_ints(seed, sample_ids, len(chain.triggers), n_random, OUTPUT_STREAM))  # (b, k)
     body = torch.empty(len(sample_ids), body_len, dtype=torch.long)
-    body[:, 0] = (u[:, 0] * n_random).long().clamp(max=n_random - 1)
+    body[:, 0] = (u[0] * n_random).long().clamp(max=n_random - 1)
     for t in range(1, body_len):
         prev = body[:, t - 1]  # (b,)
-        drawn = torch.searchsorted(chain.cumulative[prev], u[:, t : t + 1]).squeeze(1).clamp(max=n_random - 1)
+        drawn = torch.searchsorted(chain.cumulative[prev], u[t, :, None]).squeeze(1).clamp(max=n_random - 1)
         is_trigger = prev[:, None] == chain.triggers[None, :]  # (b, k)
         triggered = (is_trigger.long() * outputs).sum(1)  # the sequence's output for that trigger
         body[:, t] = torch.where(is_trigger.any(1), triggered, drawn)

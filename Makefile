@@ -1,0 +1,36 @@
+# Two commands from a fresh clone:  make train   and   make test
+# Both create .venv if there is none and install the project into it. A torch that is already
+# installed (in .venv, or in the Python that creates it) is reused, never downloaded again.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: train test test-fast bench figure clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	@# torch from the system site (if any) satisfies the requirement; else take the CPU wheel
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "torch==2.13.0" || $(BIN)/pip install "torch>=2.2,<3"
+	$(BIN)/pip install -e ".[dev]"
+	@touch $(STAMP)
+
+train: $(STAMP)
+	$(BIN)/python train.py $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.throughput $(ARGS)
+
+figure: $(STAMP)
+	$(BIN)/python -m callbacks.figure $(RUN)
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

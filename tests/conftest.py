@@ -1,0 +1,44 @@
+"""Shared fixtures. Tests never touch the network: W&B runs offline into pytest's tmp_path."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+from models.transformer import AttentionOnlyTransformer, TransformerShape  # noqa: E402
+
+
+def random_model(normalization: str = "none", n_layers: int = 3, n_heads: int = 3, seed: int = 0) -> AttentionOnlyTransformer:
+    """A small model with random weights and, with normalization, random non-unit gains."""
+    torch.manual_seed(seed)
+    model = AttentionOnlyTransformer(
+        TransformerShape(n_layers=n_layers, n_heads=n_heads, d_model=24, d_head=5, n_ctx=17, d_vocab=11, normalization=normalization)
+    )
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
+                module.weight.copy_(0.5 + torch.rand_like(module.weight))
+    return model
+
+
+def run_train(args: list[str], tmp_path: Path, timeout: int = 300):
+    """Run ``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path``."""
+    import subprocess
+
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1")
+    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path}", "trainer.enable_progress_bar=false", *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO

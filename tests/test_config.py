@@ -1,0 +1,59 @@
+"""Bad configs fail before training with a clear message and a non-zero exit; the real config composes."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conf.schema import register_schemas
+from conf.validate import config_problems
+from tests.conftest import REPO, run_train
+
+register_schemas()
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_default_config_is_valid_and_matches_the_experiment():
+    cfg = composed()
+    assert config_problems(cfg) == []
+    assert cfg.model.n_layers == 2 and cfg.tracker.every_n_steps == 10
+    assert composed("experiment=one_layer").model.n_layers == 1
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.seq_len=40"], "exceeds model.n_ctx"),
+        (["model.d_head=100"], "d_head"),
+        (["data.n_min=9", "data.n_max=4"], "n_min <= n_max"),
+        (["tracker.probe_n=20"], "probe"),
+        (["tracker.measures=[frobenius,nope]"], "unknown ['nope']"),
+        (["trainer.max_steps=0"], "max_steps"),
+        (["model.d_vocab=2"], "random tokens"),
+    ],
+)
+def test_cross_field_problems_are_named(overrides, message):
+    problems = config_problems(composed(*overrides))
+    assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.n_layer=3", "n_layer"),  # misspelt key
+        ("model.n_layers=two", "n_layers"),  # wrong type
+        ("model=transformer_xl", "model"),  # unknown group option
+        ("data.seq_len=99", "exceeds model.n_ctx"),  # cross-field
+        ("model.normalization=batchnorm", "normalization"),  # bad enum
+    ],
+)
+def test_train_py_refuses_bad_config_before_training(override, message, tmp_path):
+    result = run_train([override], tmp_path / "run", timeout=120)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Training" not in result.stdout + result.stderr  # nothing started
+    assert not (tmp_path / "run" / "wandb").exists()

@@ -1,0 +1,48 @@
+"""Phase-change detection on series with a known transition."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from metrics.phase_change import detect_phase_change, smooth
+
+LOGIT_90 = math.log(9)  # a logistic crosses 10% / 90% at midpoint -/+ width * ln 9
+
+
+def logistic_fall(steps, midpoint, width, high=5.0, low=0.1):
+    return high - (high - low) * torch.sigmoid((steps - midpoint) / width)
+
+
+def test_logistic_fall_found_where_it_is():
+    steps = torch.arange(0, 1500, 10, dtype=torch.float64)
+    change = detect_phase_change(steps, logistic_fall(steps, 400.0, 30.0), falling=True, window=1)
+    assert change.midpoint_step == pytest.approx(400.0, abs=3)
+    assert change.onset_step == pytest.approx(400.0 - 30 * LOGIT_90, abs=5)
+    assert change.end_step == pytest.approx(400.0 + 30 * LOGIT_90, abs=5)
+    assert change.start_value == pytest.approx(5.0, abs=0.01)
+    assert change.end_value == pytest.approx(0.1, abs=0.01)
+
+
+def test_rising_series_with_noise_and_an_earlier_smaller_step():
+    generator = torch.Generator().manual_seed(0)
+    steps = torch.arange(0, 2000, 10, dtype=torch.float64)
+    values = 0.05 + 0.1 * torch.sigmoid((steps - 200) / 10) + 0.8 * torch.sigmoid((steps - 1100) / 40)
+    values = values + 0.01 * torch.randn(len(steps), generator=generator, dtype=torch.float64)
+    change = detect_phase_change(steps, values, falling=False, window=5)
+    assert change.midpoint_step == pytest.approx(1100, abs=30)  # the larger transition wins
+    assert change.onset_step < change.midpoint_step < change.end_step
+
+
+def test_nans_are_dropped_and_short_or_flat_series_give_none():
+    steps = torch.arange(5, dtype=torch.float64)
+    assert detect_phase_change(steps, torch.tensor([1.0, float("nan"), 2.0, 3.0, 4.0], dtype=torch.float64)) is None
+    assert detect_phase_change(steps[:2], torch.tensor([2.0, 1.0], dtype=torch.float64)) is None
+
+
+def test_smoothing_keeps_length_and_constants():
+    values = torch.full((7,), 3.0, dtype=torch.float64)
+    torch.testing.assert_close(smooth(values, 5), values)
+    assert len(smooth(torch.arange(10.0, dtype=torch.float64), 4)) == 10

@@ -1,0 +1,63 @@
+"""The tracker logs what it measures and never changes training."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger
+
+from callbacks.figure import read_series
+from callbacks.tracker import CompositionTracker
+from data.datamodule import TokenDataModule, make_sampler
+from data.probe import make_probe_batch
+from models.lit_module import InductionLM
+from models.transformer import TransformerShape
+
+SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=17, d_vocab=21)
+
+
+class LossRecorder(L.Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(outputs["loss"].item())
+
+
+def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1):
+    L.seed_everything(0, verbose=False)
+    recorder = LossRecorder()
+    callbacks = [recorder]
+    tracker_cb = None
+    if tracker:
+        tracker_cb = CompositionTracker(make_probe_batch(0, 8, 8, 20), every_n_steps=5, image_every_n_steps=0, baseline_samples=100)
+        callbacks.append(tracker_cb)
+    trainer = L.Trainer(
+        max_steps=steps, accelerator="cpu", logger=CSVLogger(tmp_path, name="csv", version=""), callbacks=callbacks,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        log_every_n_steps=5, gradient_clip_val=1.0, accumulate_grad_batches=accumulate,
+    )
+    module = InductionLM(SHAPE, lr=3e-3, warmup_steps=5)
+    trainer.fit(module, datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    return recorder.losses, module, tracker_cb, trainer
+
+
+def test_tracker_does_not_perturb_training(tmp_path):
+    without, module_a, _, _ = fit(tmp_path / "a", tracker=False)
+    with_tracker, module_b, tracker, _ = fit(tmp_path / "b", tracker=True)
+    assert tracker.last_step == 30
+    assert without == with_tracker  # bit-identical loss curve
+    for a, b in zip(module_a.parameters(), module_b.parameters()):
+        assert torch.equal(a, b)
+    assert module_b.training  # mode restored
+
+
+def test_tracker_logs_at_every_nth_optimizer_step(tmp_path):
+    *_, trainer = fit(tmp_path, tracker=True, steps=20, accumulate=2)
+    trainer.loggers[0].save()
+    series = read_series(tmp_path / "csv" / "metrics.csv")
+    steps, _ = series["comp/K/frobenius/L0H0->L1H1"]
+    assert steps.tolist() == [0, 5, 10, 15, 20]  # once per optimizer step, despite accumulation
+    assert "comp/K/frobenius/L1H0->L0H0" not in series  # masked pairs are never logged
+    for key in ("heads/induction/L1H0", "heads/prev_token/top", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius_stderr"):
+        assert series[key][0].tolist() == [0, 5, 10, 15, 20], key

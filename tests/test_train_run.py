@@ -1,0 +1,118 @@
+"""Real subprocess runs of train.py, checked through the files a user gets: the W&B offline run
+file (read back independently), the CSV log, the figure and the summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from callbacks.figure import read_series
+from tests import wandb_records
+from tests.conftest import REPO, run_train
+
+pytestmark = pytest.mark.slow
+
+
+def wandb_file(run_dir):
+    files = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1, files
+    return files[0]
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("short")
+    result = run_train(["trainer.max_steps=60", "tracker.image_every_n_steps=30", "logger.wandb.name=short-test"], run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, result
+
+
+def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
+    run_dir, _ = short_run
+    rows = wandb_records.history(wandb_file(run_dir))
+    tracked = {}
+    for row in rows:
+        for key in ("comp/K/frobenius/L0H1->L1H0", "comp/Q/frobenius_minus_baseline/L0H0->L1H1", "heads/induction/L1H1",
+                    "heads/prev_token/top", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius"):
+            if key in row:
+                tracked.setdefault(key, []).append(row["trainer/global_step"])
+    assert len(tracked) == 7
+    for key, steps in tracked.items():
+        assert steps == [0, 10, 20, 30, 40, 50, 60], key
+    image_steps = [row["trainer/global_step"] for row in rows if "images/composition/frobenius" in row]
+    assert image_steps == [0, 30, 60]
+    assert any("train/loss" in row for row in rows)
+    assert any("images/phase_change" in row for row in rows)
+
+
+def test_wandb_config_is_the_resolved_hydra_config(short_run):
+    run_dir, _ = short_run
+    config = wandb_records.config(wandb_file(run_dir))
+    assert config["model"]["n_layers"] == 2
+    assert config["trainer"]["max_steps"] == 60
+    assert config["model"]["normalization"] == "none"
+
+
+def test_summary_figure_and_csv_are_written(short_run):
+    run_dir, result = short_run
+    assert (run_dir / "phase_change.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    series = read_series(run_dir / "csv" / "metrics.csv")
+    assert summary["final/loss/repeated"] == pytest.approx(series["loss/repeated"][1][-1])
+    assert series["loss/repeated"][0].tolist() == [0, 10, 20, 30, 40, 50, 60]
+    assert "final/loss/repeated" in result.stdout  # the run prints its summary
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    wandb_summary = wandb_records.summary(wandb_file(run_dir))
+    assert wandb_summary["final/loss/repeated"] == pytest.approx(summary["final/loss/repeated"])
+
+
+def test_figure_command_rerenders_a_finished_run(short_run):
+    run_dir, _ = short_run
+    (run_dir / "phase_change.png").unlink()
+    result = subprocess.run([sys.executable, "-m", "callbacks.figure", str(run_dir)], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (run_dir / "phase_change.png").is_file()
+    missing = subprocess.run([sys.executable, "-m", "callbacks.figure", str(run_dir / "nope")], cwd=REPO, capture_output=True, text=True)
+    assert missing.returncode == 2 and "no CSV log" in missing.stderr
+
+
+def curve(run_dir, key):
+    steps, values = read_series(run_dir / "csv" / "metrics.csv")[key]
+    return steps, values
+
+
+def test_default_experiment_shows_the_phase_change(tmp_path):
+    """`python train.py` as shipped: the acceptance figures of the spine issue."""
+    result = run_train(["tracker.image_every_n_steps=0"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    _, repeated = curve(tmp_path, "loss/repeated")
+    _, induction = curve(tmp_path, "heads/induction/top")
+    steps, _ = curve(tmp_path, "heads/induction/top")
+    assert repeated[0] == pytest.approx(math.log(256), abs=0.2)
+    assert repeated[-1] < 0.3
+    onset = summary["phase_change/loss_onset_step"]
+    assert onset < summary["phase_change/loss_midpoint_step"] < summary["phase_change/loss_end_step"]
+    assert induction[steps <= onset].max() < 0.1
+    assert induction[-1] > 0.5
+    # the pair that K-composes most is a previous-token head feeding an induction head
+    series = read_series(tmp_path / "csv" / "metrics.csv")
+    pairs = {k.rsplit("/", 1)[1]: v[-1] for k, (_, v) in series.items() if k.startswith("comp/K/frobenius_minus_baseline/")}
+    top_pair = max(pairs, key=pairs.get)
+    writer, reader = top_pair.split("->")
+    assert series[f"heads/prev_token/{writer}"][1][-1] > 0.4
+    assert series[f"heads/induction/{reader}"][1][-1] > 0.5
+    assert summary["final/circuit/K/frobenius_minus_baseline"] > 0.05
+
+
+def test_one_layer_control_shows_no_cliff(tmp_path):
+    result = run_train(["experiment=one_layer", "tracker.image_every_n_steps=0"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, repeated = curve(tmp_path, "loss/repeated")
+    _, induction = curve(tmp_path, "heads/induction/top")
+    assert repeated.min() > 1.5
+    assert induction.max() < 0.3  # vs > 0.5 with two layers
