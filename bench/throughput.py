@@ -1,0 +1,237 @@
+"""Training throughput of the default experiment: bare PyTorch vs. the Lightning pipeline vs.
+Lightning with the composition tracker, on the same model, batch and data.
+
+    python -m bench.throughput [--steps 600] [--repeats 3] [--out results.json]
+
+A  bare               AttentionOnlyTransformer, AdamW (+ the config's linear warmup), clip_grad_norm_(1.0),
+                      next_token_loss, batches from the training TokenStream; timed after a few warm-up steps.
+B  lightning          conf.build's module and datamodule in an L.Trainer set up as build_trainer sets it up,
+                      but with no logger, checkpointing, progress bar or tracker; trainer.fit timed end to end.
+C  lightning+tracker  B plus CompositionTracker every tracker.every_n_steps (no images: there is no W&B logger).
+
+Setups run interleaved (A, B, C, A, B, C, ...) after one untimed round that pays one-time costs
+(lazy imports, the tracker's cached random baseline); tokens/s = steps * batch_size * seq_len / seconds,
+median over repeats. Targets: lightning / bare >= 0.9, tracker overhead 1 - C / B <= 5 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import hydra
+import lightning as L
+import torch
+from omegaconf import DictConfig
+
+from callbacks.keys import snapshot_metrics
+from callbacks.tracker import CompositionTracker
+from conf.build import build_datamodule, build_module
+from conf.schema import register_schemas
+from conf.validate import validate
+from data.datamodule import TokenStream, make_sampler
+from data.probe import make_probe_batch
+from metrics.snapshot import take_snapshot
+from models.lit_module import next_token_loss
+from models.transformer import AttentionOnlyTransformer, TransformerShape
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+SETUPS = ("bare", "lightning", "lightning+tracker")
+BARE_WARMUP_STEPS = 10
+WARMUP_ROUND_STEPS = 30
+MIN_LIGHTNING_RATIO = 0.9
+MAX_TRACKER_OVERHEAD = 0.05
+
+
+def compose_config(steps: int) -> DictConfig:
+    """The default experiment's config, with ``steps`` optimizer steps and no heatmap images."""
+    register_schemas()
+    overrides = [f"trainer.max_steps={steps}", "trainer.enable_progress_bar=false", "tracker.image_every_n_steps=0"]
+    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra.compose("config", overrides=overrides)
+    validate(cfg)
+    return cfg
+
+
+def model_shape(cfg: DictConfig) -> TransformerShape:
+    m = cfg.model
+    return TransformerShape(
+        n_layers=m.n_layers, n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head,
+        n_ctx=m.n_ctx, d_vocab=m.d_vocab, normalization=str(m.normalization.value),
+    )
+
+
+def run_bare(cfg: DictConfig, steps: int) -> float:
+    """Seconds for ``steps`` optimizer steps of a plain torch loop, after a few untimed warm-up steps."""
+    d, o = cfg.data, cfg.optim
+    torch.manual_seed(cfg.seed)
+    model = AttentionOnlyTransformer(model_shape(cfg))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
+    # InductionLM.configure_optimizers adds this warmup; keep it so both loops do the same work per step
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(o.warmup_steps, 1)))
+    sampler = make_sampler(
+        d.name.value, d.seed, d.seq_len, cfg.model.d_vocab - int(d.bos), d.bos,
+        n_min=d.n_min, n_max=d.n_max, n_triggers=d.n_triggers, concentration=d.concentration,
+    )
+    batches = iter(TokenStream(sampler, d.batch_size))
+
+    def step() -> None:
+        tokens = next(batches)
+        loss = next_token_loss(model(tokens), tokens)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.gradient_clip_val)
+        optimizer.step()
+        warmup.step()
+
+    for _ in range(BARE_WARMUP_STEPS):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return time.perf_counter() - start
+
+
+def make_tracker(cfg: DictConfig) -> CompositionTracker:
+    tr, d = cfg.tracker, cfg.data
+    probe = make_probe_batch(tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(d.bos), d.bos)
+    return CompositionTracker(
+        probe, every_n_steps=tr.every_n_steps, image_every_n_steps=tr.image_every_n_steps,
+        measures=tuple(tr.measures), baseline_samples=tr.baseline_samples,
+    )
+
+
+def run_lightning(cfg: DictConfig, steps: int, tracker: CompositionTracker | None = None) -> float:
+    """Seconds for ``trainer.fit`` end to end (Lightning's own setup and teardown included)."""
+    torch.manual_seed(cfg.seed)
+    module, datamodule = build_module(cfg), build_datamodule(cfg)
+    assert module.model.shape == model_shape(cfg), "bare and Lightning must train the same model"
+    t = cfg.trainer
+    with tempfile.TemporaryDirectory() as root:
+        trainer = L.Trainer(
+            default_root_dir=root, max_steps=steps, accelerator=t.accelerator, devices=t.devices,
+            precision=t.precision, gradient_clip_val=t.gradient_clip_val,
+            accumulate_grad_batches=t.accumulate_grad_batches, log_every_n_steps=t.log_every_n_steps,
+            deterministic=t.deterministic, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, callbacks=[tracker] if tracker else [],
+        )
+        start = time.perf_counter()
+        trainer.fit(module, datamodule=datamodule)
+        seconds = time.perf_counter() - start
+    assert trainer.global_step == steps, f"trained {trainer.global_step} steps, not {steps}"
+    if tracker is not None:
+        # with no logger the tracker still computes every snapshot; its last one is of the final weights
+        assert tracker.last_step == steps, f"tracker's last snapshot at step {tracker.last_step}, not {steps}"
+    return seconds
+
+
+def run_setup(name: str, cfg: DictConfig, steps: int) -> float:
+    if name == "bare":
+        return run_bare(cfg, steps)
+    return run_lightning(cfg, steps, make_tracker(cfg) if name == "lightning+tracker" else None)
+
+
+def snapshot_ms(cfg: DictConfig, calls: int = 20) -> float:
+    """Median milliseconds of one tracker measurement (snapshot + metric flattening), freshly initialised model."""
+    torch.manual_seed(cfg.seed)
+    model, tracker = AttentionOnlyTransformer(model_shape(cfg)), make_tracker(cfg)
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        with torch.no_grad():
+            snapshot_metrics(take_snapshot(model, tracker.probe, tracker.measures, tracker.baseline_samples))
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def quiet_lightning() -> None:
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*no logger configured.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")  # torch vs. lightning's pytree helper
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=600, help="timed optimizer steps per run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each setup; the median is reported")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.repeats < 1:
+        parser.error("--steps and --repeats must be >= 1")
+    quiet_lightning()
+
+    cfg = compose_config(args.steps)
+    tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
+    for name in SETUPS:  # untimed: first-call costs are no part of steady throughput
+        run_setup(name, cfg, WARMUP_ROUND_STEPS)
+    seconds: dict[str, list[float]] = {name: [] for name in SETUPS}
+    for _ in range(args.repeats):
+        for name in SETUPS:
+            seconds[name].append(run_setup(name, cfg, args.steps))
+
+    median_s = {name: statistics.median(s) for name, s in seconds.items()}
+    tokens_per_s = {name: args.steps * tokens_per_step / s for name, s in median_s.items()}
+    ratio = tokens_per_s["lightning"] / tokens_per_s["bare"]
+    overhead = 1 - tokens_per_s["lightning+tracker"] / tokens_per_s["lightning"]
+    every = cfg.tracker.every_n_steps
+    snapshots = args.steps // every + 1 + (args.steps % every != 0)  # step 0, every `every` steps, the final step
+    per_snapshot_ms = snapshot_ms(cfg)
+
+    m = cfg.model
+    command = shlex.join(sys.orig_argv)
+    print(f"command: {command}")
+    print(f"torch {torch.__version__}, lightning {L.__version__}, torch.get_num_threads() = {torch.get_num_threads()}")
+    print(
+        f"model: {m.n_layers} layers x {m.n_heads} heads, d_model {m.d_model}, d_head {m.d_head}, d_vocab {m.d_vocab};"
+        f" batch {cfg.data.batch_size} x {cfg.data.seq_len} = {tokens_per_step} tokens/step;"
+        f" {args.steps} steps x {args.repeats} repeats, interleaved"
+    )
+    print(f"timed: bare = {args.steps} steps after {BARE_WARMUP_STEPS} warm-up steps; lightning = trainer.fit end to end\n")
+    print(f"{'setup':<20}{'tokens/s':>10}{'seconds':>9}   per repeat (s)")
+    for name in SETUPS:
+        runs = " ".join(f"{s:.2f}" for s in seconds[name])
+        print(f"{name:<20}{tokens_per_s[name]:>10,.0f}{median_s[name]:>9.2f}   {runs}")
+    met = lambda ok: "met" if ok else "not met"
+    print(f"\nlightning / bare   {ratio:>7.3f}   target >= {MIN_LIGHTNING_RATIO}  {met(ratio >= MIN_LIGHTNING_RATIO)}")
+    print(f"tracker overhead   {overhead:>7.1%}   target <= {MAX_TRACKER_OVERHEAD:.0%}   {met(overhead <= MAX_TRACKER_OVERHEAD)}")
+    print(
+        f"tracker: {snapshots} snapshots per run at {per_snapshot_ms:.1f} ms each (timed alone)"
+        f" = {snapshots * per_snapshot_ms / 1000 / median_s['lightning']:.1%} of a lightning run"
+    )
+
+    results = {
+        "command": command,
+        "torch": torch.__version__,
+        "lightning": L.__version__,
+        "num_threads": torch.get_num_threads(),
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "tokens_per_step": tokens_per_step,
+        "timing": {"bare": f"{args.steps} steps after {BARE_WARMUP_STEPS} warm-up steps", "lightning": "trainer.fit end to end"},
+        "seconds": seconds,
+        "median_seconds": median_s,
+        "tokens_per_s": tokens_per_s,
+        "lightning_over_bare": ratio,
+        "lightning_over_bare_met": ratio >= MIN_LIGHTNING_RATIO,
+        "tracker_overhead": overhead,
+        "tracker_overhead_met": overhead <= MAX_TRACKER_OVERHEAD,
+        "tracker_snapshots_per_run": snapshots,
+        "tracker_snapshot_ms": per_snapshot_ms,
+    }
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
