@@ -100,7 +100,7 @@ class TrackerConfig:
     image_every_n_steps: int = 250  # 0 disables heatmap images
     measures: List[str] = field(default_factory=lambda: ["frobenius"])
     baseline_samples: int = 2000
-    probe_batch_size: int = 64
+    probe_batch_size: int = 32
     probe_n: int = 16
     probe_seed: int = 0
     smoothing_window: int = 5  # points, for phase-change detection

@@ -15,12 +15,28 @@ from torch import Tensor
 from models.transformer import AttentionOnlyTransformer, norm_gain
 
 
+def triangular_factor(factor: Tensor) -> Tensor:
+    """``T`` of the reduced QR ``factor = Q T``: ``[..., d_model, r] -> [..., r, r]``.
+
+    ``Q`` has orthonormal columns, so ``factor`` and ``T`` have the same Gram matrix and the same
+    singular values: every unitarily invariant quantity can be computed from ``T``.
+    """
+    return torch.linalg.qr(factor, mode="r").R
+
+
 @dataclass(frozen=True)
 class LowRank:
-    """A stack of ``d_model x d_model`` matrices ``left @ right.mT``; ``left, right [..., d_model, rank]``."""
+    """A stack of ``d_model x d_model`` matrices ``left @ right.mT``; ``left, right [..., d_model, rank]``.
+
+    ``left_t``, ``right_t`` (``[..., rank, rank]``) are the factors' QR triangles, computed once
+    per head by :meth:`with_triangles` and carried along by indexing, so scoring many pairs does
+    not factorise the same head again.
+    """
 
     left: Tensor
     right: Tensor
+    left_t: Tensor | None = None
+    right_t: Tensor | None = None
 
     def dense(self) -> Tensor:
         """The full matrices ``[..., d_model, d_model]``: for tests and references only."""
@@ -28,14 +44,27 @@ class LowRank:
 
     @property
     def T(self) -> LowRank:
-        return LowRank(self.right, self.left)
+        return LowRank(self.right, self.left, self.right_t, self.left_t)
+
+    def with_triangles(self) -> LowRank:
+        return LowRank(self.left, self.right, self.left_triangle(), self.right_triangle())
+
+    def left_triangle(self) -> Tensor:
+        return triangular_factor(self.left) if self.left_t is None else self.left_t
+
+    def right_triangle(self) -> Tensor:
+        return triangular_factor(self.right) if self.right_t is None else self.right_t
+
+    def map(self, fn) -> LowRank:
+        """Apply ``fn`` to every tensor field (e.g. flatten or index the head dimensions)."""
+        return LowRank(*(None if t is None else fn(t) for t in (self.left, self.right, self.left_t, self.right_t)))
 
     def flatten_heads(self) -> LowRank:
-        """``[n_layers, n_heads, d, r] -> [n_layers * n_heads, d, r]``."""
-        return LowRank(self.left.flatten(0, 1), self.right.flatten(0, 1))
+        """``[n_layers, n_heads, ...] -> [n_layers * n_heads, ...]``."""
+        return self.map(lambda t: t.flatten(0, 1))
 
     def index(self, idx: Tensor) -> LowRank:
-        return LowRank(self.left[idx], self.right[idx])
+        return self.map(lambda t: t[idx])
 
 
 @dataclass(frozen=True)
@@ -72,4 +101,4 @@ def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype = torch.fl
             W_O.append(layer.W_O)
         stack = lambda ws: torch.stack(ws).detach().to(dtype)  # (n_layers, n_heads, ...)
         W_Q, W_K, W_V, W_O = stack(W_Q), stack(W_K), stack(W_V), stack(W_O)
-    return HeadCircuits(qk=LowRank(W_Q, W_K), ov=LowRank(W_V, W_O.mT))
+    return HeadCircuits(qk=LowRank(W_Q, W_K).with_triangles(), ov=LowRank(W_V, W_O.mT).with_triangles())

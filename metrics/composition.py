@@ -28,20 +28,15 @@ PairMeasure = Callable[[LowRank, LowRank], Tensor]
 """A composition measure: aligned writers ``[P]`` and readers ``[P]`` -> scores ``[P]``."""
 
 
-def triangular_factor(factor: Tensor) -> Tensor:
-    """``T`` of the reduced QR ``factor = Q T``: ``[..., d_model, r] -> [..., r, r]``."""
-    return torch.linalg.qr(factor, mode="r").R
-
-
 def core(matrix: LowRank) -> Tensor:
     """A ``[..., r, r]`` matrix with the singular values of ``matrix.dense()``."""
-    return triangular_factor(matrix.left) @ triangular_factor(matrix.right).mT
+    return matrix.left_triangle() @ matrix.right_triangle().mT
 
 
 def product_core(writer: LowRank, reader: LowRank) -> Tensor:
     """A ``[P, r, r]`` matrix with the singular values of ``writer.dense() @ reader.dense()``."""
     middle = writer.right.mT @ reader.left  # (P, r, r)
-    return triangular_factor(writer.left) @ middle @ triangular_factor(reader.right).mT
+    return writer.left_triangle() @ middle @ reader.right_triangle().mT
 
 
 def frobenius_ratio(writer: LowRank, reader: LowRank) -> Tensor:
@@ -81,11 +76,16 @@ def composition_scores(
     """
     L, H = circuits.n_layers, circuits.n_heads
     writers, readers = layer_order_pairs(L, H)
-    ov = circuits.ov.flatten_heads().index(writers)
+    P = len(writers)
+    # one call scores every kind: writers repeated per kind, each kind's readers stacked
+    ov = circuits.ov.flatten_heads().index(writers.repeat(len(kinds)))
+    stacked = [reader_circuit(circuits, kind).flatten_heads().index(readers) for kind in kinds]
+    reader = LowRank(*(None if ts[0] is None else torch.cat(ts) for ts in zip(*(
+        (r.left, r.right, r.left_t, r.right_t) for r in stacked))))
+    values = measure(ov, reader)  # (len(kinds) * P,)
     scores = {}
-    for kind in kinds:
-        reader = reader_circuit(circuits, kind).flatten_heads().index(readers)
-        full = torch.full((L * H, L * H), float("nan"), dtype=ov.left.dtype, device=ov.left.device)
-        full[writers, readers] = measure(ov, reader)
+    for i, kind in enumerate(kinds):
+        full = torch.full((L * H, L * H), float("nan"), dtype=values.dtype, device=values.device)
+        full[writers, readers] = values[i * P : (i + 1) * P]
         scores[kind] = full.reshape(L, H, L, H)
     return scores

@@ -3,7 +3,8 @@ Induction Heads"; MEASURES.md).
 
 The probe is ``[BOS], t_1 .. t_n, t_1 .. t_n``: the second copy starts at ``repeat_start`` and each
 of its tokens first occurred exactly ``n`` positions earlier. Patterns are ``[batch, heads, query,
-key]``; each score is ``[heads]``, the mean over the batch and the scored query positions.
+key]``, optionally with leading dims (e.g. layers stacked: ``[layers, batch, heads, query, key]``);
+each score is ``[..., heads]``, the mean over the batch and the scored query positions.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from torch import Tensor
 
 
 def mean_attention_at_offset(pattern: Tensor, queries: Tensor, offset: int) -> Tensor:
-    """Mean of ``pattern[:, :, q, q - offset]`` over the batch and queries ``q`` -> ``[heads]``."""
-    return pattern[:, :, queries, queries - offset].mean(dim=(0, 2))
+    """Mean of ``pattern[..., b, h, q, q - offset]`` over the batch and queries ``q`` -> ``[..., heads]``."""
+    return pattern[..., queries, queries - offset].mean(dim=-1).mean(dim=-2)
 
 
 def previous_token_score(pattern: Tensor) -> Tensor:

@@ -44,7 +44,7 @@ class Snapshot:
         return self.composition[measure][kind] - self.baselines[measure].mean
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def take_snapshot(
     model: AttentionOnlyTransformer,
     probe: ProbeBatch,
@@ -62,10 +62,9 @@ def take_snapshot(
         logits, cache = model.run_with_cache(tokens)
     finally:
         model.train(was_training)
-    patterns = cache["pattern"]  # n_layers x (b, h, t, t)
-    per_layer = lambda score, *args: torch.stack([score(p, *args) for p in patterns]).cpu()  # (L, H)
-    previous = per_layer(previous_token_score)
-    induction = per_layer(induction_score, probe.repeat_start, probe.n)
+    patterns = torch.stack(cache["pattern"])  # (L, b, h, t, t)
+    previous = previous_token_score(patterns).cpu()  # (L, H)
+    induction = induction_score(patterns, probe.repeat_start, probe.n).cpu()
     losses = token_losses(logits.float(), tokens)
 
     circuits = head_circuits(model)
@@ -79,7 +78,7 @@ def take_snapshot(
         baselines=baselines,
         previous_token=previous,
         induction=induction,
-        duplicate_token=per_layer(duplicate_token_score, probe.repeat_start, probe.n),
+        duplicate_token=duplicate_token_score(patterns, probe.repeat_start, probe.n).cpu(),
         first_occurrence_loss=first_occurrence_loss(losses, probe.first_start, probe.n).item(),
         repeated_loss=repeated_loss(losses, probe.repeat_start, probe.n).item(),
         icl_score=in_context_learning_score(losses).item(),
