@@ -110,7 +110,7 @@ class PhaseChangeFigure(L.Callback):
         figure_path, summary = render(self.run_dir, self.smoothing_window)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                logger.log_image(key="images/phase_change", images=[str(figure_path)])
+                logger.log_image(key="images/phase_change", images=[str(figure_path)], step=trainer.global_step)
                 logger.experiment.summary.update(summary)
         print(f"\nfigure: {figure_path}")
         for key, value in summary.items():

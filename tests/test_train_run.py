@@ -43,10 +43,15 @@ def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
     assert len(tracked) == 7
     for key, steps in tracked.items():
         assert steps == [0, 10, 20, 30, 40, 50, 60], key
-    image_steps = [row["trainer/global_step"] for row in rows if "images/composition/frobenius" in row]
-    assert image_steps == [0, 30, 60]
+    media = wandb_file(run_dir).parent / "files"
+    image_rows = [row for row in rows if "images/composition/frobenius/_type" in row]
+    assert [row["trainer/global_step"] for row in image_rows] == [0, 30, 60]
+    for row in image_rows:  # each row points at PNGs that were really written
+        for name in row["images/composition/frobenius/filenames"]:
+            assert (media / name).read_bytes()[:4] == b"\x89PNG"
     assert any("train/loss" in row for row in rows)
-    assert any("images/phase_change" in row for row in rows)
+    figure_rows = [row for row in rows if "images/phase_change/_type" in row]
+    assert [row["trainer/global_step"] for row in figure_rows] == [60]
 
 
 def test_wandb_config_is_the_resolved_hydra_config(short_run):
