@@ -31,8 +31,13 @@ def composition_heatmaps(scores: dict[str, np.ndarray], title: str) -> Figure:
         ax.set_xticks(range(grid.shape[1]), labels[H:], rotation=90, fontsize=7)
         ax.set_yticks(range(grid.shape[0]), labels[: (L - 1) * H], fontsize=7)
         ax.set_xlabel("reader")
-        ax.set_ylabel("writer")
         ax.set_facecolor("0.85")
+        if grid.size <= 64:  # small grids: print the values
+            for (row, col), value in np.ndenumerate(grid):
+                if np.isfinite(value):
+                    shade = "white" if abs(value) > 0.6 * limit else "black"
+                    ax.text(col, row, f"{value:+.3f}", ha="center", va="center", fontsize=7, color=shade)
+    axes[0][0].set_ylabel("writer")
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
     fig.suptitle(title)
     return fig
