@@ -55,6 +55,8 @@ def config_problems(cfg: DictConfig) -> list[str]:
             problems.append(f"tracker.probe_n={tr.probe_n} must be >= 2")
         if probe_len > m.n_ctx:
             problems.append(f"tracker.probe_n={tr.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={m.n_ctx}")
+        if not cfg.logger.csv:
+            problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
         if tr.baseline_samples < 2:
             problems.append(f"tracker.baseline_samples={tr.baseline_samples} must be >= 2")
     return problems

@@ -34,6 +34,7 @@ def test_default_config_is_valid_and_matches_the_experiment():
         (["tracker.measures=[frobenius,nope]"], "unknown ['nope']"),
         (["trainer.max_steps=0"], "max_steps"),
         (["model.d_vocab=2"], "random tokens"),
+        (["logger.csv=false"], "needs logger.csv=true"),
     ],
 )
 def test_cross_field_problems_are_named(overrides, message):
