@@ -13,11 +13,16 @@ from metrics.circuit_pair import circuit_pair
 from metrics.circuits import head_circuits
 from metrics.composition import PairMeasure, composition_scores, frobenius_ratio
 from metrics.head_scores import duplicate_token_score, induction_score, previous_token_score
+from metrics.spectral import best_component_ratio, best_component_share, singular_value_bound_ratio, subspace_overlap
 from metrics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
 from models.transformer import AttentionOnlyTransformer
 
 COMPOSITION_MEASURES: dict[str, PairMeasure] = {
     "frobenius": frobenius_ratio,
+    "sv_bound": singular_value_bound_ratio,
+    "subspace": subspace_overlap,
+    "component": best_component_ratio,
+    "component_share": best_component_share,
 }
 """The composition measures the tracker can compute, by name: one line per measure."""
 
