@@ -15,16 +15,22 @@ from metrics.composition import PairMeasure, composition_scores, frobenius_ratio
 from metrics.head_scores import duplicate_token_score, induction_score, previous_token_score
 from metrics.spectral import best_component_ratio, best_component_share, singular_value_bound_ratio, subspace_overlap
 from metrics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
+from metrics.whitening import embedding_covariance, whiten
 from models.transformer import AttentionOnlyTransformer
 
 COMPOSITION_MEASURES: dict[str, PairMeasure] = {
     "frobenius": frobenius_ratio,
+    "whitened": frobenius_ratio,  # computed on the whitened circuits, see WHITENED_MEASURES
     "sv_bound": singular_value_bound_ratio,
     "subspace": subspace_overlap,
     "component": best_component_ratio,
     "component_share": best_component_share,
 }
 """The composition measures the tracker can compute, by name: one line per measure."""
+
+WHITENED_MEASURES = {"whitened"}
+"""Measures scored in the whitened residual basis (:mod:`metrics.whitening`); their random baseline
+is that of the same pair measure on i.i.d. Gaussian weights, which are isotropic already."""
 
 Head = tuple[int, int]  # (layer, head)
 
@@ -73,8 +79,12 @@ def take_snapshot(
     losses = token_losses(logits.float(), tokens)
 
     circuits = head_circuits(model)
+    whitened = whiten(circuits, embedding_covariance(model)) if WHITENED_MEASURES & set(measures) else None
     shape = model.shape
-    composition = {m: {k: v.cpu() for k, v in composition_scores(circuits, COMPOSITION_MEASURES[m]).items()} for m in measures}
+    composition = {
+        m: {k: v.cpu() for k, v in composition_scores(whitened if m in WHITENED_MEASURES else circuits, COMPOSITION_MEASURES[m]).items()}
+        for m in measures
+    }
     baselines = {
         m: random_baseline(COMPOSITION_MEASURES[m], shape.d_model, shape.d_head, baseline_samples) for m in measures
     }

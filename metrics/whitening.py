@@ -1,0 +1,45 @@
+"""The whitened (GL-invariant) basis of the residual stream (MEASURES.md measure 4; the way out of
+Snell's Axiom-4 problem in seed 001).
+
+Without normalization, ``x -> x T`` for any invertible ``T`` (writers ``W -> W T``, readers
+``W -> T⁻¹ W``, ``W_E, W_pos -> W_E T, W_pos T``) leaves the model's function unchanged but changes
+the Frobenius ratio. With ``Σ`` the covariance of the layer-0 residual input, the map to the basis
+where that input is isotropic, ``Σ^(-1/2)``, satisfies ``T (Tᵀ Σ T)^(-1/2) = Σ^(-1/2) R`` with R
+orthogonal, so every rotation-invariant score computed there is invariant to every ``T``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from metrics.circuits import HeadCircuits, LowRank
+from models.transformer import AttentionOnlyTransformer
+
+
+def embedding_covariance(model: AttentionOnlyTransformer) -> Tensor:
+    """Covariance ``[d_model, d_model]`` of ``W_E[t] + W_pos[p]`` over uniform independent ``t, p``
+    (every token id, every position): ``Cov(W_E rows) + Cov(W_pos rows)``, float64."""
+    with torch.no_grad():
+        cov = lambda rows: torch.cov(rows.detach().double().T, correction=0)
+        return cov(model.W_E) + cov(model.W_pos)
+
+
+def symmetric_powers(covariance: Tensor, eps: float = 1e-10) -> tuple[Tensor, Tensor]:
+    """``(Σ^(1/2), Σ^(-1/2))``; eigenvalues below ``eps · λ_max`` are raised to it."""
+    values, vectors = torch.linalg.eigh(covariance)
+    values = values.clamp(min=eps * values.max())
+    root = values.sqrt()
+    return (vectors * root) @ vectors.T, (vectors / root) @ vectors.T
+
+
+def whiten(circuits: HeadCircuits, covariance: Tensor) -> HeadCircuits:
+    """Express every circuit in the whitened basis ``x̃ = x Σ^(-1/2)``.
+
+    Readers ``W -> Σ^(1/2) W`` (``W_Q, W_K, W_V``); writers ``W_O -> W_O Σ^(-1/2)``.
+    """
+    half, inverse_half = symmetric_powers(covariance)
+    read = lambda w: half @ w  # (..., d, r)
+    qk = LowRank(read(circuits.qk.left), read(circuits.qk.right)).with_triangles()
+    ov = LowRank(read(circuits.ov.left), inverse_half @ circuits.ov.right).with_triangles()
+    return HeadCircuits(qk=qk, ov=ov)
