@@ -1,8 +1,8 @@
 """Stable, ``/``-namespaced metric keys, and the flattening of a snapshot into them.
 
 ``comp/{Q,K,V}/{measure}/L0H1->L1H3``, ``comp/{Q,K,V}/{measure}_minus_baseline/...``,
-``comp/baseline/{measure}`` (+ ``_stderr``), ``heads/{induction,prev_token,duplicate}/L1H3``
-(+ ``/top``), ``loss/{first_occurrence,repeated,icl_score}``, ``circuit/K/{measure}`` (+
+``comp/baseline/{measure}`` (+ ``_stderr``), ``heads/{induction,prev_token,duplicate,copying}/L1H3``
+(+ ``/top``), ``match/L0H1->L1H3`` (QK matching score), ``loss/{first_occurrence,repeated,icl_score}``, ``circuit/K/{measure}`` (+
 ``_minus_baseline``, ``_minus_baseline_rank``), ``circuit/{writer,reader}_{layer,head}``.
 """
 
@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from metrics.snapshot import Snapshot
 
-HEAD_SCORES = {"induction": "induction", "prev_token": "previous_token", "duplicate": "duplicate_token"}
+HEAD_SCORES = {
+    "induction": "induction",
+    "prev_token": "previous_token",
+    "duplicate": "duplicate_token",
+    "copying": "copying",
+}
 
 
 def head_name(layer: int, head: int) -> str:
@@ -33,6 +38,8 @@ def snapshot_metrics(snap: Snapshot) -> dict[str, float]:
         for (layer, head), value in _entries(scores):
             metrics[f"heads/{key}/{head_name(layer, head)}"] = value
         metrics[f"heads/{key}/top"] = float(scores.max())
+    for (l1, h1, l2, h2), value in _entries(snap.matching):
+        metrics[f"match/{pair_name((l1, h1), (l2, h2))}"] = value
     for measure, by_kind in snap.composition.items():
         baseline = snap.baselines[measure]
         metrics[f"comp/baseline/{measure}"] = baseline.mean

@@ -10,6 +10,7 @@ from torch import Tensor
 from data.probe import ProbeBatch
 from metrics.baseline import Baseline, random_baseline
 from metrics.circuit_pair import circuit_pair
+from metrics.circuit_scores import copying_scores, matching_scores
 from metrics.circuits import head_circuits
 from metrics.composition import PairMeasure, composition_scores, frobenius_ratio
 from metrics.head_scores import duplicate_token_score, induction_score, previous_token_score
@@ -46,6 +47,8 @@ class Snapshot:
     previous_token: Tensor
     induction: Tensor
     duplicate_token: Tensor
+    copying: Tensor  # weight copying score per head (Elhage et al. 2021)
+    matching: Tensor  # QK matching score per pair (Olsson et al. 2022), [L, H, L, H]
     first_occurrence_loss: float
     repeated_loss: float
     icl_score: float
@@ -94,6 +97,8 @@ def take_snapshot(
         previous_token=previous,
         induction=induction,
         duplicate_token=duplicate_token_score(patterns, probe.repeat_start, probe.n).cpu(),
+        copying=copying_scores(model, circuits).cpu(),
+        matching=matching_scores(model, circuits).cpu(),
         first_occurrence_loss=first_occurrence_loss(losses, probe.first_start, probe.n).item(),
         repeated_loss=repeated_loss(losses, probe.repeat_start, probe.n).item(),
         icl_score=in_context_learning_score(losses).item(),

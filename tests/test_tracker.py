@@ -59,5 +59,5 @@ def test_tracker_logs_at_every_nth_optimizer_step(tmp_path):
     steps, _ = series["comp/K/frobenius/L0H0->L1H1"]
     assert steps.tolist() == [0, 5, 10, 15, 20]  # once per optimizer step, despite accumulation
     assert "comp/K/frobenius/L1H0->L0H0" not in series  # masked pairs are never logged
-    for key in ("heads/induction/L1H0", "heads/prev_token/top", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius_stderr"):
+    for key in ("heads/induction/L1H0", "heads/prev_token/top", "heads/copying/L0H1", "match/L0H0->L1H1", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius_stderr"):
         assert series[key][0].tolist() == [0, 5, 10, 15, 20], key
