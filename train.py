@@ -13,6 +13,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from conf.schema import register_schemas
@@ -24,11 +25,11 @@ register_schemas()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
-        validate(cfg)
+        validate(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)
     except ConfigError as error:
         sys.exit(f"config error: {error}")
 
-    import lightning as L  # heavy imports after the config is known to be good
+    import lightning as L  # Lightning and W&B load only once the config is known to be good
     import wandb
 
     from conf.build import build_datamodule, build_module, build_trainer

@@ -40,6 +40,12 @@ def read_series(csv_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {key: (np.array(steps), np.array(values)) for key, (steps, values) in columns.items()}
 
 
+def plotted_measure(series) -> str:
+    """Frobenius if it was tracked, else the first tracked measure (from ``comp/baseline/*`` keys)."""
+    tracked = [k.split("/")[2] for k in series if k.startswith("comp/baseline/") and not k.endswith("_stderr")]
+    return "frobenius" if "frobenius" in tracked or not tracked else tracked[0]
+
+
 def phase_change_of(series, key: str, falling: bool, window: int) -> PhaseChange | None:
     if key not in series:
         return None
@@ -60,31 +66,35 @@ def summarize(series, window: int = 5) -> dict[str, float]:
             summary[f"phase_change/{name}_onset_step"] = change.onset_step
             summary[f"phase_change/{name}_midpoint_step"] = change.midpoint_step
             summary[f"phase_change/{name}_end_step"] = change.end_step
+            summary[f"phase_change/{name}_from_value"] = change.start_value
+            summary[f"phase_change/{name}_to_value"] = change.end_value
     return summary
 
 
 def render(run_dir: Path, window: int = 5) -> tuple[Path, dict[str, float]]:
     """Draw ``run_dir/phase_change.png`` and write ``run_dir/summary.json`` from the CSV log."""
     csv_path = run_dir / CSV_RELATIVE_PATH
-    if not csv_path.is_file():
+    if not csv_path.is_file() or csv_path.stat().st_size == 0:
         raise FileNotFoundError(f"no CSV log at {csv_path}: is {run_dir} a finished train.py run directory?")
     series = read_series(csv_path)
     if "loss/repeated" not in series:
         raise ValueError(f"{csv_path} has no tracker metrics (was the run made with tracker.enabled=false?)")
-    composition_pairs = [k for k in series if k.startswith("comp/K/frobenius_minus_baseline/")]
-    circuit = series.get("circuit/K/frobenius")
-    baseline = series.get("comp/baseline/frobenius")
+    measure = plotted_measure(series)
+    composition_pairs = [k for k in series if k.startswith(f"comp/K/{measure}_minus_baseline/")]
+    circuit = series.get(f"circuit/K/{measure}")
+    baseline = series.get(f"comp/baseline/{measure}")
     fig = training_curves(
         loss_first=series["loss/first_occurrence"],
         loss_repeated=series["loss/repeated"],
         top_induction=series["heads/induction/top"],
         top_prev_token=series["heads/prev_token/top"],
         circuit_raw=circuit,
-        circuit_minus_baseline=series.get("circuit/K/frobenius_minus_baseline"),
+        circuit_minus_baseline=series.get(f"circuit/K/{measure}_minus_baseline"),
         other_pairs_minus_baseline=[series[k] for k in composition_pairs],
         baseline=float(baseline[1][-1]) if baseline is not None else None,
         change=phase_change_of(series, "loss/repeated", True, window),
         title=f"{run_dir}",
+        measure=measure,
     )
     figure_path = run_dir / FIGURE_NAME
     fig.savefig(figure_path, dpi=110)
@@ -107,7 +117,11 @@ class PhaseChangeFigure(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, CSVLogger):
                 logger.save()  # flush rows still buffered
-        figure_path, summary = render(self.run_dir, self.smoothing_window)
+        try:
+            figure_path, summary = render(self.run_dir, self.smoothing_window)
+        except (FileNotFoundError, ValueError) as error:
+            print(f"no figure: {error}")
+            return
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_image(key="images/phase_change", images=[str(figure_path)], step=trainer.global_step)

@@ -45,17 +45,16 @@ def snapshot_metrics(snap: Snapshot) -> dict[str, float]:
         metrics[f"comp/baseline/{measure}"] = baseline.mean
         metrics[f"comp/baseline/{measure}_stderr"] = baseline.stderr
         for kind, scores in by_kind.items():
-            for (l1, h1, l2, h2), value in _entries(scores):
-                name = pair_name((l1, h1), (l2, h2))
+            above_baseline = snap.minus_baseline(measure, kind)
+            for index, value in _entries(scores):
+                name = pair_name(index[:2], index[2:])
                 metrics[f"comp/{kind}/{measure}/{name}"] = value
-                metrics[f"comp/{kind}/{measure}_minus_baseline/{name}"] = value - baseline.mean
+                metrics[f"comp/{kind}/{measure}_minus_baseline/{name}"] = float(above_baseline[index])
         if snap.circuit is not None:
             (l1, h1), (l2, h2) = snap.circuit
-            k = by_kind["K"]
-            metrics[f"circuit/K/{measure}"] = float(k[l1, h1, l2, h2])
-            metrics[f"circuit/K/{measure}_minus_baseline"] = float(k[l1, h1, l2, h2]) - baseline.mean
-            others_above = int((k.nan_to_num(float("-inf")) > k[l1, h1, l2, h2]).sum())
-            metrics[f"circuit/K/{measure}_minus_baseline_rank"] = float(1 + others_above)
+            metrics[f"circuit/K/{measure}"] = float(by_kind["K"][l1, h1, l2, h2])
+            metrics[f"circuit/K/{measure}_minus_baseline"] = float(snap.minus_baseline(measure, "K")[l1, h1, l2, h2])
+            metrics[f"circuit/K/{measure}_minus_baseline_rank"] = float(snap.pair_rank(measure, "K", snap.circuit))
     if snap.circuit is not None:
         (l1, h1), (l2, h2) = snap.circuit
         metrics.update({"circuit/writer_layer": l1, "circuit/writer_head": h1, "circuit/reader_layer": l2, "circuit/reader_head": h2})

@@ -69,6 +69,7 @@ def training_curves(
     baseline: float | None,
     change: PhaseChange | None,
     title: str,
+    measure: str = "frobenius",
 ) -> Figure:
     """Three stacked panels sharing the step axis, the phase change shaded on each."""
     fig, (ax_loss, ax_heads, ax_comp) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
@@ -91,15 +92,17 @@ def training_curves(
                      transform=ax_comp.transAxes, ha="center", va="center", color="0.4")
     if baseline is not None:
         ax_comp.axhline(baseline, color="k", lw=0.8, ls=":", label=f"random baseline {baseline:.3f}")
-    ax_comp.set_ylabel("K-composition (Frobenius)")
+    ax_comp.set_ylabel(f"K-composition ({measure})")
     ax_comp.set_xlabel("training step")
     ax_comp.legend(loc="upper left", fontsize=8)
     for ax in (ax_loss, ax_heads, ax_comp):
         mark_phase_change(ax, change)
         ax.grid(alpha=0.3)
-    if change is not None:
+    if change is None:
+        ax_loss.set_title("no phase change: no sharp transition in the repeated-token loss", fontsize=9)
+    else:
         ax_loss.set_title(
-            f"largest transition of the repeated-token loss: onset {change.onset_step:.0f}, "
+            f"phase change in the repeated-token loss: onset {change.onset_step:.0f}, "
             f"midpoint {change.midpoint_step:.0f}, end {change.end_step:.0f}",
             fontsize=9,
         )

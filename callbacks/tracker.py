@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import lightning as L
-import torch
 from lightning.pytorch.loggers import WandbLogger
 
 from callbacks.keys import snapshot_metrics
@@ -50,8 +49,7 @@ class CompositionTracker(L.Callback):
         if not due or step == self.last_step or not trainer.is_global_zero:
             return  # gradient accumulation calls us several times per optimizer step
         self.last_step = step
-        with torch.no_grad():
-            snap = take_snapshot(pl_module.model, self.probe, self.measures, self.baseline_samples)
+        snap = take_snapshot(pl_module.model, self.probe, self.measures, self.baseline_samples)
         metrics = snapshot_metrics(snap)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

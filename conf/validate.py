@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from omegaconf import DictConfig
 
@@ -12,7 +14,21 @@ class ConfigError(ValueError):
     """A config that type-checks but cannot run; the message says which keys and why."""
 
 
-def config_problems(cfg: DictConfig) -> list[str]:
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
+PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+
+
+def resume_problems(path: str, max_steps: int) -> list[str]:
+    """A resume checkpoint must exist and stop short of ``max_steps`` (else nothing would train)."""
+    if not Path(path).is_file():
+        return [f"resume={path}: no such checkpoint file"]
+    step = torch.load(path, map_location="cpu", weights_only=False).get("global_step", 0)
+    if step >= max_steps:
+        return [f"resume={path} is at step {step}: raise trainer.max_steps above it to train further"]
+    return []
+
+
+def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     """Every problem found in ``cfg``, as one readable sentence each (empty when it can run)."""
     m, d, t, tr = cfg.model, cfg.data, cfg.trainer, cfg.tracker
     problems = []
@@ -40,7 +56,25 @@ def config_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"data.n_triggers={d.n_triggers} must be in [1, {n_random - 1}]")
     if t.max_steps < 1:
         problems.append(f"trainer.max_steps={t.max_steps} must be >= 1")
-    if t.accelerator == "gpu" and not torch.cuda.is_available():
+    for key in ("devices", "accumulate_grad_batches", "log_every_n_steps", "checkpoint_every_n_steps"):
+        if t[key] < 1:
+            problems.append(f"trainer.{key}={t[key]} must be >= 1")
+    if t.accelerator not in ACCELERATORS:
+        problems.append(f"trainer.accelerator={t.accelerator!r} must be one of {ACCELERATORS}")
+    if t.precision not in PRECISIONS:
+        problems.append(f"trainer.precision={t.precision!r} must be one of {PRECISIONS}")
+    if multirun and t.devices > 1:
+        problems.append("a multirun (-m) with trainer.devices > 1 is not supported: Lightning re-launches DDP workers with the sweep's arguments")
+    o = cfg.optim
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        problems.append(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
+    if o.lr <= 0:
+        problems.append(f"optim.lr={o.lr} must be > 0")
+    if d.name == "bigram_triggers" and d.concentration <= 0:
+        problems.append(f"data.concentration={d.concentration} must be > 0")
+    if cfg.resume is not None:
+        problems.extend(resume_problems(cfg.resume, t.max_steps))
+    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         problems.append("trainer=gpu but no CUDA device is visible to torch (use trainer=cpu)")
     if tr.enabled:
         if tr.every_n_steps < 1:
@@ -57,13 +91,22 @@ def config_problems(cfg: DictConfig) -> list[str]:
             problems.append(f"tracker.probe_n={tr.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={m.n_ctx}")
         if not cfg.logger.csv:
             problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
+        if tr.probe_batch_size < 1:
+            problems.append(f"tracker.probe_batch_size={tr.probe_batch_size} must be >= 1")
+        if not tr.measures:
+            problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
+        if tr.image_every_n_steps and tr.image_every_n_steps % tr.every_n_steps:
+            problems.append(
+                f"tracker.image_every_n_steps={tr.image_every_n_steps} must be a multiple of"
+                f" tracker.every_n_steps={tr.every_n_steps} (images are drawn at measured steps)"
+            )
         if tr.baseline_samples < 2:
             problems.append(f"tracker.baseline_samples={tr.baseline_samples} must be >= 2")
     return problems
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, multirun: bool = False) -> None:
     """Raise :class:`ConfigError` listing every problem in ``cfg``."""
-    problems = config_problems(cfg)
+    problems = config_problems(cfg, multirun)
     if problems:
         raise ConfigError("; ".join(problems))

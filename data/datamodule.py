@@ -39,12 +39,6 @@ class TokenStream(IterableDataset):
             self.next_batch += 1
             yield batch
 
-    def state_dict(self) -> dict[str, int]:
-        return {"next_batch": self.next_batch}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.next_batch = state["next_batch"]
-
 
 def make_sampler(name: str, seed: int, seq_len: int, n_random: int, bos: bool, **options) -> TokenSampler:
     """The sample-ids -> tokens function of data generator ``name`` (``repeated`` or ``bigram_triggers``)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from metrics.circuits import HeadCircuits
+from metrics.circuits import HeadCircuits, weight
 from metrics.composition import layer_order_pairs
 from models.transformer import AttentionOnlyTransformer, norm_gain
 
@@ -23,14 +23,14 @@ def eigenvalue_positivity(matrices: Tensor) -> Tensor:
 def folded_unembedding(model: AttentionOnlyTransformer) -> Tensor:
     """``W_U [d_model, d_vocab]`` with the final norm's gain folded in, float64."""
     gain = norm_gain(model.final_norm)
-    W_U = model.W_U.detach().double()
-    return W_U if gain is None else gain.detach().double()[:, None] * W_U
+    W_U = weight(model.W_U)
+    return W_U if gain is None else weight(gain)[:, None] * W_U
 
 
 def copying_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> Tensor:
     """Copying score of every head's full OV circuit ``W_E W_OV W_U [d_vocab, d_vocab]``, from the
     eigenvalues of ``(W_O W_U)(W_E W_V)`` ``[d_head, d_head]`` -> ``[n_layers, n_heads]``."""
-    W_E = model.W_E.detach().double()  # (v, d)
+    W_E = weight(model.W_E)  # (v, d)
     writes = circuits.ov.right.mT @ folded_unembedding(model)  # (L, H, r, v) = W_O W_U
     reads = W_E @ circuits.ov.left  # (L, H, v, r) = W_E W_V
     return eigenvalue_positivity(writes @ reads)
@@ -43,7 +43,7 @@ def matching_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> 
     ``[n_layers, n_heads, n_layers, n_heads]``, NaN unless the reader's layer is later."""
     L, H = circuits.n_layers, circuits.n_heads
     writers, readers = layer_order_pairs(L, H)
-    W_E = model.W_E.detach().double()
+    W_E = weight(model.W_E)
     ov, qk = circuits.ov.flatten_heads(), circuits.qk.flatten_heads()
     key_side = qk.right[readers].mT @ ov.right[writers]  # (P, r, r) = W_K²ᵀ W_O¹ᵀ
     query_side = (W_E @ ov.left[writers]).mT @ (W_E @ qk.left[readers])  # (P, r, r) = (W_E W_V¹)ᵀ (W_E W_Q²)

@@ -88,8 +88,14 @@ class HeadCircuits:
         return self.qk.left.shape[1]
 
 
+def weight(tensor: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+    """A parameter detached and copied to the CPU in ``dtype``: weight-based metrics are tiny, and
+    computing them on the CPU in float64 works for every accelerator (MPS has no float64)."""
+    return tensor.detach().to("cpu", dtype)
+
+
 def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype = torch.float64) -> HeadCircuits:
-    """The model's QK and OV circuits, detached, in ``dtype`` (float64 by default for exact scores)."""
+    """The model's QK and OV circuits, detached, on the CPU, in ``dtype`` (float64 for exact scores)."""
     W_Q, W_K, W_V, W_O = [], [], [], []
     with torch.no_grad():
         for layer in model.layers:
@@ -99,6 +105,6 @@ def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype = torch.fl
             W_K.append(fold(layer.W_K))
             W_V.append(fold(layer.W_V))
             W_O.append(layer.W_O)
-        stack = lambda ws: torch.stack(ws).detach().to(dtype)  # (n_layers, n_heads, ...)
+        stack = lambda ws: weight(torch.stack(ws), dtype)  # (n_layers, n_heads, ...)
         W_Q, W_K, W_V, W_O = stack(W_Q), stack(W_K), stack(W_V), stack(W_O)
     return HeadCircuits(qk=LowRank(W_Q, W_K).with_triangles(), ov=LowRank(W_V, W_O.mT).with_triangles())

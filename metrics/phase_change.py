@@ -21,7 +21,8 @@ class PhaseChange:
 
 
 def smooth(values: Tensor, window: int) -> Tensor:
-    """Centered moving average ``[n] -> [n]``; the window shrinks at the edges."""
+    """Moving average ``[n] -> [n]``, centred for odd ``window`` (half a point late for even ones);
+    the window shrinks at the edges."""
     if window <= 1:
         return values.clone()
     kernel = torch.ones(1, 1, window, dtype=values.dtype)
@@ -31,16 +32,37 @@ def smooth(values: Tensor, window: int) -> Tensor:
     return sums / counts
 
 
+def falling_runs(slope: Tensor) -> list[tuple[int, int]]:
+    """``[start, stop)`` index ranges of the maximal runs of negative ``slope``."""
+    runs, start = [], None
+    for i, falling in enumerate((slope < 0).tolist() + [False]):
+        if falling and start is None:
+            start = i
+        elif not falling and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
 def detect_phase_change(
-    steps: Tensor, values: Tensor, falling: bool = True, window: int = 5, fractions=(0.1, 0.5, 0.9)
+    steps: Tensor,
+    values: Tensor,
+    falling: bool = True,
+    window: int = 5,
+    fractions=(0.1, 0.5, 0.9),
+    max_width_fraction: float = 0.25,
+    flat_fraction: float = 0.02,
 ) -> PhaseChange | None:
     """The largest transition of ``values [n]`` logged at ``steps [n]`` (NaNs dropped).
 
-    The transition is centred on the steepest step of the smoothed series in the given direction.
-    It runs from the series' extreme before the centre (``high`` for a fall) to its extreme after
-    (``low``); each fraction's step is where the smoothed series first crosses
-    ``high - fraction * (high - low)`` on the way, interpolated linearly between logged steps.
-    None when there are under three points or no movement in that direction.
+    The transition is the maximal run of consecutive smoothed steps in the given direction that
+    moves furthest, trimmed of its ends where it moves slower than ``flat_fraction`` of its
+    steepest rate; it goes from ``high`` to ``low`` (for a fall). Each fraction's step is where the smoothed series first
+    crosses ``high - fraction * (high - low)``, interpolated linearly between logged steps.
+
+    A phase change is abrupt: None when the transition (first to last fraction) spans more than
+    ``max_width_fraction`` of the logged steps, as a slow trend does, when there are under three
+    points, or when there is no movement in that direction.
     """
     if not all(0 < f < 1 for f in fractions):
         raise ValueError(f"fractions must lie strictly between 0 and 1, got {fractions}")
@@ -49,12 +71,13 @@ def detect_phase_change(
     if len(values) < 3:
         return None
     s = smooth(values if falling else -values, window)
-    slope = s[1:] - s[:-1]
-    centre = int(slope.argmin())  # steepest fall is between centre and centre + 1
-    if slope[centre] >= 0:
+    slope = s[1:] - s[:-1]  # slope[i] joins s[i] and s[i + 1]
+    runs = falling_runs(slope)
+    if not runs:
         return None
-    first = int(s[: centre + 1].argmax())
-    last = centre + 1 + int(s[centre + 1 :].argmin())
+    start, stop = min(runs, key=lambda run: float(slope[run[0] : run[1]].sum()))  # the largest fall
+    steep = torch.nonzero(slope[start:stop] < flat_fraction * slope[start:stop].min()).flatten() + start
+    first, last = int(steep[0]), int(steep[-1]) + 1
     high, low = s[first], s[last]
     crossings = []
     for fraction in fractions:
@@ -62,5 +85,7 @@ def detect_phase_change(
         i = first + int(torch.nonzero(s[first : last + 1] <= level)[0])  # > first, since s[first] = high > level
         weight = (s[i - 1] - level) / (s[i - 1] - s[i])
         crossings.append(float(steps[i - 1] + weight * (steps[i] - steps[i - 1])))
+    if crossings[-1] - crossings[0] > max_width_fraction * float(steps[-1] - steps[0]):
+        return None  # a trend, not a cliff
     sign = 1.0 if falling else -1.0
     return PhaseChange(*crossings, start_value=sign * float(high), end_value=sign * float(low))

@@ -57,6 +57,12 @@ class Snapshot:
     def minus_baseline(self, measure: str, kind: str) -> Tensor:
         return self.composition[measure][kind] - self.baselines[measure].mean
 
+    def pair_rank(self, measure: str, kind: str, pair: tuple[Head, Head]) -> int:
+        """1 + the number of scored pairs with a higher score than ``pair`` (1 = top)."""
+        scores = self.composition[measure][kind]
+        (l1, h1), (l2, h2) = pair
+        return 1 + int((scores.nan_to_num(float("-inf")) > scores[l1, h1, l2, h2]).sum())
+
 
 @torch.inference_mode()
 def take_snapshot(

@@ -6,6 +6,10 @@ Without normalization, ``x -> x T`` for any invertible ``T`` (writers ``W -> W T
 the Frobenius ratio. With ``Σ`` the covariance of the layer-0 residual input, the map to the basis
 where that input is isotropic, ``Σ^(-1/2)``, satisfies ``T (Tᵀ Σ T)^(-1/2) = Σ^(-1/2) R`` with R
 orthogonal, so every rotation-invariant score computed there is invariant to every ``T``.
+
+With LayerNorm or RMSNorm the symmetry shrinks to rotations and a global scale (seed 001), under
+which the plain ratios are already invariant; ``Σ`` is still taken over the raw (pre-norm)
+embeddings, so the whitened ratio there is one more basis choice, not a fix of a symmetry.
 """
 
 from __future__ import annotations
@@ -13,16 +17,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from metrics.circuits import HeadCircuits, LowRank
+from metrics.circuits import HeadCircuits, LowRank, weight
 from models.transformer import AttentionOnlyTransformer
 
 
 def embedding_covariance(model: AttentionOnlyTransformer) -> Tensor:
     """Covariance ``[d_model, d_model]`` of ``W_E[t] + W_pos[p]`` over uniform independent ``t, p``
     (every token id, every position): ``Cov(W_E rows) + Cov(W_pos rows)``, float64."""
-    with torch.no_grad():
-        cov = lambda rows: torch.cov(rows.detach().double().T, correction=0)
-        return cov(model.W_E) + cov(model.W_pos)
+    cov = lambda rows: torch.cov(weight(rows).T, correction=0)
+    return cov(model.W_E) + cov(model.W_pos)
 
 
 def symmetric_powers(covariance: Tensor, eps: float = 1e-10) -> tuple[Tensor, Tensor]:

@@ -45,6 +45,8 @@ class InductionLM(L.LightningModule):
         trainer = self._trainer
         if trainer is None:
             return True
+        if trainer.log_every_n_steps < 1:
+            return False  # Lightning's "never log"
         return (self.global_step + 1) % trainer.log_every_n_steps == 0  # Lightning's own rule
 
     def configure_optimizers(self):

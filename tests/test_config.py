@@ -24,6 +24,12 @@ def test_default_config_is_valid_and_matches_the_experiment():
     assert composed("experiment=one_layer").model.n_layers == 1
 
 
+def test_multirun_with_several_devices_is_refused():
+    problems = config_problems(composed("trainer.devices=2"), multirun=True)
+    assert any("multirun" in p for p in problems)
+    assert not any("multirun" in p for p in config_problems(composed("trainer.devices=2")))
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -35,6 +41,12 @@ def test_default_config_is_valid_and_matches_the_experiment():
         (["trainer.max_steps=0"], "max_steps"),
         (["model.d_vocab=2"], "random tokens"),
         (["logger.csv=false"], "needs logger.csv=true"),
+        (["trainer.log_every_n_steps=0"], "log_every_n_steps"),
+        (["trainer.precision=fp8"], "precision"),
+        (["optim.betas=[0.9]"], "betas"),
+        (["tracker.measures=[]"], "empty"),
+        (["tracker.image_every_n_steps=25"], "multiple of"),
+        (["resume=/nonexistent/last.ckpt"], "no such checkpoint"),
     ],
 )
 def test_cross_field_problems_are_named(overrides, message):

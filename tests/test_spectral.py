@@ -111,13 +111,33 @@ def test_random_subspace_baseline_is_r_over_d():
     assert baseline.mean == pytest.approx(16 / 64, rel=0.02)  # E[tr(P_w P_r)] / r = r / d
 
 
+def dense_reader_factors(model, layer, head, kind):
+    """The reader's (read factor, full matrix) for a composition kind, from the raw weights."""
+    attn = model.layers[layer]
+    gain = getattr(attn.norm, "weight", None)
+    g = torch.ones(model.shape.d_model, dtype=torch.float64) if gain is None else gain.detach().double()
+    W = {n: getattr(attn, n)[head].detach().double() for n in ("W_Q", "W_K", "W_V", "W_O")}
+    Q, K, V = (g[:, None] * W[n] for n in ("W_Q", "W_K", "W_V"))
+    return {"Q": (Q, Q @ K.T), "K": (K, K @ Q.T), "V": (V, V @ W["W_O"])}[kind]
+
+
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
-def test_new_measures_on_a_model_match_per_pair_dense(normalization):
+@pytest.mark.parametrize("kind", ["Q", "K", "V"])
+def test_new_measures_on_a_model_match_per_pair_dense(normalization, kind):
     model = random_model(normalization)
     circuits = head_circuits(model)
-    for measure, dense in ((singular_value_bound_ratio, dense_sv_bound),):
-        scores = composition_scores(circuits, measure)["K"]
-        ov, qk = circuits.ov.dense(), circuits.qk.dense()
-        for l1, h1, l2, h2 in (~scores.isnan()).nonzero().tolist():
-            want = dense(ov[l1, h1], qk[l2, h2].T)
-            assert scores[l1, h1, l2, h2].item() == pytest.approx(want.item(), rel=1e-5)
+    scores = {m: composition_scores(circuits, m)[kind] for m in (singular_value_bound_ratio, subspace_overlap, best_component_ratio)}
+    for l1, h1, l2, h2 in (~scores[subspace_overlap].isnan()).nonzero().tolist():
+        writer = model.layers[l1]
+        g = getattr(writer.norm, "weight", None)
+        g = torch.ones(model.shape.d_model, dtype=torch.float64) if g is None else g.detach().double()
+        W_O = writer.W_O[h1].detach().double()
+        A = (g[:, None] * writer.W_V[h1].detach().double()) @ W_O
+        read, B = dense_reader_factors(model, l2, h2, kind)
+        want = {
+            singular_value_bound_ratio: dense_sv_bound(A, B),
+            subspace_overlap: dense_overlap(W_O.T, read),
+            best_component_ratio: dense_components(A, B, model.shape.d_head)[0].max(),
+        }
+        for measure, value in want.items():
+            assert scores[measure][l1, h1, l2, h2].item() == pytest.approx(value.item(), rel=1e-5), measure.__name__

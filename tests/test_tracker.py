@@ -49,7 +49,23 @@ def test_tracker_does_not_perturb_training(tmp_path):
     assert without == with_tracker  # bit-identical loss curve
     for a, b in zip(module_a.parameters(), module_b.parameters()):
         assert torch.equal(a, b)
-    assert module_b.training  # mode restored
+    assert module_b.model.training  # the inner model's mode restored
+
+
+def test_snapshot_leaves_rng_and_mode_alone():
+    """Training here draws no random numbers after init, so the loss test alone could not see a
+    snapshot that consumed RNG state; check the state and the mode directly."""
+    from metrics.snapshot import COMPOSITION_MEASURES, take_snapshot
+    from models.transformer import AttentionOnlyTransformer
+
+    model = AttentionOnlyTransformer(SHAPE)
+    probe = make_probe_batch(0, 4, 8, 20)
+    for training in (True, False):
+        model.train(training)
+        state = torch.random.get_rng_state()
+        take_snapshot(model, probe, tuple(COMPOSITION_MEASURES), baseline_samples=50)
+        assert torch.equal(torch.random.get_rng_state(), state)
+        assert model.training == training
 
 
 def test_tracker_logs_at_every_nth_optimizer_step(tmp_path):

@@ -112,6 +112,7 @@ def test_default_experiment_shows_the_phase_change(tmp_path):
     assert series[f"heads/prev_token/{writer}"][1][-1] > 0.4
     assert series[f"heads/induction/{reader}"][1][-1] > 0.5
     assert summary["final/circuit/K/frobenius_minus_baseline"] > 0.05
+    assert summary["phase_change/loss_to_value"] < 0.3
 
 
 def test_one_layer_control_shows_no_cliff(tmp_path):
@@ -121,3 +122,5 @@ def test_one_layer_control_shows_no_cliff(tmp_path):
     _, induction = curve(tmp_path, "heads/induction/top")
     assert repeated.min() > 1.5
     assert induction.max() < 0.3  # vs > 0.5 with two layers
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary.get("phase_change/loss_to_value", 99.0) > 1.5  # any detected drop stops far above the cliff
