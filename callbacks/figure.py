@@ -1,4 +1,5 @@
-"""The end-of-run figure: score-over-training curves with the phase change marked.
+"""The end-of-run report: score-over-training curves with the phase change marked, the summary,
+and (when the run tracked the ablation) the validity table and figure (:mod:`callbacks.validity`).
 
 Drawn from the run's CSV log, so any finished run directory can be re-rendered:
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -18,6 +21,7 @@ import numpy as np
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
+from callbacks import validity
 from callbacks.plots import figure_to_rgb, training_curves
 from metrics.phase_change import PhaseChange, detect_phase_change
 
@@ -71,8 +75,17 @@ def summarize(series, window: int = 5) -> dict[str, float]:
     return summary
 
 
-def render(run_dir: Path, window: int = 5) -> tuple[Path, dict[str, float]]:
-    """Draw ``run_dir/phase_change.png`` and write ``run_dir/summary.json`` from the CSV log."""
+@dataclass(frozen=True)
+class RunReport:
+    figure: Path
+    summary: dict[str, float]
+    validity_figure: Path | None = None  # None when the run did not track the ablation
+    validity_rows: list[dict[str, object]] | None = None
+
+
+def render(run_dir: Path, window: int = 5) -> RunReport:
+    """Draw ``run_dir/phase_change.png`` and write ``run_dir/summary.json`` from the CSV log; with
+    a tracked ablation also ``validity.png`` and ``validity.csv``."""
     csv_path = run_dir / CSV_RELATIVE_PATH
     if not csv_path.is_file() or csv_path.stat().st_size == 0:
         raise FileNotFoundError(f"no CSV log at {csv_path}: is {run_dir} a finished train.py run directory?")
@@ -83,6 +96,7 @@ def render(run_dir: Path, window: int = 5) -> tuple[Path, dict[str, float]]:
     composition_pairs = [k for k in series if k.startswith(f"comp/K/{measure}_minus_baseline/")]
     circuit = series.get(f"circuit/K/{measure}")
     baseline = series.get(f"comp/baseline/{measure}")
+    change = phase_change_of(series, "loss/repeated", True, window)
     fig = training_curves(
         loss_first=series["loss/first_occurrence"],
         loss_repeated=series["loss/repeated"],
@@ -92,7 +106,7 @@ def render(run_dir: Path, window: int = 5) -> tuple[Path, dict[str, float]]:
         circuit_minus_baseline=series.get(f"circuit/K/{measure}_minus_baseline"),
         other_pairs_minus_baseline=[series[k] for k in composition_pairs],
         baseline=float(baseline[1][-1]) if baseline is not None else None,
-        change=phase_change_of(series, "loss/repeated", True, window),
+        change=change,
         title=f"{run_dir}",
         measure=measure,
     )
@@ -100,12 +114,35 @@ def render(run_dir: Path, window: int = 5) -> tuple[Path, dict[str, float]]:
     fig.savefig(figure_path, dpi=110)
     figure_to_rgb(fig)  # closes it
     summary = summarize(series, window)
+    rows = validity.validity_rows(series, change)
+    validity_path = None
+    if rows:
+        validity.write_table(rows, run_dir / validity.TABLE_NAME)
+        fig = validity.validity_figure(series, rows, change, f"which measure tells the truth: {run_dir}", window)
+        validity_path = run_dir / validity.FIGURE_NAME
+        fig.savefig(validity_path, dpi=110)
+        figure_to_rgb(fig)
+        for row in rows:
+            for column in ("first_step_ranked_first_loss", "final_spearman_loss"):
+                if not math.isnan(row[column]):  # a measure never first for good has no such step
+                    summary[f"validity/{row['measure']}/{column}"] = row[column]
     (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
-    return figure_path, summary
+    return RunReport(figure_path, summary, validity_path, rows or None)
+
+
+def print_report(report: RunReport) -> None:
+    print(f"\nfigure: {report.figure}")
+    for key, value in report.summary.items():
+        if not key.startswith("validity/"):
+            print(f"  {key:48s} {value:10.4f}")
+    if report.validity_rows:
+        print(f"\nwhich measure tells the truth (K-only path ablation; table {report.figure.parent / validity.TABLE_NAME}):")
+        print(validity.format_table(report.validity_rows))
+        print(f"figure: {report.validity_figure}")
 
 
 class PhaseChangeFigure(L.Callback):
-    """At the end of fit: render the figure, log it and the phase-change steps to W&B, print a summary."""
+    """At the end of fit: render the report, log its figures, validity table and summary to W&B, print it."""
 
     def __init__(self, run_dir: Path, smoothing_window: int = 5) -> None:
         self.run_dir = Path(run_dir)
@@ -118,32 +155,33 @@ class PhaseChangeFigure(L.Callback):
             if isinstance(logger, CSVLogger):
                 logger.save()  # flush rows still buffered
         try:
-            figure_path, summary = render(self.run_dir, self.smoothing_window)
+            report = render(self.run_dir, self.smoothing_window)
         except (FileNotFoundError, ValueError) as error:
             print(f"no figure: {error}")
             return
+        step = trainer.global_step
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                logger.log_image(key="images/phase_change", images=[str(figure_path)], step=trainer.global_step)
-                logger.experiment.summary.update(summary)
-        print(f"\nfigure: {figure_path}")
-        for key, value in summary.items():
-            print(f"  {key:48s} {value:10.4f}")
+                logger.log_image(key="images/phase_change", images=[str(report.figure)], step=step)
+                if report.validity_rows:
+                    logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
+                    logger.log_table(key="validity/table", columns=validity.COLUMNS,
+                                     data=validity.table_as_lists(report.validity_rows), step=step)
+                logger.experiment.summary.update(report.summary)
+        print_report(report)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Re-render phase_change.png and summary.json of a finished run.")
+    parser = argparse.ArgumentParser(description="Re-render phase_change.png, summary.json and the validity table and figure of a finished run.")
     parser.add_argument("run_dir", type=Path, help="a train.py run directory (it holds csv/metrics.csv)")
     parser.add_argument("--window", type=int, default=5, help="smoothing window, in logged points")
     args = parser.parse_args(argv)
     try:
-        figure_path, summary = render(args.run_dir, args.window)
+        report = render(args.run_dir, args.window)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(figure_path)
-    for key, value in summary.items():
-        print(f"  {key:48s} {value:10.4f}")
+    print_report(report)
     return 0
 
 

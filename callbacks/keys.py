@@ -1,9 +1,12 @@
 """Stable, ``/``-namespaced metric keys, and the flattening of a snapshot into them.
 
 ``comp/{Q,K,V}/{measure}/L0H1->L1H3``, ``comp/{Q,K,V}/{measure}_minus_baseline/...``,
-``comp/baseline/{measure}`` (+ ``_stderr``), ``heads/{induction,prev_token,duplicate,copying}/L1H3``
-(+ ``/top``), ``match/L0H1->L1H3`` (QK matching score), ``loss/{first_occurrence,repeated,icl_score}``, ``circuit/K/{measure}`` (+
-``_minus_baseline``, ``_minus_baseline_rank``), ``circuit/{writer,reader}_{layer,head}``.
+``comp/baseline/{measure}`` (+ ``_stderr``),
+``heads/{induction,prev_token,duplicate,copying,copying_empirical}/L1H3`` (+ ``/top``),
+``match/L0H1->L1H3`` (QK matching score), ``loss/{first_occurrence,repeated,icl_score}``,
+``circuit/K/{measure}`` (+ ``_minus_baseline``, ``_minus_baseline_rank``),
+``circuit/{writer,reader}_{layer,head}``; at ablation steps ``ablation/{loss_change,pattern_change}/L0H1->L1H3``
+and ``validity/{loss_change,pattern_change}/{measure or match}/{rank_of_truth,spearman}``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ HEAD_SCORES = {
     "prev_token": "previous_token",
     "duplicate": "duplicate_token",
     "copying": "copying",
+    "copying_empirical": "empirical_copying",
 }
 
 
@@ -55,6 +59,15 @@ def snapshot_metrics(snap: Snapshot) -> dict[str, float]:
             metrics[f"circuit/K/{measure}"] = float(by_kind["K"][l1, h1, l2, h2])
             metrics[f"circuit/K/{measure}_minus_baseline"] = float(snap.minus_baseline(measure, "K")[l1, h1, l2, h2])
             metrics[f"circuit/K/{measure}_minus_baseline_rank"] = float(snap.pair_rank(measure, "K", snap.circuit))
+    if snap.ablation is not None:
+        for effect, values in snap.ablation.effects().items():
+            for (l1, h1, l2, h2), value in _entries(values):
+                metrics[f"ablation/{effect}/{pair_name((l1, h1), (l2, h2))}"] = value
+    for effect, by_measure in (snap.validity or {}).items():
+        for measure, agreed in by_measure.items():
+            metrics[f"validity/{effect}/{measure}/rank_of_truth"] = float(agreed.rank_of_truth)
+            if agreed.spearman == agreed.spearman:  # undefined (NaN) when a side is constant
+                metrics[f"validity/{effect}/{measure}/spearman"] = agreed.spearman
     if snap.circuit is not None:
         (l1, h1), (l2, h2) = snap.circuit
         metrics.update({"circuit/writer_layer": l1, "circuit/writer_head": h1, "circuit/reader_layer": l2, "circuit/reader_head": h2})

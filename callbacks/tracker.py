@@ -16,7 +16,9 @@ class CompositionTracker(L.Callback):
 
     Runs on global rank 0 only, under ``no_grad``, restoring the model's train/eval mode; it
     draws no random numbers, so training is identical with and without it. Measures at step 0
-    (before the first update) and after every ``every_n_steps``-th optimizer step.
+    (before the first update) and after every ``every_n_steps``-th optimizer step; at every
+    ``ablation_every_n_steps``-th step (0: never) also runs the K-only path ablation of every pair
+    and logs how each measure agrees with it.
     """
 
     def __init__(
@@ -26,10 +28,12 @@ class CompositionTracker(L.Callback):
         image_every_n_steps: int = 250,
         measures: tuple[str, ...] = ("frobenius",),
         baseline_samples: int = 2000,
+        ablation_every_n_steps: int = 0,
     ) -> None:
         self.probe = probe
         self.every_n_steps = every_n_steps
         self.image_every_n_steps = image_every_n_steps
+        self.ablation_every_n_steps = ablation_every_n_steps
         self.measures = measures
         self.baseline_samples = baseline_samples
         self.last_step: int | None = None
@@ -45,11 +49,14 @@ class CompositionTracker(L.Callback):
 
     def maybe_measure(self, trainer: L.Trainer, pl_module: L.LightningModule, force: bool = False) -> None:
         step = trainer.global_step
+        force = force or 0 < trainer.max_steps <= step  # the last step: measure everything, images too
         due = force or step % self.every_n_steps == 0
         if not due or step == self.last_step or not trainer.is_global_zero:
             return  # gradient accumulation calls us several times per optimizer step
         self.last_step = step
-        snap = take_snapshot(pl_module.model, self.probe, self.measures, self.baseline_samples)
+        every = self.ablation_every_n_steps
+        ablate = bool(every) and (step % every == 0 or force)
+        snap = take_snapshot(pl_module.model, self.probe, self.measures, self.baseline_samples, ablate=ablate)
         metrics = snapshot_metrics(snap)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

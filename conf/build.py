@@ -72,6 +72,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
             CompositionTracker(
                 probe, every_n_steps=tr.every_n_steps, image_every_n_steps=tr.image_every_n_steps,
                 measures=tuple(tr.measures), baseline_samples=tr.baseline_samples,
+                ablation_every_n_steps=tr.ablation_every_n_steps,
             )
         )
         callbacks.append(PhaseChangeFigure(run_dir, smoothing_window=tr.smoothing_window))

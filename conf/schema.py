@@ -98,7 +98,10 @@ class TrackerConfig:
     enabled: bool = True
     every_n_steps: int = 10
     image_every_n_steps: int = 250  # 0 disables heatmap images
-    measures: List[str] = field(default_factory=lambda: ["frobenius"])
+    ablation_every_n_steps: int = 10  # K-only path ablation of every pair (ground truth); 0 disables
+    measures: List[str] = field(
+        default_factory=lambda: ["frobenius", "sv_bound", "whitened", "subspace", "component", "component_share"]
+    )
     baseline_samples: int = 2000
     probe_batch_size: int = 32
     probe_n: int = 16

@@ -79,8 +79,9 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     if tr.enabled:
         if tr.every_n_steps < 1:
             problems.append(f"tracker.every_n_steps={tr.every_n_steps} must be >= 1")
-        if tr.image_every_n_steps < 0:
-            problems.append(f"tracker.image_every_n_steps={tr.image_every_n_steps} must be >= 0 (0 disables)")
+        for key in ("image_every_n_steps", "ablation_every_n_steps"):
+            if tr[key] < 0:
+                problems.append(f"tracker.{key}={tr[key]} must be >= 0 (0 disables)")
         unknown = sorted(set(tr.measures) - set(COMPOSITION_MEASURES))
         if unknown:
             problems.append(f"tracker.measures has unknown {unknown}; known: {sorted(COMPOSITION_MEASURES)}")
@@ -95,11 +96,12 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
             problems.append(f"tracker.probe_batch_size={tr.probe_batch_size} must be >= 1")
         if not tr.measures:
             problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
-        if tr.image_every_n_steps and tr.image_every_n_steps % tr.every_n_steps:
-            problems.append(
-                f"tracker.image_every_n_steps={tr.image_every_n_steps} must be a multiple of"
-                f" tracker.every_n_steps={tr.every_n_steps} (images are drawn at measured steps)"
-            )
+        for key, what in (("image_every_n_steps", "images are drawn"), ("ablation_every_n_steps", "ablations are judged")):
+            if tr.every_n_steps >= 1 and tr[key] > 0 and tr[key] % tr.every_n_steps:
+                problems.append(
+                    f"tracker.{key}={tr[key]} must be a multiple of"
+                    f" tracker.every_n_steps={tr.every_n_steps} ({what} at measured steps)"
+                )
         if tr.baseline_samples < 2:
             problems.append(f"tracker.baseline_samples={tr.baseline_samples} must be >= 2")
     return problems

@@ -29,6 +29,10 @@ class KeyAblation:
     pattern_change: Tensor
     loss_change: Tensor
 
+    def effects(self) -> dict[str, Tensor]:
+        """Both effects by name: ``{"loss_change": ..., "pattern_change": ...}``."""
+        return {"loss_change": self.loss_change, "pattern_change": self.pattern_change}
+
 
 def key_only_ablated_pattern(model, cache, writer: tuple[int, int], reader: tuple[int, int]) -> Tensor:
     """h2's pattern ``[batch, query, key]`` when its keys read the residual stream with h1's write
@@ -48,13 +52,18 @@ def forward_from_layer(model: AttentionOnlyTransformer, x: Tensor, first_layer: 
 
 
 @torch.inference_mode()
-def key_ablation_effects(model: AttentionOnlyTransformer, probe: ProbeBatch) -> KeyAblation:
-    """The K-only mean-ablation effect of every earlier->later head pair on ``probe``."""
+def key_ablation_effects(
+    model: AttentionOnlyTransformer, probe: ProbeBatch, clean_run: tuple[Tensor, dict] | None = None
+) -> KeyAblation:
+    """The K-only mean-ablation effect of every earlier->later head pair on ``probe``.
+
+    ``clean_run``: ``model.run_with_cache(probe.tokens)`` in eval mode, if the caller has it already.
+    """
     was_training = model.training
     model.eval()
     try:
         tokens = probe.tokens.to(model.W_E.device)
-        logits, cache = model.run_with_cache(tokens)
+        logits, cache = model.run_with_cache(tokens) if clean_run is None else clean_run
         clean = repeated_loss(token_losses(logits.float(), tokens), probe.repeat_start, probe.n)
         L, H = model.shape.n_layers, model.shape.n_heads
         pattern_change = torch.full((L * H, L * H), float("nan"), dtype=torch.float64)

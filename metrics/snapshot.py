@@ -8,26 +8,32 @@ import torch
 from torch import Tensor
 
 from data.probe import ProbeBatch
+from metrics.ablation import KeyAblation, key_ablation_effects
 from metrics.baseline import Baseline, random_baseline
 from metrics.circuit_pair import circuit_pair
-from metrics.circuit_scores import copying_scores, matching_scores
+from metrics.circuit_scores import copying_scores, folded_unembedding, matching_scores
 from metrics.circuits import head_circuits
 from metrics.composition import PairMeasure, composition_scores, frobenius_ratio
+from metrics.empirical_copying import empirical_copying_scores
 from metrics.head_scores import duplicate_token_score, induction_score, previous_token_score
 from metrics.spectral import best_component_ratio, best_component_share, singular_value_bound_ratio, subspace_overlap
 from metrics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
+from metrics.validity import Agreement, agreement
 from metrics.whitening import embedding_covariance, whiten
 from models.transformer import AttentionOnlyTransformer
 
 COMPOSITION_MEASURES: dict[str, PairMeasure] = {
     "frobenius": frobenius_ratio,
-    "whitened": frobenius_ratio,  # computed on the whitened circuits, see WHITENED_MEASURES
     "sv_bound": singular_value_bound_ratio,
+    "whitened": frobenius_ratio,  # computed on the whitened circuits, see WHITENED_MEASURES
     "subspace": subspace_overlap,
     "component": best_component_ratio,
     "component_share": best_component_share,
 }
-"""The composition measures the tracker can compute, by name: one line per measure."""
+"""The composition measures the tracker can compute, by name (MEASURES.md's order): one line per measure."""
+
+MATCHING = "match"
+"""The QK matching score, judged against the ablation beside the composition measures."""
 
 WHITENED_MEASURES = {"whitened"}
 """Measures scored in the whitened residual basis (:mod:`metrics.whitening`); their random baseline
@@ -48,11 +54,14 @@ class Snapshot:
     induction: Tensor
     duplicate_token: Tensor
     copying: Tensor  # weight copying score per head (Elhage et al. 2021)
+    empirical_copying: Tensor  # copying score on the probe batch per head (Olsson et al. 2022)
     matching: Tensor  # QK matching score per pair (Olsson et al. 2022), [L, H, L, H]
     first_occurrence_loss: float
     repeated_loss: float
     icl_score: float
     circuit: tuple[Head, Head] | None  # (previous-token writer, induction reader); None for 1 layer
+    ablation: KeyAblation | None = None  # K-only path ablation per pair, when asked for
+    validity: dict[str, dict[str, Agreement]] | None = None  # effect -> measure (K) or "match" -> agreement
 
     def minus_baseline(self, measure: str, kind: str) -> Tensor:
         return self.composition[measure][kind] - self.baselines[measure].mean
@@ -70,8 +79,13 @@ def take_snapshot(
     probe: ProbeBatch,
     measures: tuple[str, ...] = ("frobenius",),
     baseline_samples: int = 2000,
+    ablate: bool = False,
 ) -> Snapshot:
-    """Measure ``model`` on ``probe``; leaves the model's mode and every RNG untouched."""
+    """Measure ``model`` on ``probe``; leaves the model's mode and every RNG untouched.
+
+    ``ablate``: also run the K-only path ablation of every pair (a forward pass per pair) and judge
+    each measure's K-composition, and the matching score, against it.
+    """
     unknown = set(measures) - set(COMPOSITION_MEASURES)
     if unknown:
         raise ValueError(f"unknown composition measures {sorted(unknown)}; known: {sorted(COMPOSITION_MEASURES)}")
@@ -80,6 +94,7 @@ def take_snapshot(
     try:
         tokens = probe.tokens.to(model.W_E.device)
         logits, cache = model.run_with_cache(tokens)
+        ablation = key_ablation_effects(model, probe, (logits, cache)) if ablate and model.shape.n_layers > 1 else None
     finally:
         model.train(was_training)
     patterns = torch.stack(cache["pattern"])  # (L, b, h, t, t)
@@ -97,6 +112,14 @@ def take_snapshot(
     baselines = {
         m: random_baseline(COMPOSITION_MEASURES[m], shape.d_model, shape.d_head, baseline_samples) for m in measures
     }
+    matching = matching_scores(model, circuits).cpu()
+    validity = None
+    if ablation is not None:
+        scorers = {**{m: composition[m]["K"] for m in measures}, MATCHING: matching}
+        validity = {
+            effect: {name: agreement(scores, truth) for name, scores in scorers.items()}
+            for effect, truth in ablation.effects().items()
+        }
     return Snapshot(
         composition=composition,
         baselines=baselines,
@@ -104,9 +127,14 @@ def take_snapshot(
         induction=induction,
         duplicate_token=duplicate_token_score(patterns, probe.repeat_start, probe.n).cpu(),
         copying=copying_scores(model, circuits).cpu(),
-        matching=matching_scores(model, circuits).cpu(),
+        empirical_copying=empirical_copying_scores(
+            torch.stack(cache["head_out"]).cpu(), patterns.cpu(), probe.tokens, folded_unembedding(model), probe.first_start
+        ),
+        matching=matching,
         first_occurrence_loss=first_occurrence_loss(losses, probe.first_start, probe.n).item(),
         repeated_loss=repeated_loss(losses, probe.repeat_start, probe.n).item(),
         icl_score=in_context_learning_score(losses).item(),
         circuit=circuit_pair(previous, induction) if shape.n_layers >= 2 else None,
+        ablation=ablation,
+        validity=validity,
     )

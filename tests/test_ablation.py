@@ -38,3 +38,12 @@ def test_ablation_leaves_mode_and_weights_alone():
     key_ablation_effects(model, PROBE)
     assert model.training
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_given_clean_run_gives_the_same_effects():
+    model = induction_circuit_model().eval()
+    with torch.no_grad():
+        clean_run = model.run_with_cache(PROBE.tokens)
+    given, fresh = key_ablation_effects(model, PROBE, clean_run), key_ablation_effects(model, PROBE)
+    for name, values in given.effects().items():
+        torch.testing.assert_close(values, fresh.effects()[name], equal_nan=True)

@@ -43,6 +43,8 @@ def test_multirun_with_several_devices_is_refused():
         (["logger.csv=false"], "needs logger.csv=true"),
         (["trainer.log_every_n_steps=0"], "log_every_n_steps"),
         (["trainer.precision=fp8"], "precision"),
+        (["tracker.ablation_every_n_steps=15"], "ablation_every_n_steps=15 must be a multiple"),
+        (["tracker.ablation_every_n_steps=-1"], "ablation_every_n_steps=-1 must be >= 0"),
         (["optim.betas=[0.9]"], "betas"),
         (["tracker.measures=[]"], "empty"),
         (["tracker.image_every_n_steps=25"], "multiple of"),

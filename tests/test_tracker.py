@@ -24,13 +24,14 @@ class LossRecorder(L.Callback):
         self.losses.append(outputs["loss"].item())
 
 
-def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1):
+def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_every: int = 0):
     L.seed_everything(0, verbose=False)
     recorder = LossRecorder()
     callbacks = [recorder]
     tracker_cb = None
     if tracker:
-        tracker_cb = CompositionTracker(make_probe_batch(0, 8, 8, 20), every_n_steps=5, image_every_n_steps=0, baseline_samples=100)
+        tracker_cb = CompositionTracker(make_probe_batch(0, 8, 8, 20), every_n_steps=5, image_every_n_steps=0, baseline_samples=100,
+                                        ablation_every_n_steps=ablation_every, measures=("frobenius", "subspace"))
         callbacks.append(tracker_cb)
     trainer = L.Trainer(
         max_steps=steps, accelerator="cpu", logger=CSVLogger(tmp_path, name="csv", version=""), callbacks=callbacks,
@@ -44,7 +45,7 @@ def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1):
 
 def test_tracker_does_not_perturb_training(tmp_path):
     without, module_a, _, _ = fit(tmp_path / "a", tracker=False)
-    with_tracker, module_b, tracker, _ = fit(tmp_path / "b", tracker=True)
+    with_tracker, module_b, tracker, _ = fit(tmp_path / "b", tracker=True, ablation_every=10)
     assert tracker.last_step == 30
     assert without == with_tracker  # bit-identical loss curve
     for a, b in zip(module_a.parameters(), module_b.parameters()):
@@ -77,3 +78,17 @@ def test_tracker_logs_at_every_nth_optimizer_step(tmp_path):
     assert "comp/K/frobenius/L1H0->L0H0" not in series  # masked pairs are never logged
     for key in ("heads/induction/L1H0", "heads/prev_token/top", "heads/copying/L0H1", "match/L0H0->L1H1", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius_stderr"):
         assert series[key][0].tolist() == [0, 5, 10, 15, 20], key
+
+
+def test_ablation_and_validity_are_logged_at_every_ablation_step(tmp_path):
+    *_, trainer = fit(tmp_path, tracker=True, steps=25, ablation_every=10)
+    trainer.loggers[0].save()
+    series = read_series(tmp_path / "csv" / "metrics.csv")
+    assert series["comp/K/frobenius/L0H0->L1H1"][0].tolist() == [0, 5, 10, 15, 20, 25]
+    for key in ("ablation/loss_change/L0H0->L1H1", "ablation/pattern_change/L0H1->L1H0",
+                "validity/loss_change/frobenius/rank_of_truth", "validity/pattern_change/subspace/rank_of_truth",
+                "validity/loss_change/match/rank_of_truth"):
+        assert series[key][0].tolist() == [0, 10, 20, 25], key  # and the final step, whatever max_steps is
+    assert "ablation/loss_change/L1H0->L0H0" not in series  # masked pairs never logged
+    ranks = series["validity/pattern_change/frobenius/rank_of_truth"][1]
+    assert set(ranks.tolist()) <= {1.0, 2.0, 3.0, 4.0}  # 4 pairs

@@ -3,6 +3,7 @@ file (read back independently), the CSV log, the figure and the summary."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import subprocess
@@ -15,6 +16,17 @@ from tests import wandb_records
 from tests.conftest import REPO, run_train
 
 pytestmark = pytest.mark.slow
+
+
+TRACKED_KEYS = (
+    "comp/K/frobenius/L0H1->L1H0", "comp/Q/frobenius_minus_baseline/L0H0->L1H1", "heads/induction/L1H1",
+    "heads/prev_token/top", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius",
+    # every default measure, the empirical copying score, the ablation and each measure's agreement with it
+    "comp/V/sv_bound/L0H0->L1H0", "comp/K/whitened/L0H1->L1H1", "comp/Q/subspace/L0H1->L1H0",
+    "comp/K/component/L0H0->L1H1", "comp/K/component_share/L0H0->L1H1", "heads/copying_empirical/L1H0",
+    "ablation/loss_change/L0H1->L1H0", "ablation/pattern_change/L0H0->L1H1",
+    "validity/loss_change/sv_bound/rank_of_truth", "validity/pattern_change/match/rank_of_truth",
+)
 
 
 def wandb_file(run_dir):
@@ -36,11 +48,10 @@ def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
     rows = wandb_records.history(wandb_file(run_dir))
     tracked = {}
     for row in rows:
-        for key in ("comp/K/frobenius/L0H1->L1H0", "comp/Q/frobenius_minus_baseline/L0H0->L1H1", "heads/induction/L1H1",
-                    "heads/prev_token/top", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius"):
+        for key in TRACKED_KEYS:
             if key in row:
                 tracked.setdefault(key, []).append(row["trainer/global_step"])
-    assert len(tracked) == 7
+    assert len(tracked) == len(TRACKED_KEYS)
     for key, steps in tracked.items():
         assert steps == [0, 10, 20, 30, 40, 50, 60], key
     media = wandb_file(run_dir).parent / "files"
@@ -52,6 +63,28 @@ def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
     assert any("train/loss" in row for row in rows)
     figure_rows = [row for row in rows if "images/phase_change/_type" in row]
     assert [row["trainer/global_step"] for row in figure_rows] == [60]
+    heatmap_keys = {key.split("/")[2] for row in rows for key in row if key.startswith("images/composition/")}
+    assert heatmap_keys == {"frobenius", "sv_bound", "whitened", "subspace", "component", "component_share"}
+
+
+def test_validity_table_reaches_wandb_csv_and_console(short_run):
+    run_dir, result = short_run
+    rows = wandb_records.history(wandb_file(run_dir))
+    tables = [row for row in rows if row.get("validity/table/_type") == "table-file"]
+    assert len(tables) == 1 and tables[0]["trainer/global_step"] == 60
+    logged = json.loads((wandb_file(run_dir).parent / "files" / tables[0]["validity/table/path"]).read_text())
+    with open(run_dir / "validity.csv", newline="") as handle:
+        on_disk = list(csv.DictReader(handle))
+    measures = ["frobenius", "sv_bound", "whitened", "subspace", "component", "component_share", "match"]
+    assert [row[0] for row in logged["data"]] == [row["measure"] for row in on_disk] == measures
+    assert logged["columns"] == list(on_disk[0])
+    series = read_series(run_dir / "csv" / "metrics.csv")
+    for logged_row, disk_row in zip(logged["data"], on_disk):  # the final rank is the last logged one
+        final_rank = series[f"validity/loss_change/{disk_row['measure']}/rank_of_truth"][1][-1]
+        assert logged_row[3] == float(disk_row["final_rank_loss"]) == final_rank
+    assert "which measure tells the truth" in result.stdout and "component_share" in result.stdout
+    assert (run_dir / "validity.png").read_bytes()[:4] == b"\x89PNG"
+    assert any("images/validity/_type" in row for row in rows)
 
 
 def test_wandb_config_is_the_resolved_hydra_config(short_run):

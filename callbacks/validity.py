@@ -1,0 +1,153 @@
+"""The end-of-run validity report: which composition measure tells the truth, judged against the
+K-only path ablation (issue 3, part 4). Built from a run's logged series, so any finished run can
+be re-rendered (``python -m callbacks.figure RUN_DIR``).
+
+For each measure: the first step from which it ranks the ground-truth pair (the pair whose ablation
+hurts most) first at every later ablation step, against the phase change; its final rank and
+Spearman correlation with the ablation effect, and its mean Spearman after the cliff.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+
+from callbacks.plots import mark_phase_change, plt
+from metrics.phase_change import PhaseChange, smooth
+from metrics.snapshot import COMPOSITION_MEASURES, MATCHING
+from metrics.validity import first_step_ranked_first_for_good
+
+EFFECTS = {"loss_change": "repeated-token loss", "pattern_change": "attention pattern"}
+TABLE_NAME = "validity.csv"
+FIGURE_NAME = "validity.png"
+COLUMNS = [
+    "measure",
+    "first_step_ranked_first_loss",
+    "minus_phase_midpoint",
+    "final_rank_loss",
+    "final_spearman_loss",
+    "mean_spearman_after_cliff_loss",
+    "first_step_ranked_first_pattern",
+    "final_spearman_pattern",
+]
+
+
+def judged_measures(series) -> list[str]:
+    """Measures with logged agreement (``validity/loss_change/{m}/rank_of_truth``), in the order of
+    ``COMPOSITION_MEASURES``, the matching score last."""
+    prefix, suffix = "validity/loss_change/", "/rank_of_truth"
+    found = [k[len(prefix) : -len(suffix)] for k in series if k.startswith(prefix) and k.endswith(suffix)]
+    order = [*COMPOSITION_MEASURES, MATCHING]
+    return sorted(found, key=lambda m: order.index(m) if m in order else len(order))
+
+
+def _last(series, key) -> float:
+    return float(series[key][1][-1]) if key in series else math.nan
+
+
+def _first_for_good(series, effect: str, measure: str) -> float:
+    steps, ranks = series[f"validity/{effect}/{measure}/rank_of_truth"]
+    first = first_step_ranked_first_for_good(torch.from_numpy(steps), torch.from_numpy(ranks))
+    return math.nan if first is None else first
+
+
+def validity_rows(series, change: PhaseChange | None) -> list[dict[str, object]]:
+    """One row per judged measure (see ``COLUMNS``); NaN where a value does not exist (never first
+    for good, no phase change, a Spearman that was undefined)."""
+    rows = []
+    for measure in judged_measures(series):
+        first = _first_for_good(series, "loss_change", measure)
+        spearman = series.get(f"validity/loss_change/{measure}/spearman")
+        after = math.nan
+        if spearman is not None and change is not None:
+            later = spearman[1][spearman[0] >= change.end_step]
+            after = float(later.mean()) if len(later) else math.nan
+        rows.append({
+            "measure": measure,
+            "first_step_ranked_first_loss": first,
+            "minus_phase_midpoint": first - change.midpoint_step if change is not None else math.nan,
+            "final_rank_loss": _last(series, f"validity/loss_change/{measure}/rank_of_truth"),
+            "final_spearman_loss": _last(series, f"validity/loss_change/{measure}/spearman"),
+            "mean_spearman_after_cliff_loss": after,
+            "first_step_ranked_first_pattern": _first_for_good(series, "pattern_change", measure),
+            "final_spearman_pattern": _last(series, f"validity/pattern_change/{measure}/spearman"),
+        })
+    return rows
+
+
+def write_table(rows: list[dict[str, object]], path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def format_table(rows: list[dict[str, object]]) -> str:
+    """A fixed-width text table for the console; ``never`` for a measure that never ranks the truth first for good."""
+    headers = ["measure", "first for good (loss)", "- midpoint", "rank", "Spearman", "after cliff",
+               "first for good (pattern)", "Spearman (pattern)"]
+    cells = []
+    for row in rows:
+        values = [row[c] for c in COLUMNS]
+        cells.append([values[0]] + [_cell(v, c) for v, c in zip(values[1:], COLUMNS[1:])])
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = lambda items: "  ".join(item.rjust(w) if i else item.ljust(w) for i, (item, w) in enumerate(zip(items, widths)))
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _cell(value, column: str) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "never" if column.startswith("first_step") else "-"
+    if column.startswith(("first_step", "minus", "final_rank")):
+        return f"{value:+.0f}" if column.startswith("minus") else f"{value:.0f}"
+    return f"{value:+.2f}"
+
+
+def validity_figure(
+    series, rows: list[dict[str, object]], change: PhaseChange | None, title: str, window: int = 5
+) -> Figure:
+    """Top: for each measure, the span over which it ranks the ground-truth pair first for good (by
+    the loss effect), against the phase change. Bottom: its Spearman correlation over training,
+    a moving average over ``window`` ablation steps (with few pairs a single step moves in coarse jumps)."""
+    measures = [row["measure"] for row in rows]
+    colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(measures)}
+    fig, (ax_span, ax_rho) = plt.subplots(2, 1, figsize=(8, 2.2 + 0.45 * len(measures) + 3.2), sharex=True,
+                                          gridspec_kw={"height_ratios": [0.45 * len(measures) + 0.8, 3.2]})
+    last_step = max(float(series[f"validity/loss_change/{m}/rank_of_truth"][0][-1]) for m in measures)
+    for y, row in enumerate(rows):
+        first = row["first_step_ranked_first_loss"]
+        if math.isnan(first):
+            ax_span.text(0, y, "  never first for good", va="center", fontsize=8, color="0.4")
+        else:
+            ax_span.barh(y, last_step - first, left=first, height=0.5, color=colors[row["measure"]])
+            ax_span.plot([first], [y], "k|", ms=12)
+    ax_span.set_yticks(range(len(measures)), measures, fontsize=8)
+    ax_span.invert_yaxis()
+    ax_span.set_title("ranks the ablation's top pair first from then on (K-composition; ablation = repeated-token loss)",
+                      fontsize=9)
+    for measure in measures:
+        key = f"validity/loss_change/{measure}/spearman"
+        if key in series:
+            steps, rho = series[key]
+            ax_rho.plot(steps, smooth(torch.from_numpy(rho), window).numpy(), color=colors[measure], lw=1.2, label=measure)
+    ax_rho.axhline(0, color="k", lw=0.6)
+    ax_rho.set_ylim(-1.05, 1.05)
+    ax_rho.set_ylabel(f"Spearman ρ with ablation effect\nover pairs (mean of {window} steps)")
+    ax_rho.set_xlabel("training step")
+    ax_rho.legend(fontsize=7, ncol=2, loc="lower right")
+    for ax in (ax_span, ax_rho):
+        mark_phase_change(ax, change)
+        ax.grid(alpha=0.3, axis="x")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def table_as_lists(rows: list[dict[str, object]]) -> list[list[object]]:
+    """Rows as lists in ``COLUMNS`` order, NaN as None (for a W&B table)."""
+    clean = lambda v: None if isinstance(v, float) and math.isnan(v) else v
+    return [[clean(row[c]) for c in COLUMNS] for row in rows]
