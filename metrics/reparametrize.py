@@ -30,3 +30,27 @@ def residual_transform(model: AttentionOnlyTransformer, T: Tensor) -> AttentionO
                 getattr(layer, name).copy_(T_inv @ getattr(old_layer, name))
             layer.W_O.copy_(old_layer.W_O @ T)
     return new
+
+
+def _per_head_transform(model: AttentionOnlyTransformer, A: Tensor, first: str, second: str, second_map) -> AttentionOnlyTransformer:
+    """``first -> first A``, ``second -> second_map(A, second)`` for every head; ``A [n_layers, n_heads, d_head, d_head]``."""
+    new = copy.deepcopy(model)
+    A = A.to(model.W_E.dtype)
+    with torch.no_grad():
+        for l, (old_layer, layer) in enumerate(zip(model.layers, new.layers)):
+            getattr(layer, first).copy_(getattr(old_layer, first) @ A[l])
+            getattr(layer, second).copy_(second_map(A[l], getattr(old_layer, second)))
+    return new
+
+
+def value_output_transform(model: AttentionOnlyTransformer, A: Tensor) -> AttentionOnlyTransformer:
+    """Head-internal GL(d_head) of the OV circuit: ``W_V -> W_V A``, ``W_O -> A⁻¹ W_O`` per head
+    (``A [n_layers, n_heads, d_head, d_head]`` invertible). ``W_OV = W_V W_O`` is unchanged, and so
+    is the model's function, with or without normalization."""
+    return _per_head_transform(model, A, "W_V", "W_O", lambda a, w: torch.linalg.solve(a, w))
+
+
+def query_key_transform(model: AttentionOnlyTransformer, A: Tensor) -> AttentionOnlyTransformer:
+    """Head-internal GL(d_head) of the QK circuit: ``W_Q -> W_Q A``, ``W_K -> W_K A⁻ᵀ`` per head.
+    ``W_QK = W_Q W_Kᵀ`` is unchanged, and so is the model's function."""
+    return _per_head_transform(model, A, "W_Q", "W_K", lambda a, w: w @ torch.linalg.inv(a).mT)

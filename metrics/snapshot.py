@@ -12,7 +12,7 @@ from metrics.ablation import KeyAblation, key_ablation_effects
 from metrics.baseline import Baseline, random_baseline
 from metrics.circuit_pair import circuit_pair
 from metrics.circuit_scores import copying_scores, folded_unembedding, matching_scores
-from metrics.circuits import head_circuits
+from metrics.circuits import HeadCircuits, head_circuits
 from metrics.composition import PairMeasure, composition_scores, frobenius_ratio
 from metrics.empirical_copying import empirical_copying_scores
 from metrics.head_scores import duplicate_token_score, induction_score, previous_token_score
@@ -73,6 +73,19 @@ class Snapshot:
         return 1 + int((scores.nan_to_num(float("-inf")) > scores[l1, h1, l2, h2]).sum())
 
 
+def composition_of(
+    model: AttentionOnlyTransformer, measures: tuple[str, ...], circuits: HeadCircuits | None = None
+) -> dict[str, dict[str, Tensor]]:
+    """``{measure: {kind: [n_layers, n_heads, n_layers, n_heads]}}`` for the named measures (NaN where
+    the reader is not later); ``circuits``: ``head_circuits(model)`` if the caller has it already."""
+    circuits = head_circuits(model) if circuits is None else circuits
+    whitened = whiten(circuits, embedding_covariance(model)) if WHITENED_MEASURES & set(measures) else None
+    return {
+        m: composition_scores(whitened if m in WHITENED_MEASURES else circuits, COMPOSITION_MEASURES[m])
+        for m in measures
+    }
+
+
 @torch.inference_mode()
 def take_snapshot(
     model: AttentionOnlyTransformer,
@@ -103,12 +116,8 @@ def take_snapshot(
     losses = token_losses(logits.float(), tokens)
 
     circuits = head_circuits(model)
-    whitened = whiten(circuits, embedding_covariance(model)) if WHITENED_MEASURES & set(measures) else None
     shape = model.shape
-    composition = {
-        m: {k: v.cpu() for k, v in composition_scores(whitened if m in WHITENED_MEASURES else circuits, COMPOSITION_MEASURES[m]).items()}
-        for m in measures
-    }
+    composition = composition_of(model, measures, circuits)
     baselines = {
         m: random_baseline(COMPOSITION_MEASURES[m], shape.d_model, shape.d_head, baseline_samples) for m in measures
     }

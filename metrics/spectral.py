@@ -49,10 +49,13 @@ def subspace_overlap(writer: LowRank, reader: LowRank) -> Tensor:
     return torch.linalg.matrix_norm(cosines).square() / min(writes.shape[-1], reads.shape[-1])
 
 
+VANISHING = 1e-24  # a squared Frobenius ratio below this: A B = 0 up to rounding
+
+
 def per_component_scores(writer: LowRank, reader: LowRank) -> tuple[Tensor, Tensor]:
     """For each rank-1 SVD component ``A_i = σ_i u_i v_iᵀ`` of A: ``C(A_i, B) = ‖v_iᵀ B‖ / ‖B‖``
     and its share ``‖A_i B‖² / ‖A B‖²`` (the components' products are orthogonal, so the shares
-    sum to 1). Both ``[P, r]``."""
+    sum to 1; NaN when ``A B`` vanishes). Both ``[P, r]``."""
     t_left = writer.left_triangle()  # A = Q_l T_l T_rᵀ Q_rᵀ
     _, sigma, v_h = torch.linalg.svd(t_left @ writer.right_triangle().mT)  # core = U S Vᵀ
     right_vectors = orthonormal_basis(writer.right) @ v_h.mT  # (P, d, r): A's right singular vectors
@@ -60,7 +63,10 @@ def per_component_scores(writer: LowRank, reader: LowRank) -> tuple[Tensor, Tens
     per_row = torch.linalg.vector_norm(reads, dim=-1)  # ‖v_iᵀ B‖
     reader_norm = torch.linalg.matrix_norm(core(reader))[..., None]
     energy = (sigma * per_row).square()  # ‖A_i B‖²
-    return per_row / reader_norm, energy / energy.sum(-1, keepdim=True)
+    total = energy.sum(-1, keepdim=True)
+    vanishing = total <= (VANISHING * sigma.square().sum(-1, keepdim=True) * reader_norm.square())  # C(A, B)² ≈ 0
+    shares = torch.where(vanishing, torch.nan, energy / total)  # no product: no share to split
+    return per_row / reader_norm, shares
 
 
 def best_component_ratio(writer: LowRank, reader: LowRank) -> Tensor:
