@@ -16,7 +16,7 @@ def dense_positivity(matrix):
     return (eigenvalues.real.sum() / eigenvalues.abs().sum()).item()
 
 
-@pytest.mark.parametrize("normalization", ["none", "rmsnorm"])
+@pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
 def test_copying_score_matches_dense_full_ov_circuit(normalization):
     model = random_model(normalization)
     circuits = head_circuits(model)
@@ -30,8 +30,9 @@ def test_copying_score_matches_dense_full_ov_circuit(normalization):
             assert scores[layer, head].item() == pytest.approx(dense_positivity(full_ov), rel=1e-5, abs=1e-9)
 
 
-def test_matching_score_matches_dense():
-    model = random_model()
+@pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
+def test_matching_score_matches_dense(normalization):
+    model = random_model(normalization)
     circuits = head_circuits(model)
     W_E = model.W_E.detach().double()
     scores = matching_scores(model, circuits)

@@ -41,7 +41,7 @@ def loop_reference(model, tokens, first_query):
     return scores
 
 
-@pytest.mark.parametrize("normalization", ["none", "rmsnorm"])
+@pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
 def test_empirical_copying_matches_a_per_position_loop(normalization):
     model = random_model(normalization, n_layers=2, n_heads=3)
     probe = make_probe_batch(0, 3, 8, 10)  # d_vocab 11: 10 random tokens + BOS

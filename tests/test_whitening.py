@@ -10,9 +10,10 @@ from data.probe import ProbeBatch
 from metrics.circuits import head_circuits
 from metrics.composition import composition_scores, frobenius_ratio
 from metrics.reparametrize import residual_transform
-from metrics.snapshot import take_snapshot
+from metrics.snapshot import composition_of, take_snapshot
 from metrics.whitening import embedding_covariance, whiten
 from tests.conftest import random_model
+from tests.test_spectral import dense_reader_factors
 
 
 def random_gl(d, seed=0):
@@ -26,17 +27,22 @@ def test_embedding_covariance_is_the_covariance_of_every_token_position_sum():
     torch.testing.assert_close(embedding_covariance(model), torch.cov(sums.T.detach(), correction=0))
 
 
-def test_whitened_ratio_matches_dense():
-    model = random_model()
-    cov = embedding_covariance(model)
-    values, vectors = torch.linalg.eigh(cov)
+@pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
+@pytest.mark.parametrize("kind", ["Q", "K", "V"])
+def test_whitened_ratio_matches_dense(normalization, kind):
+    """Every d_model x d_model matrix formed from the raw weights (gains folded by hand), mapped to
+    the whitened basis: readers gain Σ^(1/2) on each reading side, writers Σ^(-1/2) on the writing side."""
+    model = random_model(normalization)
+    sums = (model.W_E[:, None, :] + model.W_pos[None, :, :]).reshape(-1, model.shape.d_model).double().detach()
+    values, vectors = torch.linalg.eigh(torch.cov(sums.T, correction=0))
     half, inv_half = (vectors * values.sqrt()) @ vectors.T, (vectors / values.sqrt()) @ vectors.T
-    got = composition_scores(whiten(head_circuits(model), cov))["K"]
-    ov, qk = head_circuits(model).ov.dense(), head_circuits(model).qk.dense()  # d x d, original basis
+    got = composition_of(model, ("whitened",))["whitened"][kind]
     norm = torch.linalg.norm
     for l1, h1, l2, h2 in (~got.isnan()).nonzero().tolist():
-        A = half @ ov[l1, h1] @ inv_half  # a writer-reader map in whitened coordinates
-        B = (half @ qk[l2, h2] @ half).T
+        V = dense_reader_factors(model, l1, h1, "V")[1]  # the writer's W_OV = W_V W_O, gain folded
+        A = half @ V @ inv_half
+        _, B = dense_reader_factors(model, l2, h2, kind)
+        B = half @ B @ (inv_half if kind == "V" else half)
         assert got[l1, h1, l2, h2].item() == pytest.approx((norm(A @ B) / (norm(A) * norm(B))).item(), rel=1e-5)
 
 
