@@ -76,5 +76,5 @@ def snapshot_metrics(snap: Snapshot) -> dict[str, float]:
 
 def _entries(scores):
     """``(index tuple, float)`` for every non-NaN entry of a tensor."""
-    for index in (~scores.isnan()).nonzero().tolist():
-        yield tuple(index), float(scores[tuple(index)])
+    valid = ~scores.isnan()
+    return zip(map(tuple, valid.nonzero().tolist()), scores[valid].tolist())  # nonzero and masking share row-major order

@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from data.probe import ProbeBatch
-from metrics.composition import layer_order_pairs
-from metrics.loss_views import repeated_loss, token_losses
-from models.transformer import AttentionOnlyTransformer
+from models.transformer import AttentionOnlyTransformer, causal_pattern
 
 
 @dataclass(frozen=True)
@@ -34,21 +33,47 @@ class KeyAblation:
         return {"loss_change": self.loss_change, "pattern_change": self.pattern_change}
 
 
-def key_only_ablated_pattern(model, cache, writer: tuple[int, int], reader: tuple[int, int]) -> Tensor:
-    """h2's pattern ``[batch, query, key]`` when its keys read the residual stream with h1's write
-    replaced by its mean over the batch and positions."""
-    (l1, h1), (l2, h2) = writer, reader
-    write = cache["head_out"][l1][:, h1]  # (b, t, d)
-    x = cache["resid_pre"][l2]
-    x_key = x - write + write.mean(dim=(0, 1), keepdim=True)
-    return model.layers[l2].pattern(x, x_key)[:, h2]
+SEQUENCES_PER_CHUNK = 2048  # (writer, reader, sequence) rows forwarded at once: bounds memory on big models
 
 
-def forward_from_layer(model: AttentionOnlyTransformer, x: Tensor, first_layer: int) -> Tensor:
-    """Logits from the residual stream ``x`` entering layer ``first_layer``."""
+def _repeated_loss_per_group(model, x: Tensor, first_layer: int, tokens: Tensor, probe: ProbeBatch) -> Tensor:
+    """Repeated-token loss of each group of ``b = len(tokens)`` rows of the residual stream
+    ``x [g * b, t, d]`` entering ``first_layer`` -> ``[g]``. Only the positions the loss scores
+    are unembedded."""
     for layer in model.layers[first_layer:]:
         x = x + layer.head_outputs(x, layer.pattern(x)).sum(dim=1)
-    return model.unembed(x)
+    b, start, n = len(tokens), probe.repeat_start, probe.n
+    logits = model.unembed(x[:, start : start + n - 1])  # predicting tokens start+1 .. start+n-1
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least float32, e.g. for a bf16 model
+    targets = tokens[:, start + 1 : start + n].repeat(len(x) // b, 1)
+    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    return losses.view(-1, b * (n - 1)).mean(dim=1)
+
+
+def _reader_layer_effects(model, cache, tokens, probe, l2: int, writers: Tensor) -> tuple[Tensor, Tensor]:
+    """Both effects of ablating each writer (flat index ``[W]``, layers < l2) from the keys of each
+    head of layer ``l2``: ``([W, n_heads], [W, n_heads])``.
+
+    The clean pattern, outputs and loss are recomputed along the very same path as the ablated
+    ones, so a writer that changes nothing has an effect of exactly 0, not rounding noise.
+    """
+    H = model.shape.n_heads
+    layer, x = model.layers[l2], cache["resid_pre"][l2]  # (b, t, d)
+    writes = torch.stack([cache["head_out"][w // H][:, w % H] for w in writers.tolist()])  # (W, b, t, d)
+    x_keys = torch.cat([x[None], x - writes + writes.mean(dim=(1, 2), keepdim=True)])  # (1 + W, b, t, d): clean, then ablated
+    n, b, t, d = x_keys.shape
+    keys = layer.project(x_keys.reshape(n * b, t, d), layer.W_K).reshape(n, b, H, t, -1)
+    patterns = causal_pattern(layer.project(x, layer.W_Q)[None], keys)  # (1 + W, b, H, t, t)
+    pattern_change = 0.5 * (patterns[1:] - patterns[:1]).abs().sum(-1).mean(dim=(1, 3))  # (W, H)
+    # each (writer, reader h2) run differs from the clean one only by h2's write at layer l2
+    outputs = (patterns @ layer.project(x, layer.W_V)) @ layer.W_O[None, None]  # (1 + W, b, H, t, d)
+    clean_out = outputs[0]
+    clean_next = x + clean_out.sum(dim=1)  # (b, t, d)
+    x_next = clean_next + (outputs[1:] - clean_out).transpose(1, 2)  # (W, H, b, t, d)
+    rows = torch.cat([clean_next, x_next.reshape(-1, t, d)])  # the clean group first
+    chunk = max(1, SEQUENCES_PER_CHUNK // b) * b
+    losses = torch.cat([_repeated_loss_per_group(model, rows[i : i + chunk], l2 + 1, tokens, probe) for i in range(0, len(rows), chunk)])
+    return pattern_change, (losses[1:] - losses[0]).reshape(-1, H)
 
 
 @torch.inference_mode()
@@ -57,28 +82,25 @@ def key_ablation_effects(
 ) -> KeyAblation:
     """The K-only mean-ablation effect of every earlier->later head pair on ``probe``.
 
+    h1's write is replaced by its mean over the batch and positions in the residual stream that
+    h2's keys read; h2's queries and values, and every other head, see the clean stream. Batched
+    over all writers and all heads of each reader layer.
+
     ``clean_run``: ``model.run_with_cache(probe.tokens)`` in eval mode, if the caller has it already.
     """
     was_training = model.training
     model.eval()
     try:
         tokens = probe.tokens.to(model.W_E.device)
-        logits, cache = model.run_with_cache(tokens) if clean_run is None else clean_run
-        clean = repeated_loss(token_losses(logits.float(), tokens), probe.repeat_start, probe.n)
+        _, cache = model.run_with_cache(tokens) if clean_run is None else clean_run
         L, H = model.shape.n_layers, model.shape.n_heads
         pattern_change = torch.full((L * H, L * H), float("nan"), dtype=torch.float64)
         loss_change = pattern_change.clone()
-        for w, r in zip(*(idx.tolist() for idx in layer_order_pairs(L, H))):
-            (l1, h1), (l2, h2) = divmod(w, H), divmod(r, H)
-            ablated = key_only_ablated_pattern(model, cache, (l1, h1), (l2, h2))  # (b, t, t)
-            pattern_change[w, r] = 0.5 * (ablated - cache["pattern"][l2][:, h2]).abs().sum(-1).mean().item()
-            patterns = cache["pattern"][l2].clone()
-            patterns[:, h2] = ablated
-            x = cache["resid_pre"][l2]
-            x = x + model.layers[l2].head_outputs(x, patterns).sum(dim=1)
-            ablated_logits = forward_from_layer(model, x, l2 + 1)
-            loss = repeated_loss(token_losses(ablated_logits.float(), tokens), probe.repeat_start, probe.n)
-            loss_change[w, r] = (loss - clean).item()
+        for l2 in range(1, L):
+            writers = torch.arange(l2 * H)
+            patterns, losses = _reader_layer_effects(model, cache, tokens, probe, l2, writers)
+            pattern_change[: l2 * H, l2 * H : (l2 + 1) * H] = patterns.double().cpu()
+            loss_change[: l2 * H, l2 * H : (l2 + 1) * H] = losses.double().cpu()
     finally:
         model.train(was_training)
     return KeyAblation(pattern_change.reshape(L, H, L, H), loss_change.reshape(L, H, L, H))

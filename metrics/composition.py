@@ -66,23 +66,33 @@ def layer_order_pairs(n_layers: int, n_heads: int) -> tuple[Tensor, Tensor]:
     return writers, readers
 
 
-def composition_scores(
-    circuits: HeadCircuits, measure: PairMeasure = frobenius_ratio, kinds: tuple[str, ...] = COMPOSITION_KINDS
-) -> dict[str, Tensor]:
-    """``measure`` for every kind and every head pair, ``{kind: [n_layers, n_heads, n_layers, n_heads]}``.
-
-    Entry ``[l1, h1, l2, h2]`` scores writer ``L{l1}H{h1}`` into reader ``L{l2}H{h2}``; pairs with
-    ``l2 <= l1`` are masked as NaN, never scored.
-    """
-    L, H = circuits.n_layers, circuits.n_heads
-    writers, readers = layer_order_pairs(L, H)
-    P = len(writers)
-    # one call scores every kind: writers repeated per kind, each kind's readers stacked
+def pair_stacks(circuits: HeadCircuits, kinds: tuple[str, ...] = COMPOSITION_KINDS) -> tuple[LowRank, LowRank]:
+    """Aligned ``(writers, readers)`` stacks ``[len(kinds) * P]`` for every kind and every pair with
+    the reader in a later layer: kind ``i``'s pairs are rows ``i * P .. (i + 1) * P``."""
+    writers, readers = layer_order_pairs(circuits.n_layers, circuits.n_heads)
     ov = circuits.ov.flatten_heads().index(writers.repeat(len(kinds)))
     stacked = [reader_circuit(circuits, kind).flatten_heads().index(readers) for kind in kinds]
     reader = LowRank(*(None if ts[0] is None else torch.cat(ts) for ts in zip(*(
         (r.left, r.right, r.left_t, r.right_t) for r in stacked))))
-    values = measure(ov, reader)  # (len(kinds) * P,)
+    return ov, reader
+
+
+def composition_scores(
+    circuits: HeadCircuits,
+    measure: PairMeasure = frobenius_ratio,
+    kinds: tuple[str, ...] = COMPOSITION_KINDS,
+    stacks: tuple[LowRank, LowRank] | None = None,
+) -> dict[str, Tensor]:
+    """``measure`` for every kind and every head pair, ``{kind: [n_layers, n_heads, n_layers, n_heads]}``.
+
+    Entry ``[l1, h1, l2, h2]`` scores writer ``L{l1}H{h1}`` into reader ``L{l2}H{h2}``; pairs with
+    ``l2 <= l1`` are masked as NaN, never scored. ``stacks``: ``pair_stacks(circuits, kinds)``, if
+    the caller scores several measures on the same circuits.
+    """
+    L, H = circuits.n_layers, circuits.n_heads
+    writers, readers = layer_order_pairs(L, H)
+    P = len(writers)
+    values = measure(*(pair_stacks(circuits, kinds) if stacks is None else stacks))  # (len(kinds) * P,): one call scores every kind
     scores = {}
     for i, kind in enumerate(kinds):
         full = torch.full((L * H, L * H), float("nan"), dtype=values.dtype, device=values.device)

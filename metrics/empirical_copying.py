@@ -20,9 +20,10 @@ def empirical_copying_scores(
     """Mean ``2 s - 1`` over the batch and query positions ``>= first_query`` -> ``[n_layers, n_heads]``.
 
     ``head_out [L, b, h, t, d_model]`` (each head's write), ``pattern [L, b, h, t, t]``,
-    ``tokens [b, t]``, ``unembedding [d_model, d_vocab]``. Computed in ``unembedding``'s dtype.
+    ``tokens [b, t]``, ``unembedding [d_model, d_vocab]``. Computed in ``head_out``'s dtype: the
+    largest product the tracker makes, and a share needs no float64.
     """
-    raised = (head_out.to(unembedding) @ unembedding)  # (L, b, h, t, v)
+    raised = head_out @ unembedding.to(head_out)  # (L, b, h, t, v)
     raised = (raised - raised.mean(-1, keepdim=True)).relu()
     L, b, h, t = pattern.shape[:4]
     key_tokens = tokens.to(pattern.device)[None, :, None, :].expand(L, b, h, t)

@@ -13,7 +13,7 @@ from metrics.baseline import Baseline, random_baseline
 from metrics.circuit_pair import circuit_pair
 from metrics.circuit_scores import copying_scores, folded_unembedding, matching_scores
 from metrics.circuits import HeadCircuits, head_circuits
-from metrics.composition import PairMeasure, composition_scores, frobenius_ratio
+from metrics.composition import PairMeasure, composition_scores, frobenius_ratio, pair_stacks
 from metrics.empirical_copying import empirical_copying_scores
 from metrics.head_scores import duplicate_token_score, induction_score, previous_token_score
 from metrics.spectral import best_component_ratio, best_component_share, singular_value_bound_ratio, subspace_overlap
@@ -79,9 +79,12 @@ def composition_of(
     """``{measure: {kind: [n_layers, n_heads, n_layers, n_heads]}}`` for the named measures (NaN where
     the reader is not later); ``circuits``: ``head_circuits(model)`` if the caller has it already."""
     circuits = head_circuits(model) if circuits is None else circuits
-    whitened = whiten(circuits, embedding_covariance(model)) if WHITENED_MEASURES & set(measures) else None
+    bases = {False: circuits}
+    if WHITENED_MEASURES & set(measures):
+        bases[True] = whiten(circuits, embedding_covariance(model))
+    stacks = {whitened: pair_stacks(basis) for whitened, basis in bases.items()}  # indexed once, scored by every measure
     return {
-        m: composition_scores(whitened if m in WHITENED_MEASURES else circuits, COMPOSITION_MEASURES[m])
+        m: composition_scores(bases[m in WHITENED_MEASURES], COMPOSITION_MEASURES[m], stacks=stacks[m in WHITENED_MEASURES])
         for m in measures
     }
 
@@ -137,8 +140,8 @@ def take_snapshot(
         duplicate_token=duplicate_token_score(patterns, probe.repeat_start, probe.n).cpu(),
         copying=copying_scores(model, circuits).cpu(),
         empirical_copying=empirical_copying_scores(
-            torch.stack(cache["head_out"]).cpu(), patterns.cpu(), probe.tokens, folded_unembedding(model), probe.first_start
-        ),
+            torch.stack(cache["head_out"]), patterns, tokens, folded_unembedding(model), probe.first_start
+        ).double().cpu(),
         matching=matching,
         first_occurrence_loss=first_occurrence_loss(losses, probe.first_start, probe.n).item(),
         repeated_loss=repeated_loss(losses, probe.repeat_start, probe.n).item(),

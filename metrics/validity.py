@@ -26,14 +26,13 @@ class Agreement:
 
 
 def average_ranks(values: Tensor) -> Tensor:
-    """Ranks ``1..n`` of ``values [n]`` (ascending), ties given their average rank, float64."""
-    order = values.argsort(stable=True)
-    ranks = torch.empty(len(values), dtype=torch.float64)
-    ranks[order] = torch.arange(1, len(values) + 1, dtype=torch.float64)
-    for value in values.unique():
-        tied = values == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
+    """Ranks ``1..n`` of ``values [n]`` (ascending), ties given their average rank, float64.
+
+    Rank of v = (number of values below v) + (number equal to v, itself included, + 1) / 2.
+    """
+    below = (values[None, :] < values[:, None]).sum(1)
+    equal = (values[None, :] == values[:, None]).sum(1)
+    return below.double() + (equal.double() + 1) / 2
 
 
 def spearman(x: Tensor, y: Tensor) -> float:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from data.probe import ProbeBatch
+import pytest
+
+from data.probe import ProbeBatch, make_probe_batch
+from metrics import ablation
 from metrics.ablation import key_ablation_effects
+from metrics.loss_views import repeated_loss, token_losses
+from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
 
 TOKENS = torch.tensor([[8, 0, 1, 2, 3, 0, 1, 2, 3], [8, 5, 7, 6, 4, 5, 7, 6, 4], [8, 2, 6, 1, 7, 2, 6, 1, 7]])
@@ -47,3 +52,39 @@ def test_a_given_clean_run_gives_the_same_effects():
     given, fresh = key_ablation_effects(model, PROBE, clean_run), key_ablation_effects(model, PROBE)
     for name, values in given.effects().items():
         torch.testing.assert_close(values, fresh.effects()[name], equal_nan=True)
+
+
+def per_pair_loop(model, probe):
+    """The obvious way: for each pair, rebuild the reader's keys from an ablated stream, recompute its
+    layer with that one head's pattern swapped, and run the rest of the model on it."""
+    tokens = probe.tokens
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+        clean = repeated_loss(token_losses(logits, tokens), probe.repeat_start, probe.n)
+        L, H = model.shape.n_layers, model.shape.n_heads
+        patterns = torch.full((L, H, L, H), float("nan"), dtype=torch.float64)
+        losses = patterns.clone()
+        for l1, h1, l2, h2 in [(a, b, c, d) for a in range(L) for b in range(H) for c in range(a + 1, L) for d in range(H)]:
+            write = cache["head_out"][l1][:, h1]
+            x = cache["resid_pre"][l2]
+            ablated = model.layers[l2].pattern(x, x - write + write.mean(dim=(0, 1), keepdim=True))[:, h2]
+            patterns[l1, h1, l2, h2] = 0.5 * (ablated - cache["pattern"][l2][:, h2]).abs().sum(-1).mean()
+            mixed = cache["pattern"][l2].clone()
+            mixed[:, h2] = ablated
+            x = x + model.layers[l2].head_outputs(x, mixed).sum(dim=1)
+            for layer in model.layers[l2 + 1 :]:
+                x = x + layer.head_outputs(x, layer.pattern(x)).sum(dim=1)
+            losses[l1, h1, l2, h2] = repeated_loss(token_losses(model.unembed(x), tokens), probe.repeat_start, probe.n) - clean
+    return patterns, losses
+
+
+@pytest.mark.parametrize("chunk", [2048, 8])  # 8: one group of the probe batch per forward pass
+def test_batched_effects_equal_the_per_pair_loop(chunk, monkeypatch):
+    monkeypatch.setattr(ablation, "SEQUENCES_PER_CHUNK", chunk)
+    model = random_model(n_layers=3, n_heads=3).double().eval()  # readers in layers 1 and 2, 27 pairs
+    probe = make_probe_batch(0, 6, 8, 10)
+    effects = key_ablation_effects(model, probe)
+    patterns, losses = per_pair_loop(model, probe)
+    torch.testing.assert_close(effects.pattern_change, patterns, rtol=1e-9, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(effects.loss_change, losses, rtol=1e-9, atol=1e-12, equal_nan=True)
+    assert (effects.loss_change[~effects.loss_change.isnan()].abs() > 1e-6).any()  # not a vacuous comparison

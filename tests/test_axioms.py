@@ -110,6 +110,7 @@ def test_the_logit_check_catches_a_map_that_is_no_symmetry():
     assert table.invariance["head GL (V, O)"].function_preserved  # head-internal maps survive any norm
 
 
+@pytest.mark.slow
 def test_axioms_command_prints_the_table():
     result = subprocess.run([sys.executable, "-m", "bench.axioms", "--steps", "20"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -75,4 +75,4 @@ def test_hand_built_induction_head_copies_what_it_attends_to():
     assert on_repeats[1, 0].item() > 0.99  # one-hot attention, writes TOKEN -> OUT, read by W_U as that token
     assert empirical_copying_scores(head_out, pattern, tokens, W_U)[0, 0].item() == pytest.approx(-1.0)  # writes PREV: W_U reads none
     snap = take_snapshot(model, ProbeBatch(tokens=tokens, n=4, first_start=1), baseline_samples=20)
-    torch.testing.assert_close(snap.empirical_copying, empirical_copying_scores(head_out, pattern, tokens, W_U))
+    torch.testing.assert_close(snap.empirical_copying, empirical_copying_scores(head_out, pattern, tokens, W_U).double())
