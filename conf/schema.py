@@ -100,7 +100,7 @@ class TrackerConfig:
     image_every_n_steps: int = 250  # 0 disables heatmap images
     ablation_every_n_steps: int = 10  # K-only path ablation of every pair (ground truth); 0 disables
     measures: List[str] = field(
-        default_factory=lambda: ["frobenius", "sv_bound", "whitened", "subspace", "component", "component_share"]
+        default_factory=lambda: ["frobenius", "sv_bound", "whitened", "whitened_resid", "subspace", "component", "component_share"]
     )
     baseline_samples: int = 2000
     probe_batch_size: int = 32

@@ -9,8 +9,8 @@ Axiom 4 on a model: each function-preserving reparametrisation (residual rotatio
 head-internal GL of OV and of QK) must leave the logits unchanged (checked first, in float64);
 then each measure is reported invariant or not, by the largest change of any pair's score.
 
-On constructed matrices ``whitened`` is Frobenius in an isotropic basis (Σ = I); on models it
-whitens by the embedding covariance, as the tracker does.
+On constructed matrices the whitened ratios are Frobenius in an isotropic basis (Σ = I); on
+models they whiten as the tracker does (embedding covariance; residual stream on ``tokens``).
 """
 
 from __future__ import annotations
@@ -106,11 +106,13 @@ def reparametrisations(model: AttentionOnlyTransformer, seed: int = 0) -> dict[s
     }
 
 
-def pair_scores(model: AttentionOnlyTransformer, measures: tuple[str, ...]) -> dict[str, Tensor]:
+def pair_scores(model: AttentionOnlyTransformer, measures: tuple[str, ...], tokens: Tensor) -> dict[str, Tensor]:
     """Every scored pair and kind of each measure, flattened, plus the QK matching score."""
     circuits = head_circuits(model)
+    residual = model.run_with_cache(tokens)[1]["resid_pre"]
     flat = lambda t: t[~t.isnan()]
-    scores = {m: torch.cat([flat(s) for s in by_kind.values()]) for m, by_kind in composition_of(model, measures, circuits).items()}
+    by_measure = composition_of(model, measures, circuits, residual)
+    scores = {m: torch.cat([flat(s) for s in by_kind.values()]) for m, by_kind in by_measure.items()}
     scores[MATCHING] = flat(matching_scores(model, circuits))
     return scores
 
@@ -143,10 +145,10 @@ def axiom_table(
     """Axioms 1-3 for each measure, and axiom 4 for each measure and the matching score on a float64
     copy of ``model`` (logits compared on ``tokens [batch, pos]``)."""
     model = copy.deepcopy(model).double().eval()
-    logits, before = model(tokens), pair_scores(model, measures)
+    logits, before = model(tokens), pair_scores(model, measures, tokens)
     invariance = {}
     for name, transformed in reparametrisations(model, seed).items():
-        after = pair_scores(transformed, measures)
+        after = pair_scores(transformed, measures, tokens)
         invariance[name] = Invariance(
             logit_change=float((transformed(tokens) - logits).abs().max()),
             score_change={m: float((after[m] - before[m]).abs().max()) for m in before},

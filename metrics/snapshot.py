@@ -19,13 +19,14 @@ from metrics.head_scores import duplicate_token_score, induction_score, previous
 from metrics.spectral import best_component_ratio, best_component_share, singular_value_bound_ratio, subspace_overlap
 from metrics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
 from metrics.validity import Agreement, agreement
-from metrics.whitening import embedding_covariance, whiten
+from metrics.whitening import embedding_covariance, residual_covariance, whiten
 from models.transformer import AttentionOnlyTransformer
 
 COMPOSITION_MEASURES: dict[str, PairMeasure] = {
     "frobenius": frobenius_ratio,
     "sv_bound": singular_value_bound_ratio,
     "whitened": frobenius_ratio,  # computed on the whitened circuits, see WHITENED_MEASURES
+    "whitened_resid": frobenius_ratio,
     "subspace": subspace_overlap,
     "component": best_component_ratio,
     "component_share": best_component_share,
@@ -35,9 +36,10 @@ COMPOSITION_MEASURES: dict[str, PairMeasure] = {
 MATCHING = "match"
 """The QK matching score, judged against the ablation beside the composition measures."""
 
-WHITENED_MEASURES = {"whitened"}
-"""Measures scored in the whitened residual basis (:mod:`metrics.whitening`); their random baseline
-is that of the same pair measure on i.i.d. Gaussian weights, which are isotropic already."""
+WHITENED_MEASURES = {"whitened": "embedding", "whitened_resid": "residual"}
+"""Measures scored in a whitened residual basis (:mod:`metrics.whitening`), by the covariance that
+whitens: of the embeddings, or of the residual stream observed on the probe batch. Their random
+baseline is that of the same pair measure on i.i.d. Gaussian weights, which are isotropic already."""
 
 Head = tuple[int, int]  # (layer, head)
 
@@ -74,19 +76,26 @@ class Snapshot:
 
 
 def composition_of(
-    model: AttentionOnlyTransformer, measures: tuple[str, ...], circuits: HeadCircuits | None = None
+    model: AttentionOnlyTransformer,
+    measures: tuple[str, ...],
+    circuits: HeadCircuits | None = None,
+    residual: list[Tensor] | None = None,
 ) -> dict[str, dict[str, Tensor]]:
     """``{measure: {kind: [n_layers, n_heads, n_layers, n_heads]}}`` for the named measures (NaN where
-    the reader is not later); ``circuits``: ``head_circuits(model)`` if the caller has it already."""
+    the reader is not later). ``circuits``: ``head_circuits(model)`` if the caller has it already;
+    ``residual``: each layer's input ``[batch, pos, d_model]`` on the probe, needed by ``whitened_resid``."""
     circuits = head_circuits(model) if circuits is None else circuits
-    bases = {False: circuits}
-    if WHITENED_MEASURES & set(measures):
-        bases[True] = whiten(circuits, embedding_covariance(model))
-    stacks = {whitened: pair_stacks(basis) for whitened, basis in bases.items()}  # indexed once, scored by every measure
-    return {
-        m: composition_scores(bases[m in WHITENED_MEASURES], COMPOSITION_MEASURES[m], stacks=stacks[m in WHITENED_MEASURES])
-        for m in measures
-    }
+    bases = {None: circuits}
+    for m in measures:
+        if WHITENED_MEASURES.get(m) == "embedding":
+            bases[m] = whiten(circuits, embedding_covariance(model))
+        elif WHITENED_MEASURES.get(m) == "residual":
+            if residual is None:
+                raise ValueError(f"{m} needs the residual stream observed on a probe batch")
+            bases[m] = whiten(circuits, residual_covariance(residual))
+    basis_of = lambda m: m if m in WHITENED_MEASURES else None
+    stacks = {key: pair_stacks(basis) for key, basis in bases.items()}  # indexed once, scored by every measure
+    return {m: composition_scores(bases[basis_of(m)], COMPOSITION_MEASURES[m], stacks=stacks[basis_of(m)]) for m in measures}
 
 
 @torch.inference_mode()
@@ -120,7 +129,7 @@ def take_snapshot(
 
     circuits = head_circuits(model)
     shape = model.shape
-    composition = composition_of(model, measures, circuits)
+    composition = composition_of(model, measures, circuits, residual=cache["resid_pre"])
     baselines = {
         m: random_baseline(COMPOSITION_MEASURES[m], shape.d_model, shape.d_head, baseline_samples) for m in measures
     }

@@ -7,9 +7,14 @@ the Frobenius ratio. With ``Σ`` the covariance of the layer-0 residual input, t
 where that input is isotropic, ``Σ^(-1/2)``, satisfies ``T (Tᵀ Σ T)^(-1/2) = Σ^(-1/2) R`` with R
 orthogonal, so every rotation-invariant score computed there is invariant to every ``T``.
 
+Two choices of ``Σ``, both covariant (``Σ -> Tᵀ Σ T``), so both give invariant scores:
+the embedding covariance (the layer-0 input over every token and position), and the observed
+residual stream on the probe batch, every layer's input pooled (seed 001's "way out" 1). The
+second also sees the directions earlier heads write into, such as a previous-token head's output.
+
 With LayerNorm or RMSNorm the symmetry shrinks to rotations and a global scale (seed 001), under
 which the plain ratios are already invariant; ``Σ`` is still taken over the raw (pre-norm)
-embeddings, so the whitened ratio there is one more basis choice, not a fix of a symmetry.
+stream, so the whitened ratio there is one more basis choice, not a fix of a symmetry.
 """
 
 from __future__ import annotations
@@ -26,6 +31,13 @@ def embedding_covariance(model: AttentionOnlyTransformer) -> Tensor:
     (every token id, every position): ``Cov(W_E rows) + Cov(W_pos rows)``, float64."""
     cov = lambda rows: torch.cov(weight(rows).T, correction=0)
     return cov(model.W_E) + cov(model.W_pos)
+
+
+def residual_covariance(streams: list[Tensor]) -> Tensor:
+    """Covariance ``[d_model, d_model]`` of every row of the residual streams ``[batch, pos, d_model]``
+    given (e.g. each layer's input on the probe batch), pooled, float64 on the CPU."""
+    rows = torch.cat([weight(s).reshape(-1, s.shape[-1]) for s in streams])  # (N, d)
+    return torch.cov(rows.T, correction=0)
 
 
 def symmetric_powers(covariance: Tensor, eps: float = 1e-10) -> tuple[Tensor, Tensor]:

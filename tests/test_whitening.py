@@ -27,16 +27,32 @@ def test_embedding_covariance_is_the_covariance_of_every_token_position_sum():
     torch.testing.assert_close(embedding_covariance(model), torch.cov(sums.T.detach(), correction=0))
 
 
+def observed_residual_rows(model, tokens):
+    """Every layer's input, through the training forward path (SDPA), rows pooled: ``[L * b * t, d]``."""
+    rows, x = [], model.embed(tokens)
+    for layer in model.layers:
+        rows.append(x.reshape(-1, x.shape[-1]))
+        x = layer(x)
+    return torch.cat(rows).double().detach()
+
+
+@pytest.mark.parametrize("measure", ["whitened", "whitened_resid"])
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
 @pytest.mark.parametrize("kind", ["Q", "K", "V"])
-def test_whitened_ratio_matches_dense(normalization, kind):
+def test_whitened_ratio_matches_dense(measure, normalization, kind):
     """Every d_model x d_model matrix formed from the raw weights (gains folded by hand), mapped to
     the whitened basis: readers gain Σ^(1/2) on each reading side, writers Σ^(-1/2) on the writing side."""
     model = random_model(normalization)
-    sums = (model.W_E[:, None, :] + model.W_pos[None, :, :]).reshape(-1, model.shape.d_model).double().detach()
-    values, vectors = torch.linalg.eigh(torch.cov(sums.T, correction=0))
+    tokens = torch.randint(0, 11, (4, 17), generator=torch.Generator().manual_seed(1))
+    if measure == "whitened":
+        rows = (model.W_E[:, None, :] + model.W_pos[None, :, :]).reshape(-1, model.shape.d_model).double().detach()
+    else:
+        rows = observed_residual_rows(model, tokens)
+    values, vectors = torch.linalg.eigh(torch.cov(rows.T, correction=0))
     half, inv_half = (vectors * values.sqrt()) @ vectors.T, (vectors / values.sqrt()) @ vectors.T
-    got = composition_of(model, ("whitened",))["whitened"][kind]
+    with torch.no_grad():
+        residual = model.run_with_cache(tokens)[1]["resid_pre"]
+    got = composition_of(model, (measure,), residual=residual)[measure][kind]
     norm = torch.linalg.norm
     for l1, h1, l2, h2 in (~got.isnan()).nonzero().tolist():
         V = dense_reader_factors(model, l1, h1, "V")[1]  # the writer's W_OV = W_V W_O, gain folded
@@ -46,17 +62,24 @@ def test_whitened_ratio_matches_dense(normalization, kind):
         assert got[l1, h1, l2, h2].item() == pytest.approx((norm(A @ B) / (norm(A) * norm(B))).item(), rel=1e-5)
 
 
+def test_whitened_resid_needs_the_residual_stream():
+    with pytest.raises(ValueError, match="residual stream"):
+        composition_of(random_model(), ("whitened_resid",))
+
+
 def test_residual_gl_preserves_logits_and_whitened_scores_but_not_frobenius():
     model = random_model(n_layers=2, n_heads=2)
     transformed = residual_transform(model, random_gl(model.shape.d_model))
     tokens = torch.randint(0, 11, (4, 17))
     torch.testing.assert_close(transformed(tokens), model(tokens), rtol=1e-4, atol=1e-5)  # same function
     probe = ProbeBatch(tokens=tokens, n=8, first_start=1)
-    before = take_snapshot(model, probe, ("frobenius", "whitened"), baseline_samples=50)
-    after = take_snapshot(transformed, probe, ("frobenius", "whitened"), baseline_samples=50)
+    measures = ("frobenius", "whitened", "whitened_resid")
+    before = take_snapshot(model, probe, measures, baseline_samples=50)
+    after = take_snapshot(transformed, probe, measures, baseline_samples=50)
     for kind in "QKV":
         valid = ~before.composition["whitened"][kind].isnan()
-        torch.testing.assert_close(after.composition["whitened"][kind][valid], before.composition["whitened"][kind][valid], rtol=1e-4, atol=0)
+        for whitened in ("whitened", "whitened_resid"):
+            torch.testing.assert_close(after.composition[whitened][kind][valid], before.composition[whitened][kind][valid], rtol=1e-4, atol=0)
         change = (after.composition["frobenius"][kind][valid] - before.composition["frobenius"][kind][valid]).abs().max()
         assert change > 1e-2, kind  # the plain ratio is not invariant
 
