@@ -2,7 +2,7 @@
 
 ``comp/{Q,K,V}/{measure}/L0H1->L1H3``, ``comp/{Q,K,V}/{measure}_minus_baseline/...``,
 ``comp/baseline/{measure}`` (+ ``_stderr``),
-``heads/{induction,prev_token,duplicate,copying,copying_empirical}/L1H3`` (+ ``/top``),
+``heads/{induction,prev_token,duplicate,copying,copying_empirical,copying_top_rate}/L1H3`` (+ ``/top``),
 ``match/L0H1->L1H3`` (QK matching score), ``loss/{first_occurrence,repeated,icl_score}``,
 ``circuit/K/{measure}`` (+ ``_minus_baseline``, ``_minus_baseline_rank``),
 ``circuit/{writer,reader}_{layer,head}``; at ablation steps ``ablation/{loss_change,pattern_change}/L0H1->L1H3``
@@ -19,6 +19,7 @@ HEAD_SCORES = {
     "duplicate": "duplicate_token",
     "copying": "copying",
     "copying_empirical": "empirical_copying",
+    "copying_top_rate": "copying_top_rate",
 }
 
 

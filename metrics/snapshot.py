@@ -14,7 +14,7 @@ from metrics.circuit_pair import circuit_pair
 from metrics.circuit_scores import copying_scores, folded_unembedding, matching_scores
 from metrics.circuits import HeadCircuits, head_circuits
 from metrics.composition import PairMeasure, composition_scores, frobenius_ratio, pair_stacks
-from metrics.empirical_copying import empirical_copying_scores
+from metrics.empirical_copying import empirical_copying
 from metrics.head_scores import duplicate_token_score, induction_score, previous_token_score
 from metrics.spectral import best_component_ratio, best_component_share, singular_value_bound_ratio, subspace_overlap
 from metrics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
@@ -56,7 +56,8 @@ class Snapshot:
     induction: Tensor
     duplicate_token: Tensor
     copying: Tensor  # weight copying score per head (Elhage et al. 2021)
-    empirical_copying: Tensor  # copying score on the probe batch per head (Olsson et al. 2022)
+    empirical_copying: Tensor  # copying score on the probe batch per head (Olsson et al. 2022), 2 s - 1
+    copying_top_rate: Tensor  # how often a head raises the token it attends to most (seed 004)
     matching: Tensor  # QK matching score per pair (Olsson et al. 2022), [L, H, L, H]
     first_occurrence_loss: float
     repeated_loss: float
@@ -134,6 +135,7 @@ def take_snapshot(
         m: random_baseline(COMPOSITION_MEASURES[m], shape.d_model, shape.d_head, baseline_samples) for m in measures
     }
     matching = matching_scores(model, circuits).cpu()
+    copying = empirical_copying(torch.stack(cache["head_out"]), patterns, tokens, folded_unembedding(model), probe.first_start)
     validity = None
     if ablation is not None:
         scorers = {**{m: composition[m]["K"] for m in measures}, MATCHING: matching}
@@ -148,9 +150,8 @@ def take_snapshot(
         induction=induction,
         duplicate_token=duplicate_token_score(patterns, probe.repeat_start, probe.n).cpu(),
         copying=copying_scores(model, circuits).cpu(),
-        empirical_copying=empirical_copying_scores(
-            torch.stack(cache["head_out"]), patterns, tokens, folded_unembedding(model), probe.first_start
-        ).double().cpu(),
+        empirical_copying=copying.score.double().cpu(),
+        copying_top_rate=copying.top_rate.double().cpu(),
         matching=matching,
         first_occurrence_loss=first_occurrence_loss(losses, probe.first_start, probe.n).item(),
         repeated_loss=repeated_loss(losses, probe.repeat_start, probe.n).item(),

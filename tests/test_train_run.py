@@ -23,7 +23,7 @@ TRACKED_KEYS = (
     "heads/prev_token/top", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius",
     # every default measure, the empirical copying score, the ablation and each measure's agreement with it
     "comp/V/sv_bound/L0H0->L1H0", "comp/K/whitened/L0H1->L1H1", "comp/Q/whitened_resid/L0H0->L1H1", "comp/Q/subspace/L0H1->L1H0",
-    "comp/K/component/L0H0->L1H1", "comp/K/component_share/L0H0->L1H1", "heads/copying_empirical/L1H0",
+    "comp/K/component/L0H0->L1H1", "comp/K/component_share/L0H0->L1H1", "heads/copying_empirical/L1H0", "heads/copying_top_rate/L0H1",
     "ablation/loss_change/L0H1->L1H0", "ablation/pattern_change/L0H0->L1H1",
     "validity/loss_change/sv_bound/rank_of_truth", "validity/pattern_change/match/rank_of_truth",
 )
