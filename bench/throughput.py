@@ -1,13 +1,17 @@
 """Training throughput of the default experiment: bare PyTorch vs. the Lightning pipeline vs.
 Lightning with the composition tracker, on the same model, batch and data.
 
-    python -m bench.throughput [--steps 600] [--repeats 3] [--out results.json]
+    python -m bench.throughput [--steps 600] [--repeats 3] [--out results.json] [OVERRIDE ...]
+
+OVERRIDEs are Hydra overrides of the default experiment, e.g. the lean tracker:
+``"tracker.measures=[frobenius]" tracker.ablation_every_n_steps=0``.
 
 A  bare               AttentionOnlyTransformer, AdamW (+ the config's linear warmup), clip_grad_norm_(1.0),
                       next_token_loss, batches from the training TokenStream; timed after a few warm-up steps.
 B  lightning          conf.build's module and datamodule in an L.Trainer set up as build_trainer sets it up,
                       but with no logger, checkpointing, progress bar or tracker; trainer.fit timed end to end.
-C  lightning+tracker  B plus CompositionTracker every tracker.every_n_steps (no images: there is no W&B logger).
+C  lightning+tracker  B plus CompositionTracker as configured (default: every measure every 10 steps, the K-only
+                      ablation every 10 steps; no images: there is no W&B logger).
 
 Setups run interleaved (A, B, C, A, B, C, ...) after one untimed round that pays one-time costs
 (lazy imports, the tracker's cached random baseline); tokens/s = steps * batch_size * seq_len / seconds,
@@ -30,13 +34,15 @@ from pathlib import Path
 import hydra
 import lightning as L
 import torch
+from hydra.errors import HydraException
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from callbacks.keys import snapshot_metrics
 from callbacks.tracker import CompositionTracker
 from conf.build import build_datamodule, build_module
 from conf.schema import register_schemas
-from conf.validate import validate
+from conf.validate import ConfigError, validate
 from data.datamodule import TokenStream, make_sampler
 from data.probe import make_probe_batch
 from metrics.snapshot import take_snapshot
@@ -51,10 +57,10 @@ MIN_LIGHTNING_RATIO = 0.9
 MAX_TRACKER_OVERHEAD = 0.05
 
 
-def compose_config(steps: int) -> DictConfig:
-    """The default experiment's config, with ``steps`` optimizer steps and no heatmap images."""
+def compose_config(steps: int, extra: list[str]) -> DictConfig:
+    """The default experiment's config with the ``extra`` overrides, ``steps`` optimizer steps and no heatmap images."""
     register_schemas()
-    overrides = [f"trainer.max_steps={steps}", "trainer.enable_progress_bar=false", "tracker.image_every_n_steps=0"]
+    overrides = [*extra, f"trainer.max_steps={steps}", "trainer.enable_progress_bar=false", "tracker.image_every_n_steps=0"]
     with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra.compose("config", overrides=overrides)
     validate(cfg)
@@ -106,6 +112,7 @@ def make_tracker(cfg: DictConfig) -> CompositionTracker:
     return CompositionTracker(
         probe, every_n_steps=tr.every_n_steps, image_every_n_steps=tr.image_every_n_steps,
         measures=tuple(tr.measures), baseline_samples=tr.baseline_samples,
+        ablation_every_n_steps=tr.ablation_every_n_steps,
     )
 
 
@@ -139,15 +146,16 @@ def run_setup(name: str, cfg: DictConfig, steps: int) -> float:
     return run_lightning(cfg, steps, make_tracker(cfg) if name == "lightning+tracker" else None)
 
 
-def snapshot_ms(cfg: DictConfig, calls: int = 20) -> float:
-    """Median milliseconds of one tracker measurement (snapshot + metric flattening), freshly initialised model."""
+def snapshot_ms(cfg: DictConfig, ablate: bool, calls: int = 20) -> float:
+    """Median milliseconds of one tracker measurement (snapshot + metric flattening), freshly
+    initialised model; ``ablate``: with the K-only ablation and the validity of every measure."""
     torch.manual_seed(cfg.seed)
     model, tracker = AttentionOnlyTransformer(model_shape(cfg)), make_tracker(cfg)
     times = []
     for _ in range(calls):
         start = time.perf_counter()
         with torch.no_grad():
-            snapshot_metrics(take_snapshot(model, tracker.probe, tracker.measures, tracker.baseline_samples))
+            snapshot_metrics(take_snapshot(model, tracker.probe, tracker.measures, tracker.baseline_samples, ablate=ablate))
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
 
@@ -165,12 +173,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=600, help="timed optimizer steps per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each setup; the median is reported")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default experiment")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:
         parser.error("--steps and --repeats must be >= 1")
     quiet_lightning()
 
-    cfg = compose_config(args.steps)
+    try:
+        cfg = compose_config(args.steps, args.overrides)
+    except (ConfigError, HydraException, OmegaConfBaseException) as error:
+        parser.error(f"bad override: {error}")
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
     for name in SETUPS:  # untimed: first-call costs are no part of steady throughput
         run_setup(name, cfg, WARMUP_ROUND_STEPS)
@@ -183,9 +195,11 @@ def main(argv: list[str] | None = None) -> dict:
     tokens_per_s = {name: args.steps * tokens_per_step / s for name, s in median_s.items()}
     ratio = tokens_per_s["lightning"] / tokens_per_s["bare"]
     overhead = 1 - tokens_per_s["lightning+tracker"] / tokens_per_s["lightning"]
-    every = cfg.tracker.every_n_steps
-    snapshots = args.steps // every + 1 + (args.steps % every != 0)  # step 0, every `every` steps, the final step
-    per_snapshot_ms = snapshot_ms(cfg)
+    count = lambda every: args.steps // every + 1 + (args.steps % every != 0)  # step 0, every `every` steps, the final step
+    snapshots = count(cfg.tracker.every_n_steps)
+    ablations = count(cfg.tracker.ablation_every_n_steps) if cfg.tracker.ablation_every_n_steps else 0
+    per_snapshot_ms, per_ablating_ms = snapshot_ms(cfg, ablate=False), snapshot_ms(cfg, ablate=True)
+    tracker_ms = (snapshots - ablations) * per_snapshot_ms + ablations * per_ablating_ms
 
     m = cfg.model
     command = shlex.join(sys.orig_argv)
@@ -205,9 +219,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nlightning / bare   {ratio:>7.3f}   target >= {MIN_LIGHTNING_RATIO}  {met(ratio >= MIN_LIGHTNING_RATIO)}")
     print(f"tracker overhead   {overhead:>7.1%}   target <= {MAX_TRACKER_OVERHEAD:.0%}   {met(overhead <= MAX_TRACKER_OVERHEAD)}")
     print(
-        f"tracker: {snapshots} snapshots per run at {per_snapshot_ms:.1f} ms each (timed alone)"
-        f" = {snapshots * per_snapshot_ms / 1000 / median_s['lightning']:.1%} of a lightning run"
+        f"tracker: {snapshots} snapshots per run, {ablations} of them with the ablation;"
+        f" {per_snapshot_ms:.1f} ms without, {per_ablating_ms:.1f} ms with (timed alone)"
+        f" = {tracker_ms / 1000 / median_s['lightning']:.1%} of a lightning run"
     )
+    print(f"measures: {list(cfg.tracker.measures)}")
 
     results = {
         "command": command,
@@ -226,7 +242,10 @@ def main(argv: list[str] | None = None) -> dict:
         "tracker_overhead": overhead,
         "tracker_overhead_met": overhead <= MAX_TRACKER_OVERHEAD,
         "tracker_snapshots_per_run": snapshots,
+        "tracker_ablations_per_run": ablations,
         "tracker_snapshot_ms": per_snapshot_ms,
+        "tracker_snapshot_with_ablation_ms": per_ablating_ms,
+        "tracker_measures": list(cfg.tracker.measures),
     }
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
