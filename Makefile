@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast bench figure clean
+.PHONY: train test test-fast bench axioms figure clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -28,6 +28,9 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.throughput $(ARGS)
+
+axioms: $(STAMP)
+	$(BIN)/python -m bench.axioms $(ARGS)
 
 figure: $(STAMP)
 	$(BIN)/python -m callbacks.figure $(RUN)

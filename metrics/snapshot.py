@@ -26,7 +26,7 @@ COMPOSITION_MEASURES: dict[str, PairMeasure] = {
     "frobenius": frobenius_ratio,
     "sv_bound": singular_value_bound_ratio,
     "whitened": frobenius_ratio,  # computed on the whitened circuits, see WHITENED_MEASURES
-    "whitened_resid": frobenius_ratio,
+    "whitened_resid": frobenius_ratio,  # likewise, whitened by the residual stream seen on the probe
     "subspace": subspace_overlap,
     "component": best_component_ratio,
     "component_share": best_component_share,
