@@ -81,6 +81,7 @@ class RunReport:
     summary: dict[str, float]
     validity_figure: Path | None = None  # None when the run did not track the ablation
     validity_rows: list[dict[str, object]] | None = None
+    no_validity_because: str | None = None  # why there is no validity table, when there is none
 
 
 def render(run_dir: Path, window: int = 5) -> RunReport:
@@ -127,7 +128,11 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
                 if not math.isnan(row[column]):  # a measure never first for good has no such step
                     summary[f"validity/{row['measure']}/{column}"] = row[column]
     (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
-    return RunReport(figure_path, summary, validity_path, rows or None)
+    because = None
+    if not rows:
+        has_pairs = any(k.startswith("comp/") and "->" in k for k in series)
+        because = "the ablation was off (tracker.ablation_every_n_steps=0)" if has_pairs else "the model has no earlier->later head pairs (one layer)"
+    return RunReport(figure_path, summary, validity_path, rows or None, because)
 
 
 def print_report(report: RunReport) -> None:
@@ -139,6 +144,8 @@ def print_report(report: RunReport) -> None:
         print(f"\nwhich measure tells the truth (K-only path ablation; table {report.figure.parent / validity.TABLE_NAME}):")
         print(validity.format_table(report.validity_rows))
         print(f"figure: {report.validity_figure}")
+    else:
+        print(f"no validity table: {report.no_validity_because}")
 
 
 class PhaseChangeFigure(L.Callback):

@@ -157,3 +157,5 @@ def test_one_layer_control_shows_no_cliff(tmp_path):
     assert induction.max() < 0.3  # vs > 0.5 with two layers
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary.get("phase_change/loss_to_value", 99.0) > 1.5  # any detected drop stops far above the cliff
+    assert "no validity table: the model has no earlier->later head pairs" in result.stdout
+    assert not (tmp_path / "validity.csv").exists()
