@@ -50,16 +50,16 @@ def _repeated_loss_per_group(model, x: Tensor, first_layer: int, tokens: Tensor,
     return losses.view(-1, b * (n - 1)).mean(dim=1)
 
 
-def _reader_layer_effects(model, cache, tokens, probe, l2: int, writers: Tensor) -> tuple[Tensor, Tensor]:
-    """Both effects of ablating each writer (flat index ``[W]``, layers < l2) from the keys of each
-    head of layer ``l2``: ``([W, n_heads], [W, n_heads])``.
+def _reader_layer_effects(model, cache, tokens, probe, l2: int) -> tuple[Tensor, Tensor]:
+    """Both effects of ablating each writer (the ``W = l2 * n_heads`` heads of layers < l2, in flat
+    order) from the keys of each head of layer ``l2``: ``([W, n_heads], [W, n_heads])``.
 
     The clean pattern, outputs and loss are recomputed along the very same path as the ablated
     ones, so a writer that changes nothing has an effect of exactly 0, not rounding noise.
     """
     H = model.shape.n_heads
     layer, x = model.layers[l2], cache["resid_pre"][l2]  # (b, t, d)
-    writes = torch.stack([cache["head_out"][w // H][:, w % H] for w in writers.tolist()])  # (W, b, t, d)
+    writes = torch.cat([out.transpose(0, 1) for out in cache["head_out"][:l2]])  # (W, b, t, d)
     x_keys = torch.cat([x[None], x - writes + writes.mean(dim=(1, 2), keepdim=True)])  # (1 + W, b, t, d): clean, then ablated
     n, b, t, d = x_keys.shape
     keys = layer.project(x_keys.reshape(n * b, t, d), layer.W_K).reshape(n, b, H, t, -1)
@@ -97,8 +97,7 @@ def key_ablation_effects(
         pattern_change = torch.full((L * H, L * H), float("nan"), dtype=torch.float64)
         loss_change = pattern_change.clone()
         for l2 in range(1, L):
-            writers = torch.arange(l2 * H)
-            patterns, losses = _reader_layer_effects(model, cache, tokens, probe, l2, writers)
+            patterns, losses = _reader_layer_effects(model, cache, tokens, probe, l2)
             pattern_change[: l2 * H, l2 * H : (l2 + 1) * H] = patterns.double().cpu()
             loss_change[: l2 * H, l2 * H : (l2 + 1) * H] = losses.double().cpu()
     finally:
