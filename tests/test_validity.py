@@ -3,7 +3,6 @@ values, the rank of the ground-truth pair, and the 'first for good' step."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
