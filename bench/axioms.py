@@ -20,14 +20,14 @@ import torch
 
 from data.datamodule import make_sampler
 from data.probe import make_probe_batch
-from metrics.axioms import (
+from metrics.composition.axioms import (
     INVARIANCE_TOLERANCE,
     LOGIT_TOLERANCE,
     AxiomTable,
     ConstructedScores,
     axiom_table,
 )
-from metrics.loss_views import repeated_loss, token_losses
+from metrics.dynamics.loss_views import repeated_loss, token_losses
 from models.lit_module import next_token_loss
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 

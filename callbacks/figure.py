@@ -23,7 +23,7 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
 from callbacks import validity
 from callbacks.plots import figure_to_rgb, training_curves
-from metrics.phase_change import PhaseChange, detect_phase_change
+from metrics.dynamics.phase_change import PhaseChange, detect_phase_change
 
 FIGURE_NAME = "phase_change.png"
 SUMMARY_NAME = "summary.json"

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from metrics.phase_change import PhaseChange
+from metrics.dynamics.phase_change import PhaseChange
 
 Series = tuple[np.ndarray, np.ndarray]  # (steps, values)
 

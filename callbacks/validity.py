@@ -17,9 +17,9 @@ import torch
 from matplotlib.figure import Figure
 
 from callbacks.plots import mark_phase_change, plt
-from metrics.phase_change import PhaseChange, smooth
+from metrics.dynamics.phase_change import PhaseChange, smooth
 from metrics.snapshot import COMPOSITION_MEASURES, MATCHING
-from metrics.validity import first_step_ranked_first_for_good
+from metrics.ground_truth.validity import first_step_ranked_first_for_good
 
 EFFECTS = {"loss_change": "repeated-token loss", "pattern_change": "attention pattern"}
 TABLE_NAME = "validity.csv"

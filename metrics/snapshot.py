@@ -8,18 +8,18 @@ import torch
 from torch import Tensor
 
 from data.probe import ProbeBatch
-from metrics.ablation import KeyAblation, key_ablation_effects
-from metrics.baseline import Baseline, random_baseline
-from metrics.circuit_pair import circuit_pair
-from metrics.circuit_scores import copying_scores, folded_unembedding, matching_scores
-from metrics.circuits import HeadCircuits, head_circuits
-from metrics.composition import PairMeasure, composition_scores, frobenius_ratio, pair_stacks
-from metrics.empirical_copying import empirical_copying
-from metrics.head_scores import duplicate_token_score, induction_score, previous_token_score
-from metrics.spectral import best_component_ratio, best_component_share, singular_value_bound_ratio, subspace_overlap
-from metrics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
-from metrics.validity import Agreement, agreement
-from metrics.whitening import embedding_covariance, residual_covariance, whiten
+from metrics.ground_truth.ablation import KeyAblation, key_ablation_effects
+from metrics.composition.baseline import Baseline, random_baseline
+from metrics.heads.circuit_pair import circuit_pair
+from metrics.heads.circuit_scores import copying_scores, folded_unembedding, matching_scores
+from metrics.composition.circuits import HeadCircuits, head_circuits
+from metrics.composition.measures import PairMeasure, composition_scores, frobenius_ratio, pair_stacks
+from metrics.heads.empirical_copying import empirical_copying
+from metrics.heads.attention_scores import duplicate_token_score, induction_score, previous_token_score
+from metrics.composition.spectral import best_component_ratio, best_component_share, singular_value_bound_ratio, subspace_overlap
+from metrics.dynamics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
+from metrics.ground_truth.validity import Agreement, agreement
+from metrics.composition.whitening import embedding_covariance, residual_covariance, whiten
 from models.transformer import AttentionOnlyTransformer
 
 COMPOSITION_MEASURES: dict[str, PairMeasure] = {
@@ -37,7 +37,7 @@ MATCHING = "match"
 """The QK matching score, judged against the ablation beside the composition measures."""
 
 WHITENED_MEASURES = {"whitened": "embedding", "whitened_resid": "residual"}
-"""Measures scored in a whitened residual basis (:mod:`metrics.whitening`), by the covariance that
+"""Measures scored in a whitened residual basis (:mod:`metrics.composition.whitening`), by the covariance that
 whitens: of the embeddings, or of the residual stream observed on the probe batch. Their random
 baseline is that of the same pair measure on i.i.d. Gaussian weights, which are isotropic already."""
 

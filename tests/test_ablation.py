@@ -7,9 +7,9 @@ import torch
 import pytest
 
 from data.probe import ProbeBatch, make_probe_batch
-from metrics import ablation
-from metrics.ablation import key_ablation_effects
-from metrics.loss_views import repeated_loss, token_losses
+from metrics.ground_truth import ablation
+from metrics.ground_truth.ablation import key_ablation_effects
+from metrics.dynamics.loss_views import repeated_loss, token_losses
 from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
 

@@ -12,7 +12,7 @@ import torch
 
 from bench.axioms import train_small_model
 from data.probe import make_probe_batch
-from metrics.axioms import PATH_POINTS, axiom_table, constructed_scores
+from metrics.composition.axioms import PATH_POINTS, axiom_table, constructed_scores
 from metrics.snapshot import COMPOSITION_MEASURES
 from tests.conftest import REPO, random_model
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrics.circuit_scores import copying_scores, matching_scores
-from metrics.circuits import head_circuits
+from metrics.heads.circuit_scores import copying_scores, matching_scores
+from metrics.composition.circuits import head_circuits
 from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
 

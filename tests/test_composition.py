@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from metrics.baseline import random_baseline
-from metrics.circuits import LowRank, head_circuits
-from metrics.composition import composition_scores, frobenius_ratio, layer_order_pairs
+from metrics.composition.baseline import random_baseline
+from metrics.composition.circuits import LowRank, head_circuits
+from metrics.composition.measures import composition_scores, frobenius_ratio, layer_order_pairs
 from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
 

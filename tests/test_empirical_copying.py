@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from data.probe import ProbeBatch, make_probe_batch
-from metrics.circuit_scores import folded_unembedding
-from metrics.empirical_copying import empirical_copying
+from metrics.heads.circuit_scores import folded_unembedding
+from metrics.heads.empirical_copying import empirical_copying
 from metrics.snapshot import take_snapshot
 from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model

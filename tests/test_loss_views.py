@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
+from metrics.dynamics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
 
 
 def test_slices_pick_first_and_repeated_tokens():

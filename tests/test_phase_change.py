@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from metrics.phase_change import detect_phase_change, smooth
+from metrics.dynamics.phase_change import detect_phase_change, smooth
 
 LOGIT_90 = math.log(9)  # a logistic crosses 10% / 90% at midpoint -/+ width * ln 9
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrics.baseline import random_baseline, random_low_rank
-from metrics.circuits import LowRank, head_circuits
-from metrics.composition import composition_scores
-from metrics.spectral import (
+from metrics.composition.baseline import random_baseline, random_low_rank
+from metrics.composition.circuits import LowRank, head_circuits
+from metrics.composition.measures import composition_scores
+from metrics.composition.spectral import (
     best_component_ratio,
     best_component_share,
     per_component_scores,

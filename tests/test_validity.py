@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from metrics.validity import agreement, average_ranks, first_step_ranked_first_for_good, spearman
+from metrics.ground_truth.validity import agreement, average_ranks, first_step_ranked_first_for_good, spearman
 
 
 def brute_force_spearman(x, y):

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from data.probe import ProbeBatch
-from metrics.circuits import head_circuits
-from metrics.composition import composition_scores, frobenius_ratio
-from metrics.reparametrize import residual_transform
+from metrics.composition.circuits import head_circuits
+from metrics.composition.measures import composition_scores, frobenius_ratio
+from metrics.composition.reparametrize import residual_transform
 from metrics.snapshot import composition_of, take_snapshot
-from metrics.whitening import embedding_covariance
+from metrics.composition.whitening import embedding_covariance
 from tests.conftest import random_model
 from tests.test_spectral import dense_reader_factors
 

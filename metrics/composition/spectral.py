@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from metrics.circuits import LowRank
-from metrics.composition import core, product_core
+from metrics.composition.circuits import LowRank
+from metrics.composition.measures import core, product_core
 
 
 def padded_singular_values(matrix: LowRank, length: int) -> Tensor:

@@ -14,8 +14,8 @@ from functools import lru_cache
 
 import torch
 
-from metrics.circuits import LowRank
-from metrics.composition import PairMeasure
+from metrics.composition.circuits import LowRank
+from metrics.composition.measures import PairMeasure
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 (MEASURES.md, "Ground truth: ablation"; issue 3, part 4).
 
 A composition measure is a hypothesis about which writer feeds which reader. The K-only path
-ablation (:mod:`metrics.ablation`) says which pair the model really uses. Two agreements are
+ablation (:mod:`metrics.ground_truth.ablation`) says which pair the model really uses. Two agreements are
 reported at each ablation step: the rank, under the measure, of the pair the ablation hurts most
 (1 = the measure puts it first), and the Spearman correlation between measure and effect over
 all pairs.

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from metrics.circuits import HeadCircuits, weight
-from metrics.composition import layer_order_pairs
+from metrics.composition.circuits import HeadCircuits, weight
+from metrics.composition.measures import layer_order_pairs
 from models.transformer import AttentionOnlyTransformer, norm_gain
 
 

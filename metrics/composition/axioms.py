@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from metrics.circuit_scores import matching_scores
-from metrics.circuits import LowRank, head_circuits
-from metrics.composition import PairMeasure
-from metrics.reparametrize import query_key_transform, residual_transform, value_output_transform
+from metrics.heads.circuit_scores import matching_scores
+from metrics.composition.circuits import LowRank, head_circuits
+from metrics.composition.measures import PairMeasure
+from metrics.composition.reparametrize import query_key_transform, residual_transform, value_output_transform
 from metrics.snapshot import COMPOSITION_MEASURES, MATCHING, composition_of
 from models.transformer import AttentionOnlyTransformer
 

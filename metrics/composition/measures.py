@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from metrics.circuits import HeadCircuits, LowRank
+from metrics.composition.circuits import HeadCircuits, LowRank
 
 COMPOSITION_KINDS = ("Q", "K", "V")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from metrics.circuits import HeadCircuits, LowRank, weight
+from metrics.composition.circuits import HeadCircuits, LowRank, weight
 from models.transformer import AttentionOnlyTransformer
 
 
