@@ -13,6 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# random baselines are cached on disk: keep the tests' cache out of the user's home
+os.environ.setdefault("INDUCTION_TRACKER_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"induction-tracker-tests-{os.getuid()}"))
 
 from models.transformer import AttentionOnlyTransformer, TransformerShape  # noqa: E402
 

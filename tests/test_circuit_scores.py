@@ -19,7 +19,7 @@ def dense_positivity(matrix):
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
 def test_copying_score_matches_dense_full_ov_circuit(normalization):
     model = random_model(normalization)
-    circuits = head_circuits(model)
+    circuits = head_circuits(model, torch.float64)
     W_E = model.W_E.detach().double()
     gain = model.final_norm.weight.detach().double() if normalization != "none" else torch.ones(model.shape.d_model, dtype=torch.float64)
     W_U = gain[:, None] * model.W_U.detach().double()
@@ -33,7 +33,7 @@ def test_copying_score_matches_dense_full_ov_circuit(normalization):
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
 def test_matching_score_matches_dense(normalization):
     model = random_model(normalization)
-    circuits = head_circuits(model)
+    circuits = head_circuits(model, torch.float64)
     W_E = model.W_E.detach().double()
     scores = matching_scores(model, circuits)
     ov, qk = circuits.ov.dense(), circuits.qk.dense()
@@ -45,6 +45,6 @@ def test_matching_score_matches_dense(normalization):
 
 def test_hand_built_induction_head_copies_and_matches():
     model = induction_circuit_model()
-    circuits = head_circuits(model)
+    circuits = head_circuits(model, torch.float64)
     assert copying_scores(model, circuits)[1, 0].item() == pytest.approx(1.0, abs=1e-9)  # copies TOKEN -> OUT -> logits
     assert matching_scores(model, circuits)[0, 0, 1, 0].item() == pytest.approx(1.0, abs=1e-9)

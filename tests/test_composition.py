@@ -10,9 +10,15 @@ import torch
 
 from metrics.composition.baseline import random_baseline
 from metrics.composition.circuits import LowRank, head_circuits
-from metrics.composition.measures import composition_scores, frobenius_ratio, layer_order_pairs
+from metrics.composition.engine import composition_scores, layer_order_pairs
+from metrics.composition.measures import frobenius_ratio
 from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
+
+
+def frobenius(model):
+    """Frobenius composition ``{kind: [L, H, L, H]}`` of every pair, float64."""
+    return composition_scores(head_circuits(model, torch.float64), frobenius_ratio)["frobenius"]
 
 
 def dense_weights(model):
@@ -46,24 +52,24 @@ def dense_reference(model, kind):
 @pytest.mark.parametrize("kind", ["Q", "K", "V"])
 def test_frobenius_matches_dense_reference(normalization, kind):
     model = random_model(normalization)
-    scores = composition_scores(head_circuits(model))[kind]
+    scores = frobenius(model)[kind]
     torch.testing.assert_close(scores, dense_reference(model, kind), rtol=1e-5, atol=0, equal_nan=True)
 
 
 def test_norm_gains_change_the_scores():
     """Folding matters: the same weights with and without the gains score differently."""
     model = random_model("layernorm")
-    with_gain = composition_scores(head_circuits(model))["K"]
+    with_gain = frobenius(model)["K"]
     for layer in model.layers:
         torch.nn.init.ones_(layer.norm.weight)
-    without_gain = composition_scores(head_circuits(model))["K"]
+    without_gain = frobenius(model)["K"]
     valid = ~with_gain.isnan()
     assert (with_gain[valid] - without_gain[valid]).abs().max() > 1e-3
 
 
 def test_layer_order_mask():
     model = random_model(n_layers=3, n_heads=2)
-    scores = composition_scores(head_circuits(model))["K"]
+    scores = frobenius(model)["K"]
     for l1 in range(3):
         for l2 in range(3):
             block = scores[l1, :, l2, :]
@@ -109,7 +115,7 @@ def test_hand_built_induction_pair_k_composes():
     Pasting the paper's column-vector formula onto row-vector weights would swap Q and K.
     """
     model = induction_circuit_model()
-    scores = composition_scores(head_circuits(model))
+    scores = frobenius(model)
     k = scores["K"][0, 0, 1, 0].item()
     assert k == pytest.approx(model.shape.d_vocab**-0.5, rel=1e-9)  # identity maps of rank d_vocab: d^-1/2
     assert scores["Q"][0, 0, 1, 0].item() < 1e-9

@@ -7,8 +7,8 @@ import torch
 
 from metrics.composition.baseline import random_baseline, random_low_rank
 from metrics.composition.circuits import LowRank, head_circuits
-from metrics.composition.measures import composition_scores
-from metrics.composition.spectral import (
+from metrics.composition.engine import composition_scores
+from metrics.composition.measures import (
     best_component_ratio,
     best_component_share,
     per_component_scores,
@@ -125,8 +125,8 @@ def dense_reader_factors(model, layer, head, kind):
 @pytest.mark.parametrize("kind", ["Q", "K", "V"])
 def test_new_measures_on_a_model_match_per_pair_dense(normalization, kind):
     model = random_model(normalization)
-    circuits = head_circuits(model)
-    scores = {m: composition_scores(circuits, m)[kind] for m in (singular_value_bound_ratio, subspace_overlap, best_component_ratio, best_component_share)}
+    circuits = head_circuits(model, torch.float64)
+    scores = {m: composition_scores(circuits, m)[m.name][kind] for m in (singular_value_bound_ratio, subspace_overlap, best_component_ratio, best_component_share)}
     for l1, h1, l2, h2 in (~scores[subspace_overlap].isnan()).nonzero().tolist():
         writer = model.layers[l1]
         g = getattr(writer.norm, "weight", None)

@@ -8,7 +8,8 @@ import torch
 
 from data.probe import ProbeBatch
 from metrics.composition.circuits import head_circuits
-from metrics.composition.measures import composition_scores, frobenius_ratio
+from metrics.composition.engine import composition_scores
+from metrics.composition.measures import frobenius_ratio
 from metrics.composition.reparametrize import residual_transform
 from metrics.snapshot import composition_of, take_snapshot
 from metrics.composition.whitening import embedding_covariance
@@ -24,7 +25,7 @@ def random_gl(d, seed=0):
 def test_embedding_covariance_is_the_covariance_of_every_token_position_sum():
     model = random_model()
     sums = (model.W_E[:, None, :] + model.W_pos[None, :, :]).reshape(-1, model.shape.d_model).double()
-    torch.testing.assert_close(embedding_covariance(model), torch.cov(sums.T.detach(), correction=0))
+    torch.testing.assert_close(embedding_covariance(model, torch.float64), torch.cov(sums.T.detach(), correction=0))
 
 
 def observed_residual_rows(model, tokens):
@@ -52,7 +53,7 @@ def test_whitened_ratio_matches_dense(measure, normalization, kind):
     half, inv_half = (vectors * values.sqrt()) @ vectors.T, (vectors / values.sqrt()) @ vectors.T
     with torch.no_grad():
         residual = model.run_with_cache(tokens)[1]["resid_pre"]
-    got = composition_of(model, (measure,), residual=residual)[measure][kind]
+    got = composition_of(model, (measure,), residual=residual, dtype=torch.float64)[measure][kind]
     norm = torch.linalg.norm
     for l1, h1, l2, h2 in (~got.isnan()).nonzero().tolist():
         V = dense_reader_factors(model, l1, h1, "V")[1]  # the writer's W_OV = W_V W_O, gain folded
@@ -74,8 +75,8 @@ def test_residual_gl_preserves_logits_and_whitened_scores_but_not_frobenius():
     torch.testing.assert_close(transformed(tokens), model(tokens), rtol=1e-4, atol=1e-5)  # same function
     probe = ProbeBatch(tokens=tokens, n=8, first_start=1)
     measures = ("frobenius", "whitened", "whitened_resid")
-    before = take_snapshot(model, probe, measures, baseline_samples=50)
-    after = take_snapshot(transformed, probe, measures, baseline_samples=50)
+    before = take_snapshot(model, probe, measures, baseline_samples=50, dtype=torch.float64)
+    after = take_snapshot(transformed, probe, measures, baseline_samples=50, dtype=torch.float64)
     for kind in "QKV":
         valid = ~before.composition["whitened"][kind].isnan()
         for whitened in ("whitened", "whitened_resid"):
@@ -87,7 +88,7 @@ def test_residual_gl_preserves_logits_and_whitened_scores_but_not_frobenius():
 def test_residual_rotation_leaves_frobenius_unchanged():
     model = random_model(n_layers=2, n_heads=2)
     rotation = torch.linalg.qr(torch.randn(model.shape.d_model, model.shape.d_model)).Q
-    before = composition_scores(head_circuits(model), frobenius_ratio)["K"]
-    after = composition_scores(head_circuits(residual_transform(model, rotation)), frobenius_ratio)["K"]
+    before = composition_scores(head_circuits(model, torch.float64), frobenius_ratio)["frobenius"]["K"]
+    after = composition_scores(head_circuits(residual_transform(model, rotation), torch.float64), frobenius_ratio)["frobenius"]["K"]
     valid = ~before.isnan()
     torch.testing.assert_close(after[valid], before[valid], rtol=1e-4, atol=0)

@@ -24,9 +24,10 @@ from torch import Tensor
 
 from metrics.heads.circuit_scores import matching_scores
 from metrics.composition.circuits import LowRank, head_circuits
-from metrics.composition.measures import PairMeasure
+from metrics.composition.measures import COMPOSITION_MEASURES, Measure
 from metrics.composition.reparametrize import query_key_transform, residual_transform, value_output_transform
-from metrics.snapshot import COMPOSITION_MEASURES, MATCHING, composition_of
+from metrics.composition.scores import composition_of
+from metrics.heads.circuit_scores import MATCHING
 from models.transformer import AttentionOnlyTransformer
 
 LOGIT_TOLERANCE = 1e-5  # a reparametrisation must move no logit by more (float64)
@@ -82,7 +83,7 @@ def constructed_pairs(seed: int = 0) -> dict[str, tuple[LowRank, LowRank]]:
     return pairs
 
 
-def constructed_scores(measure: PairMeasure, seed: int = 0) -> ConstructedScores:
+def constructed_scores(measure: Measure, seed: int = 0) -> ConstructedScores:
     """Axioms 1-3 for one pair measure."""
     score = {name: float(measure(a, b)) for name, (a, b) in constructed_pairs(seed).items()}
     path = torch.tensor([score[f"rotated_{i}"] for i in range(PATH_POINTS)], dtype=torch.float64)

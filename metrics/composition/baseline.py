@@ -1,21 +1,47 @@
-"""The empirical random baseline of a composition measure (Elhage et al. 2021 "subtract off the
-empirical expected amount for random matrices of the same shapes").
+"""The random baseline of each composition measure (Elhage et al. 2021: "subtract off the empirical
+expected amount for random matrices of the same shapes"), sampled in ``d_head`` space and cached on disk.
 
-Writers ``W_V [d_model, d_head]``, ``W_O [d_head, d_model]`` and readers ``W_Q, W_K`` are i.i.d.
-Gaussian; the baseline is the mean score with its standard error. For i.i.d. Gaussian factors Q-,
-K- and V-composition have the same distribution (every reader is a product of two independent
-Gaussian ``d_model x d_head`` factors), so one baseline per measure and shape serves all three.
+Writers ``A = L_a R_aᵀ`` and readers ``B = L_b R_bᵀ`` have i.i.d. standard Gaussian factors
+``[d_model, d_head]``. Every measure depends on a pair only through ``σ(A)``, ``σ(B)`` and the
+cosines ``U_Aᵀ V_B`` (:mod:`metrics.composition.measures`), and for Gaussian factors these have
+``d_head``-sized laws, so the baseline never draws a ``d_model``-sized matrix:
+
+- The QR triangle of a Gaussian ``[d, r]`` matrix is Bartlett's (independent ``χ_{d-i}`` diagonal,
+  standard normal above it) and independent of its orthonormal factor, so ``σ(A) = σ(T_{L_a} T_{R_a}ᵀ)``
+  with two Bartlett triangles, and likewise ``σ(B)``.
+- ``U_Aᵀ V_B = W_Aᵀ (Q_{R_a}ᵀ Q_{L_b}) P_B`` where the middle is the ``r x r`` block of a Haar
+  orthogonal ``d x d`` matrix, independent of the triangles and invariant under the rotations
+  ``W_A, P_B``: so the cosines are that block, independent of both spectra. With ``Q_{R_a}`` the
+  first ``r`` axes, the block is ``G_top T_G^{-1}`` for a Gaussian ``G = [G_top; G_bot]``
+  (``r`` and ``d - r`` rows) whose Gram ``G_topᵀ G_top + G_botᵀ G_bot`` needs ``G_bot`` only through
+  a Bartlett triangle of ``d - r`` degrees of freedom.
+
+A sample costs ``O(d_head³)`` instead of ``O(d_model d_head²)``. For i.i.d. Gaussian factors Q-, K-
+and V-composition have the same law, so one baseline per measure and shape serves all three; the
+whitened measures share Frobenius's (Gaussian weights are isotropic already). Results are cached
+in-process and on disk (:func:`cache_directory`), keyed by (d_model, d_head, samples, seed, sampler
+version), written atomically so concurrent sweep jobs can share the cache.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass
 from functools import lru_cache
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from metrics.composition.circuits import LowRank
-from metrics.composition.measures import PairMeasure
+from metrics.composition.measures import COMPOSITION_MEASURES, Measure, PairStats, stats_from_cosines
+
+SAMPLER_VERSION = 1  # bump when the sampler changes, so stale cache files are not read
+CACHE_ENV = "INDUCTION_TRACKER_CACHE"
 
 
 @dataclass(frozen=True)
@@ -25,20 +51,115 @@ class Baseline:
     n_samples: int
 
 
+def bartlett_triangles(rng: np.random.Generator, n: int, d: int, r: int) -> torch.Tensor:
+    """``n`` upper-triangular ``[r, r]`` QR triangles of i.i.d. standard Gaussian ``[d, r]`` matrices
+    (Bartlett decomposition; needs ``d >= r``): diagonal ``sqrt(χ²_{d-i})``, above it ``N(0, 1)``."""
+    triangles = np.triu(rng.standard_normal((n, r, r)), k=1)
+    diagonal = np.sqrt(rng.chisquare(d - np.arange(r), size=(n, r)))
+    triangles[:, np.arange(r), np.arange(r)] = diagonal
+    return torch.from_numpy(triangles)
+
+
+def gaussian_gram(rng: np.random.Generator, n: int, rows: int, r: int) -> torch.Tensor:
+    """``n`` Gram matrices ``GᵀG`` ``[r, r]`` of Gaussian ``[rows, r]`` matrices (Wishart), from a
+    Bartlett triangle when ``rows >= r``, else from the matrix itself (then cheaper)."""
+    if rows >= r:
+        t = bartlett_triangles(rng, n, rows, r)
+    else:
+        t = torch.from_numpy(rng.standard_normal((n, rows, r)))
+    return t.mT @ t
+
+
+def squared_spectrum(rng: np.random.Generator, n: int, d: int, r: int) -> torch.Tensor:
+    """``σ(L Rᵀ)²`` ``[n, r]``, descending, for i.i.d. Gaussian ``L, R [d, r]``."""
+    core = bartlett_triangles(rng, n, d, r) @ bartlett_triangles(rng, n, d, r).mT
+    return torch.linalg.eigvalsh(core @ core.mT).flip(-1).clamp_min(0)
+
+
+def haar_block(rng: np.random.Generator, n: int, d: int, r: int) -> torch.Tensor:
+    """``n`` ``[r, r]`` blocks of Haar-random orthogonal ``d x d`` matrices: the cosines between two
+    independent uniformly random ``r``-dimensional subspaces of ``R^d``."""
+    top = torch.from_numpy(rng.standard_normal((n, r, r)))
+    gram = top.mT @ top
+    if d > r:
+        gram = gram + gaussian_gram(rng, n, d - r, r)
+    upper = torch.linalg.cholesky(gram).mT  # T_G, with T_Gᵀ T_G = GᵀG
+    return torch.linalg.solve_triangular(upper, top, upper=True, left=False)  # G_top T_G⁻¹
+
+
+def sample_pair_stats(d_model: int, d_head: int, n_samples: int, seed: int = 0) -> PairStats:
+    """:class:`PairStats` ``[n_samples, ...]`` of random writer/reader pairs, exact in law to i.i.d.
+    Gaussian ``[d_model, d_head]`` factors, float64. Uses its own generator, never the global RNG."""
+    if d_head > d_model:
+        raise ValueError(f"d_head={d_head} must be <= d_model={d_model}")
+    rng = np.random.default_rng(seed)
+    writer_sq = squared_spectrum(rng, n_samples, d_model, d_head)
+    reader_sq = squared_spectrum(rng, n_samples, d_model, d_head)
+    return stats_from_cosines(haar_block(rng, n_samples, d_model, d_head), writer_sq, reader_sq)
+
+
 def random_low_rank(n: int, d_model: int, d_head: int, generator: torch.Generator) -> LowRank:
-    """``n`` products of two i.i.d. standard Gaussian ``[d_model, d_head]`` factors, float64."""
+    """``n`` products of two i.i.d. standard Gaussian ``[d_model, d_head]`` factors, float64: the
+    direct sampler, which :func:`sample_pair_stats` is tested against."""
     draw = lambda: torch.randn(n, d_model, d_head, generator=generator, dtype=torch.float64)
     return LowRank(draw(), draw())
 
 
-@lru_cache(maxsize=None)
-def random_baseline(measure: PairMeasure, d_model: int, d_head: int, n_samples: int = 2000, seed: int = 0) -> Baseline:
-    """Mean and standard error of ``measure`` over ``n_samples`` random writer/reader pairs.
+def cache_directory() -> Path:
+    """``$INDUCTION_TRACKER_CACHE``, else ``$XDG_CACHE_HOME/induction-composition-tracker``, else
+    ``~/.cache/induction-composition-tracker``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "induction-composition-tracker"
 
-    Cached per (measure, shape, samples, seed); uses its own generator, never the global RNG.
+
+def _cache_file(d_model: int, d_head: int, n_samples: int, seed: int) -> Path:
+    return cache_directory() / "baselines" / f"v{SAMPLER_VERSION}-d{d_model}-r{d_head}-n{n_samples}-seed{seed}.json"
+
+
+def _read_cache(path: Path) -> dict[str, Baseline] | None:
+    try:
+        stored = json.loads(path.read_text())
+        return {name: Baseline(**values) for name, values in stored.items()}
+    except (OSError, ValueError, TypeError):
+        return None  # missing, or torn by a crash: recompute
+
+
+def _write_cache(path: Path, baselines: dict[str, Baseline]) -> None:
+    """Atomically: write a temporary file in the same directory, then rename it over ``path``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
+            json.dump({name: asdict(b) for name, b in baselines.items()}, handle)
+        os.replace(handle.name, path)
+    except OSError as error:  # a read-only home, say: the baseline still works, it just is not kept
+        warnings.warn(f"could not cache random baselines in {path.parent}: {error}", stacklevel=2)
+
+
+def _summarise(scores: torch.Tensor) -> Baseline:
+    scores = scores[scores.isfinite()]
+    n = len(scores)
+    return Baseline(scores.mean().item(), (scores.std() / math.sqrt(n)).item() if n > 1 else math.nan, n)
+
+
+@lru_cache(maxsize=None)
+def random_baselines(d_model: int, d_head: int, n_samples: int = 2000, seed: int = 0) -> dict[str, Baseline]:
+    """Every measure's baseline (mean and standard error over ``n_samples`` random pairs), by name.
+
+    In-process cache, then the disk cache, then one sampling pass shared by all measures.
     """
-    generator = torch.Generator().manual_seed(seed)
-    writers = random_low_rank(n_samples, d_model, d_head, generator)
-    readers = random_low_rank(n_samples, d_model, d_head, generator)
-    scores = measure(writers, readers)
-    return Baseline(scores.mean().item(), (scores.std() / n_samples**0.5).item(), n_samples)
+    path = _cache_file(d_model, d_head, n_samples, seed)
+    cached = _read_cache(path)
+    if cached is not None and set(COMPOSITION_MEASURES) <= set(cached):
+        return cached
+    stats = sample_pair_stats(d_model, d_head, n_samples, seed)
+    baselines = {name: _summarise(m.score(stats)) for name, m in COMPOSITION_MEASURES.items()}
+    _write_cache(path, baselines)
+    return baselines
+
+
+def random_baseline(measure: Measure | str, d_model: int, d_head: int, n_samples: int = 2000, seed: int = 0) -> Baseline:
+    """The baseline of one measure (see :func:`random_baselines`)."""
+    name = measure if isinstance(measure, str) else measure.name
+    return random_baselines(d_model, d_head, n_samples, seed)[name]

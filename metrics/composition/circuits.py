@@ -1,8 +1,10 @@
 """Per-head QK and OV circuits as low-rank factor pairs (Elhage et al. 2021, "A Mathematical
-Framework for Transformer Circuits"), in the row-vector convention of MEASURES.md.
+Framework for Transformer Circuits"), in the row-vector convention of ``docs/measures.md``.
 
 A ``[d_model, d_model]`` circuit of rank <= d_head is never formed: it is kept as
-``left @ right.mT`` with ``left, right [..., d_model, d_head]``.
+``left @ right.mT`` with ``left, right [..., d_model, d_head]``. Circuits stay on the model's
+device, in the model's dtype (at least float32) unless a dtype is asked for: float64 is the exact
+reference path the tests use.
 """
 
 from __future__ import annotations
@@ -26,17 +28,10 @@ def triangular_factor(factor: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class LowRank:
-    """A stack of ``d_model x d_model`` matrices ``left @ right.mT``; ``left, right [..., d_model, rank]``.
-
-    ``left_t``, ``right_t`` (``[..., rank, rank]``) are the factors' QR triangles, computed once
-    per head by :meth:`with_triangles` and carried along by indexing, so scoring many pairs does
-    not factorise the same head again.
-    """
+    """A stack of ``d_model x d_model`` matrices ``left @ right.mT``; ``left, right [..., d_model, rank]``."""
 
     left: Tensor
     right: Tensor
-    left_t: Tensor | None = None
-    right_t: Tensor | None = None
 
     def dense(self) -> Tensor:
         """The full matrices ``[..., d_model, d_model]``: for tests and references only."""
@@ -44,20 +39,11 @@ class LowRank:
 
     @property
     def T(self) -> LowRank:
-        return LowRank(self.right, self.left, self.right_t, self.left_t)
-
-    def with_triangles(self) -> LowRank:
-        return LowRank(self.left, self.right, self.left_triangle(), self.right_triangle())
-
-    def left_triangle(self) -> Tensor:
-        return triangular_factor(self.left) if self.left_t is None else self.left_t
-
-    def right_triangle(self) -> Tensor:
-        return triangular_factor(self.right) if self.right_t is None else self.right_t
+        return LowRank(self.right, self.left)
 
     def map(self, fn) -> LowRank:
-        """Apply ``fn`` to every tensor field (e.g. flatten or index the head dimensions)."""
-        return LowRank(*(None if t is None else fn(t) for t in (self.left, self.right, self.left_t, self.right_t)))
+        """Apply ``fn`` to both factors (e.g. flatten or index the head dimensions)."""
+        return LowRank(fn(self.left), fn(self.right))
 
     def flatten_heads(self) -> LowRank:
         """``[n_layers, n_heads, ...] -> [n_layers * n_heads, ...]``."""
@@ -88,23 +74,31 @@ class HeadCircuits:
         return self.qk.left.shape[1]
 
 
-def weight(tensor: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
-    """A parameter detached and copied to the CPU in ``dtype``: weight-based metrics are tiny, and
-    computing them on the CPU in float64 works for every accelerator (MPS has no float64)."""
-    return tensor.detach().to("cpu", dtype)
+def metric_dtype(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.dtype:
+    """``dtype`` if given, else the model's parameter dtype promoted to at least float32 (a bf16
+    or fp16 model is measured in float32)."""
+    if dtype is not None:
+        return dtype
+    return torch.promote_types(next(model.parameters()).dtype, torch.float32)
 
 
-def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype = torch.float64) -> HeadCircuits:
-    """The model's QK and OV circuits, detached, on the CPU, in ``dtype`` (float64 for exact scores)."""
+def weight(tensor: Tensor, dtype: torch.dtype) -> Tensor:
+    """A parameter detached, on its own device, in ``dtype``: metrics compute where the model lives."""
+    return tensor.detach().to(dtype)
+
+
+def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> HeadCircuits:
+    """The model's QK and OV circuits, detached, on the model's device, in ``metric_dtype(model, dtype)``."""
+    dtype = metric_dtype(model, dtype)
     W_Q, W_K, W_V, W_O = [], [], [], []
     with torch.no_grad():
         for layer in model.layers:
             gain = norm_gain(layer.norm)
-            fold = (lambda w: w) if gain is None else (lambda w, g=gain: g[None, :, None] * w)
+            # cast before folding, so the float64 path folds in float64
+            fold = (lambda w: weight(w, dtype)) if gain is None else (lambda w, g=weight(gain, dtype): g[None, :, None] * weight(w, dtype))
             W_Q.append(fold(layer.W_Q))
             W_K.append(fold(layer.W_K))
             W_V.append(fold(layer.W_V))
-            W_O.append(layer.W_O)
-        stack = lambda ws: weight(torch.stack(ws), dtype)  # (n_layers, n_heads, ...)
-        W_Q, W_K, W_V, W_O = stack(W_Q), stack(W_K), stack(W_V), stack(W_O)
-    return HeadCircuits(qk=LowRank(W_Q, W_K).with_triangles(), ov=LowRank(W_V, W_O.mT).with_triangles())
+            W_O.append(weight(layer.W_O, dtype))
+        W_Q, W_K, W_V, W_O = (torch.stack(ws) for ws in (W_Q, W_K, W_V, W_O))  # (n_layers, n_heads, ...)
+    return HeadCircuits(qk=LowRank(W_Q, W_K), ov=LowRank(W_V, W_O.mT))

@@ -1,101 +1,193 @@
-"""Q-, K- and V-composition between heads of different layers, batched over all pairs.
+"""The composition measures (``docs/measures.md``), each a few lines over the same per-pair statistics.
 
 Writer head h1 (layer l1) composes into reader head h2 (layer l2 > l1) through the products
-(MEASURES.md, row-vector convention):
+(row-vector convention):
 
-- Q: ``W_OV¹ · W_QK²``     (h1 writes what h2's queries read)
-- K: ``W_OV¹ · W_QK²ᵀ``    (h1 writes what h2's keys read)
-- V: ``W_OV¹ · W_OV²``     (h1 writes what h2's values read)
+- Q: ``A B`` with ``A = W_OV¹``, ``B = W_QK²``     (h1 writes what h2's queries read)
+- K: ``A B`` with ``B = W_QK²ᵀ``                   (h1 writes what h2's keys read)
+- V: ``A B`` with ``B = W_OV²``                    (h1 writes what h2's values read)
 
-Every product has rank <= d_head, so each score is computed from ``d_head x d_head`` cores:
-with ``A = La Raᵀ`` and ``B = Lb Rbᵀ``, ``A B = La (Raᵀ Lb) Rbᵀ``, and with the QR factorisations
-``La = Qa Ta``, ``Rb = Qb Tb`` (orthonormal ``Q``), ``‖A B‖ = ‖Ta (Raᵀ Lb) Tbᵀ‖`` in any unitarily
-invariant norm.
+Every measure is a function of :class:`PairStats`: with ``A = Σ_i σ_i(A) p_i u_iᵀ`` and
+``B = Σ_j σ_j(B) v_j z_jᵀ`` (SVDs; ``u_i`` where A writes, ``v_j`` where B reads),
+
+    ‖u_iᵀ B‖² = Σ_j σ_j(B)² (u_iᵀ v_j)²       (``row_energy``, one number per component of A)
+    ‖A B‖_F²  = Σ_i σ_i(A)² ‖u_iᵀ B‖²
+
+so a pair needs only the ``d_head x d_head`` matrix of cosines ``U_Aᵀ V_B`` and both spectra.
+:mod:`metrics.composition.engine` computes these for every pair at once; :func:`aligned_pair_stats`
+for aligned stacks of matrices (constructed examples, random baselines).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from metrics.composition.circuits import HeadCircuits, LowRank
+from metrics.composition.circuits import LowRank
 
 COMPOSITION_KINDS = ("Q", "K", "V")
-
-PairMeasure = Callable[[LowRank, LowRank], Tensor]
-"""A composition measure: aligned writers ``[P]`` and readers ``[P]`` -> scores ``[P]``."""
-
-
-def core(matrix: LowRank) -> Tensor:
-    """A ``[..., r, r]`` matrix with the singular values of ``matrix.dense()``."""
-    return matrix.left_triangle() @ matrix.right_triangle().mT
+NULL_COMPONENT = 1e-6  # a component of A with σ_i below this fraction of σ_1 writes nothing (rank < d_head)
+VANISHING = 1e-24  # a squared Frobenius ratio below this: A B = 0 up to rounding
 
 
-def product_core(writer: LowRank, reader: LowRank) -> Tensor:
-    """A ``[P, r, r]`` matrix with the singular values of ``writer.dense() @ reader.dense()``."""
-    middle = writer.right.mT @ reader.left  # (P, r, r)
-    return writer.left_triangle() @ middle @ reader.right_triangle().mT
+@dataclass(frozen=True)
+class PairStats:
+    """What every measure of writer A into reader B is computed from; fields broadcast together.
 
-
-def frobenius_ratio(writer: LowRank, reader: LowRank) -> Tensor:
-    """``‖A B‖_F / (‖A‖_F ‖B‖_F)`` for aligned stacks ``A = writer[p]``, ``B = reader[p]`` -> ``[P]``.
-
-    Elhage et al. 2021. At most 1; about ``d_model^-1/2`` for random matrices; never 1 for rank > 1.
+    ``row_energy [..., r_a]``: ``‖u_iᵀ B‖²`` for A's right singular vectors ``u_i`` (σ descending).
+    ``writer_sq [..., r_a]``: ``σ_i(A)²``, descending. ``reader_sq [..., r_b]``: ``σ_j(B)²``, descending.
+    ``cosine_mass [...]``: ``‖U_Aᵀ V_B‖_F² = Σ cos²θ`` over the principal angles between the span of
+    A's rows (where it writes) and of B's columns (where it reads); None when not asked for.
     """
-    norm = lambda m: torch.linalg.matrix_norm(m)  # Frobenius, over the last two dims
-    return norm(product_core(writer, reader)) / (norm(core(writer)) * norm(core(reader)))
+
+    row_energy: Tensor
+    writer_sq: Tensor
+    reader_sq: Tensor
+    cosine_mass: Tensor | None = None
+
+    def product_energy(self) -> Tensor:
+        """``‖A B‖_F²``."""
+        return (self.writer_sq * self.row_energy).sum(-1)
 
 
-def reader_circuit(circuits: HeadCircuits, kind: str) -> LowRank:
-    """What a reader head reads with, for composition ``kind`` in Q, K, V."""
-    if kind == "Q":
-        return circuits.qk
-    if kind == "K":
-        return circuits.qk.T
-    if kind == "V":
-        return circuits.ov
-    raise ValueError(f"composition kind must be one of {COMPOSITION_KINDS}, got {kind!r}")
+def frobenius_score(p: PairStats) -> Tensor:
+    """``‖A B‖_F / (‖A‖_F ‖B‖_F)`` (Elhage et al. 2021). At most 1; about ``d_model^-1/2`` for
+    random matrices; never 1 for rank > 1 (seed 002: the identity scores ``d^-1/2``)."""
+    return (p.product_energy() / (p.writer_sq.sum(-1) * p.reader_sq.sum(-1))).sqrt()
 
 
-def layer_order_pairs(n_layers: int, n_heads: int) -> tuple[Tensor, Tensor]:
-    """Flat head indices ``(writers [P], readers [P])`` of every pair with writer layer < reader layer."""
-    layer = torch.arange(n_layers).repeat_interleave(n_heads)  # (n_layers * n_heads,)
-    writers, readers = torch.nonzero(layer[:, None] < layer[None, :], as_tuple=True)
-    return writers, readers
+def singular_value_bound_score(p: PairStats) -> Tensor:
+    """``‖A B‖_F / sqrt(Σ_i σ↓_i(A)² σ↓_i(B)²)`` (Turner & Strand, in Lieberum, seed 000): the tight
+    von Neumann bound as denominator, the shorter spectrum zero-padded. 1 exactly when A's top write
+    directions are B's top read directions, in the same order."""
+    r = min(p.writer_sq.shape[-1], p.reader_sq.shape[-1])
+    bound = (p.writer_sq[..., :r] * p.reader_sq[..., :r]).sum(-1)
+    return (p.product_energy() / bound).sqrt()
 
 
-def pair_stacks(circuits: HeadCircuits, kinds: tuple[str, ...] = COMPOSITION_KINDS) -> tuple[LowRank, LowRank]:
-    """Aligned ``(writers, readers)`` stacks ``[len(kinds) * P]`` for every kind and every pair with
-    the reader in a later layer: kind ``i``'s pairs are rows ``i * P .. (i + 1) * P``."""
-    writers, readers = layer_order_pairs(circuits.n_layers, circuits.n_heads)
-    ov = circuits.ov.flatten_heads().index(writers.repeat(len(kinds)))
-    stacked = [reader_circuit(circuits, kind).flatten_heads().index(readers) for kind in kinds]
-    reader = LowRank(*(None if ts[0] is None else torch.cat(ts) for ts in zip(*(
-        (r.left, r.right, r.left_t, r.right_t) for r in stacked))))
-    return ov, reader
+def subspace_score(p: PairStats) -> Tensor:
+    """``Σ cos²θ_i / r`` (seed 003, Snell; projection kernel of Yamagiwa et al. 2026) between the
+    writer's write subspace (row space of ``W_O¹``) and the reader's read subspace (column space of
+    ``W_Q²``, ``W_K²`` or ``W_V²``); ``r`` the smaller dimension. In ``[0, 1]``; ``r / d_model`` at random."""
+    return p.cosine_mass / min(p.writer_sq.shape[-1], p.reader_sq.shape[-1])
 
 
-def composition_scores(
-    circuits: HeadCircuits,
-    measure: PairMeasure = frobenius_ratio,
-    kinds: tuple[str, ...] = COMPOSITION_KINDS,
-    stacks: tuple[LowRank, LowRank] | None = None,
-) -> dict[str, Tensor]:
-    """``measure`` for every kind and every head pair, ``{kind: [n_layers, n_heads, n_layers, n_heads]}``.
+def component_scores(p: PairStats) -> tuple[Tensor, Tensor]:
+    """Per rank-1 SVD component ``A_i = σ_i p_i u_iᵀ`` of A (Merullo et al. 2024, "Talking Heads"):
+    its Frobenius ratio with B, ``‖u_iᵀ B‖ / ‖B‖``, and its share ``‖A_i B‖² / ‖A B‖²`` (the
+    components' products are orthogonal, so shares sum to 1). Both ``[..., r_a]``.
 
-    Entry ``[l1, h1, l2, h2]`` scores writer ``L{l1}H{h1}`` into reader ``L{l2}H{h2}``; pairs with
-    ``l2 <= l1`` are masked as NaN, never scored. ``stacks``: ``pair_stacks(circuits, kinds)``, if
-    the caller scores several measures on the same circuits.
+    A component with ``σ_i <= NULL_COMPONENT σ_1`` writes nothing and scores 0 with share 0; shares
+    are NaN when ``A B`` vanishes (nothing to split).
     """
-    L, H = circuits.n_layers, circuits.n_heads
-    writers, readers = layer_order_pairs(L, H)
-    P = len(writers)
-    values = measure(*(pair_stacks(circuits, kinds) if stacks is None else stacks))  # (len(kinds) * P,): one call scores every kind
-    scores = {}
-    for i, kind in enumerate(kinds):
-        full = torch.full((L * H, L * H), float("nan"), dtype=values.dtype, device=values.device)
-        full[writers, readers] = values[i * P : (i + 1) * P]
-        scores[kind] = full.reshape(L, H, L, H)
-    return scores
+    null = p.writer_sq <= NULL_COMPONENT**2 * p.writer_sq[..., :1]
+    scores = torch.where(null, 0.0, (p.row_energy / p.reader_sq.sum(-1, keepdim=True)).sqrt())
+    energy = torch.where(null, 0.0, p.writer_sq * p.row_energy)
+    total = energy.sum(-1, keepdim=True)
+    vanishing = total <= VANISHING * p.writer_sq.sum(-1, keepdim=True) * p.reader_sq.sum(-1, keepdim=True)
+    return scores, torch.where(vanishing, torch.nan, energy / total)
+
+
+def best_component_score(p: PairStats) -> Tensor:
+    """The best rank-1 component's Frobenius ratio with the reader."""
+    return component_scores(p)[0].max(-1).values
+
+
+def best_component_share_score(p: PairStats) -> Tensor:
+    """The best component's share of ``‖A B‖_F²``: near 1 when one direction carries the composition."""
+    scores, shares = component_scores(p)
+    return shares.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)
+
+
+BASES = ("raw", "embedding", "residual")
+"""Residual bases a measure is computed in: as the weights stand, or whitened by the covariance of
+the embeddings or of the residual stream observed on the probe (:mod:`metrics.composition.whitening`)."""
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A composition measure: a score of :class:`PairStats`, computed in a residual ``basis``.
+
+    Called on aligned stacks ``(writer [P], reader [P])`` of :class:`LowRank` it scores each pair
+    ``A = writer[p]``, ``B = reader[p]`` (in the given coordinates, whatever the basis) -> ``[P]``.
+    """
+
+    name: str
+    score: Callable[[PairStats], Tensor]
+    basis: str = "raw"
+    needs_cosine_mass: bool = False
+
+    def __call__(self, writer: LowRank, reader: LowRank) -> Tensor:
+        return self.score(aligned_pair_stats(writer, reader))
+
+
+COMPOSITION_MEASURES: dict[str, Measure] = {
+    m.name: m
+    for m in (
+        Measure("frobenius", frobenius_score),
+        Measure("sv_bound", singular_value_bound_score),
+        Measure("whitened", frobenius_score, basis="embedding"),
+        Measure("whitened_resid", frobenius_score, basis="residual"),
+        Measure("subspace", subspace_score, needs_cosine_mass=True),
+        Measure("component", best_component_score),
+        Measure("component_share", best_component_share_score),
+    )
+}
+"""The composition measures the tracker can compute, by name (in ``docs/measures.md``'s order): one line per measure."""
+
+frobenius_ratio = COMPOSITION_MEASURES["frobenius"]
+singular_value_bound_ratio = COMPOSITION_MEASURES["sv_bound"]
+subspace_overlap = COMPOSITION_MEASURES["subspace"]
+best_component_ratio = COMPOSITION_MEASURES["component"]
+best_component_share = COMPOSITION_MEASURES["component_share"]
+
+
+@dataclass(frozen=True)
+class Spectra:
+    """An orthonormal basis ``[..., d_model, r]`` of singular vectors and the squared singular values
+    ``[..., r]`` (descending) of a stack of low-rank matrices."""
+
+    basis: Tensor
+    sq: Tensor
+
+
+def principal_core(left: Tensor, right: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
+    """QRs ``left = Q_l T_l``, ``right = Q_r T_r`` (``[..., d, r]``) and the ``r x r`` SVD
+    ``T_l T_rᵀ = P diag(S) Whᵀ``, so that ``left @ right.mT = (Q_l P) diag(S) (Q_r Whᵀ)ᵀ``.
+    Returns ``(Q_l, Q_r, (P, S, Wh))``."""
+    q_left, t_left = torch.linalg.qr(left)
+    q_right, t_right = torch.linalg.qr(right)
+    return q_left, q_right, torch.linalg.svd(t_left @ t_right.mT)
+
+
+def writer_spectra(writer: LowRank) -> Spectra:
+    """A's right singular vectors (where it writes) and ``σ(A)²``."""
+    _, q_right, (_, s, wh) = principal_core(writer.left, writer.right)
+    return Spectra(q_right @ wh.mT, s.square())
+
+
+def reader_spectra(reader: LowRank) -> Spectra:
+    """B's left singular vectors (where it reads) and ``σ(B)²``."""
+    q_left, _, (p, s, _) = principal_core(reader.left, reader.right)
+    return Spectra(q_left @ p, s.square())
+
+
+def stats_from_cosines(cosines: Tensor, writer_sq: Tensor, reader_sq: Tensor, cosine_mass: bool = True) -> PairStats:
+    """:class:`PairStats` from the cosines ``U_Aᵀ V_B [..., r_a, r_b]`` and both squared spectra."""
+    cos2 = cosines.square()
+    row_energy = (cos2 * reader_sq[..., None, :]).sum(-1)
+    return PairStats(row_energy, writer_sq, reader_sq, cos2.sum((-1, -2)) if cosine_mass else None)
+
+
+def aligned_pair_stats(writer: LowRank, reader: LowRank) -> PairStats:
+    """:class:`PairStats` of aligned stacks ``A = writer[p]``, ``B = reader[p]`` -> fields ``[P, ...]``."""
+    a, b = writer_spectra(writer), reader_spectra(reader)
+    return stats_from_cosines(a.basis.mT @ b.basis, a.sq, b.sq)
+
+
+def per_component_scores(writer: LowRank, reader: LowRank) -> tuple[Tensor, Tensor]:
+    """:func:`component_scores` of aligned stacks: ``([P, r], [P, r])``."""
+    return component_scores(aligned_pair_stats(writer, reader))

@@ -22,26 +22,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from metrics.composition.circuits import HeadCircuits, LowRank, weight
+from metrics.composition.circuits import HeadCircuits, LowRank, metric_dtype, weight
 from models.transformer import AttentionOnlyTransformer
 
 
-def embedding_covariance(model: AttentionOnlyTransformer) -> Tensor:
+def embedding_covariance(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> Tensor:
     """Covariance ``[d_model, d_model]`` of ``W_E[t] + W_pos[p]`` over uniform independent ``t, p``
-    (every token id, every position): ``Cov(W_E rows) + Cov(W_pos rows)``, float64."""
-    cov = lambda rows: torch.cov(weight(rows).T, correction=0)
+    (every token id, every position): ``Cov(W_E rows) + Cov(W_pos rows)``, on the model's device."""
+    dtype = metric_dtype(model, dtype)
+    cov = lambda rows: torch.cov(weight(rows, dtype).T, correction=0)
     return cov(model.W_E) + cov(model.W_pos)
 
 
-def residual_covariance(streams: list[Tensor]) -> Tensor:
+def residual_covariance(streams: list[Tensor], dtype: torch.dtype | None = None) -> Tensor:
     """Covariance ``[d_model, d_model]`` of every row of the residual streams ``[batch, pos, d_model]``
-    given (e.g. each layer's input on the probe batch), pooled, float64 on the CPU."""
-    rows = torch.cat([weight(s).reshape(-1, s.shape[-1]) for s in streams])  # (N, d)
+    given (e.g. each layer's input on the probe batch), pooled, on their device, in ``dtype``
+    (default: theirs, at least float32)."""
+    dtype = dtype or torch.promote_types(streams[0].dtype, torch.float32)
+    rows = torch.cat([weight(s, dtype).reshape(-1, s.shape[-1]) for s in streams])  # (N, d)
     return torch.cov(rows.T, correction=0)
 
 
-def symmetric_powers(covariance: Tensor, eps: float = 1e-10) -> tuple[Tensor, Tensor]:
-    """``(Σ^(1/2), Σ^(-1/2))``; eigenvalues below ``eps · λ_max`` are raised to it."""
+def symmetric_powers(covariance: Tensor, eps: float | None = None) -> tuple[Tensor, Tensor]:
+    """``(Σ^(1/2), Σ^(-1/2))``; eigenvalues below ``eps · λ_max`` are raised to it (default 1e-10 in
+    float64; in float32, where smaller eigenvalues are rounding noise, 1e-6)."""
+    if eps is None:
+        eps = 1e-10 if covariance.dtype == torch.float64 else 1e-6
     values, vectors = torch.linalg.eigh(covariance)
     values = values.clamp(min=eps * values.max())
     root = values.sqrt()
@@ -55,6 +61,6 @@ def whiten(circuits: HeadCircuits, covariance: Tensor) -> HeadCircuits:
     """
     half, inverse_half = symmetric_powers(covariance)
     read = lambda w: half @ w  # (..., d, r)
-    qk = LowRank(read(circuits.qk.left), read(circuits.qk.right)).with_triangles()
-    ov = LowRank(read(circuits.ov.left), inverse_half @ circuits.ov.right).with_triangles()
+    qk = LowRank(read(circuits.qk.left), read(circuits.qk.right))
+    ov = LowRank(read(circuits.ov.left), inverse_half @ circuits.ov.right)
     return HeadCircuits(qk=qk, ov=ov)

@@ -6,12 +6,16 @@ The score of a matrix is ``Σ Re λ / Σ |λ|`` in ``[-1, 1]``: 1 when every eig
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from metrics.composition.circuits import HeadCircuits, weight
-from metrics.composition.measures import layer_order_pairs
 from models.transformer import AttentionOnlyTransformer, norm_gain
+
+MATCHING = "match"
+"""The QK matching score's name where it is judged against the ablation beside the composition measures."""
 
 
 def eigenvalue_positivity(matrices: Tensor) -> Tensor:
@@ -20,18 +24,20 @@ def eigenvalue_positivity(matrices: Tensor) -> Tensor:
     return eigenvalues.real.sum(-1) / eigenvalues.abs().sum(-1)
 
 
-def folded_unembedding(model: AttentionOnlyTransformer) -> Tensor:
-    """``W_U [d_model, d_vocab]`` with the final norm's gain folded in, float64."""
+def folded_unembedding(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> Tensor:
+    """``W_U [d_model, d_vocab]`` with the final norm's gain folded in, in ``dtype`` (default the model's)."""
+    dtype = dtype or model.W_U.dtype
     gain = norm_gain(model.final_norm)
-    W_U = weight(model.W_U)
-    return W_U if gain is None else weight(gain)[:, None] * W_U
+    W_U = weight(model.W_U, dtype)
+    return W_U if gain is None else weight(gain, dtype)[:, None] * W_U
 
 
 def copying_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> Tensor:
     """Copying score of every head's full OV circuit ``W_E W_OV W_U [d_vocab, d_vocab]``, from the
     eigenvalues of ``(W_O W_U)(W_E W_V)`` ``[d_head, d_head]`` -> ``[n_layers, n_heads]``."""
-    W_E = weight(model.W_E)  # (v, d)
-    writes = circuits.ov.right.mT @ folded_unembedding(model)  # (L, H, r, v) = W_O W_U
+    dtype = circuits.ov.left.dtype
+    W_E = weight(model.W_E, dtype)  # (v, d)
+    writes = circuits.ov.right.mT @ folded_unembedding(model, dtype)  # (L, H, r, v) = W_O W_U
     reads = W_E @ circuits.ov.left  # (L, H, v, r) = W_E W_V
     return eigenvalue_positivity(writes @ reads)
 
@@ -39,14 +45,23 @@ def copying_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> T
 def matching_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> Tensor:
     """Olsson's QK eigenvalue trace of each pair: ``W_E W_QK² (W_E W_OV¹)ᵀ [d_vocab, d_vocab]``,
     positive when reader h2 attends to keys whose previous token (written there by h1) equals the
-    query token. Via ``(K²ᵀ W_O¹ᵀ)(W_V¹ᵀ W_Eᵀ W_E Q²)`` ``[d_head, d_head]``.
+    query token. Its non-zero eigenvalues are those of ``(W_K²ᵀ W_O¹ᵀ)(W_V¹ᵀ W_Eᵀ W_E W_Q²)``
+    ``[d_head, d_head]``; both factors of every pair of a reader layer come from one GEMM each.
     ``[n_layers, n_heads, n_layers, n_heads]``, NaN unless the reader's layer is later."""
     L, H = circuits.n_layers, circuits.n_heads
-    writers, readers = layer_order_pairs(L, H)
-    W_E = weight(model.W_E)
-    ov, qk = circuits.ov.flatten_heads(), circuits.qk.flatten_heads()
-    key_side = qk.right[readers].mT @ ov.right[writers]  # (P, r, r) = W_K²ᵀ W_O¹ᵀ
-    query_side = (W_E @ ov.left[writers]).mT @ (W_E @ qk.left[readers])  # (P, r, r) = (W_E W_V¹)ᵀ (W_E W_Q²)
-    full = torch.full((L * H, L * H), float("nan"), dtype=W_E.dtype)
-    full[writers, readers] = eigenvalue_positivity(key_side @ query_side)
+    ov, qk = circuits.ov.flatten_heads(), circuits.qk.flatten_heads()  # (L H, d, r) factors
+    dtype = ov.left.dtype
+    W_E = weight(model.W_E, dtype)
+    token_gram = W_E.T @ W_E  # (d, d): W_Eᵀ W_E
+    n, d, r = ov.left.shape
+    full = ov.left.new_full((n, n), math.nan)
+    for l2 in range(1, L):
+        readers = slice(l2 * H, (l2 + 1) * H)
+        writers = slice(0, l2 * H)
+        w = l2 * H
+        # (w r, H r) blocks: [a, :, b, :] = W_O^a W_K^b, then W_V^aᵀ G W_Q^b
+        key_side = (ov.right[writers].mT.reshape(-1, d) @ qk.right[readers].permute(1, 0, 2).reshape(d, -1)).view(w, r, H, r)
+        query_side = (ov.left[writers].mT.reshape(-1, d) @ (token_gram @ qk.left[readers]).permute(1, 0, 2).reshape(d, -1)).view(w, r, H, r)
+        key_side, query_side = key_side.permute(0, 2, 1, 3), query_side.permute(0, 2, 1, 3)  # (w, H, r, r)
+        full[writers, readers] = eigenvalue_positivity(key_side.mT @ query_side)
     return full.reshape(L, H, L, H)

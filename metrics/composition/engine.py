@@ -1,0 +1,127 @@
+"""All-pairs composition from per-head cores: cost follows the mathematics, not pairs × ``d_model``.
+
+Per head, one QR of each weight (``W_Q, W_K, W_V, W_O``, ``[d_model, d_head]``) and two
+``d_head x d_head`` SVDs give every circuit's singular values and an orthonormal basis of where it
+writes (a writer's ``W_OV``) or reads (a reader's ``W_QK``, ``W_QKᵀ`` or ``W_OV``). The V reader's
+core is the writer's (both are ``W_OV``) and the Q reader's is the transpose of the K reader's, so
+two SVDs serve all three kinds.
+
+Between heads, every measure needs only the cosines ``U_Aᵀ V_B`` of each pair (see
+:mod:`metrics.composition.measures`). For all writers of the layers before a reader layer against
+all of that layer's readers and kinds, those are the blocks of one GEMM
+``[writers·d_head, d_model] @ [d_model, kinds·heads·d_head]``, chunked over writers so the product
+stays under ``max_chunk_bytes``. No per-pair ``d_model``-sized tensor is ever formed; memory is the
+per-head bases plus one chunk.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from metrics.composition.circuits import HeadCircuits
+from metrics.composition.measures import COMPOSITION_KINDS, Measure, PairStats, Spectra, principal_core
+
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+
+
+def head_spectra(circuits: HeadCircuits) -> tuple[Spectra, dict[str, Spectra]]:
+    """Every head as a writer (``W_OV``: right singular vectors, where it writes) and as a reader of
+    each kind (left singular vectors, where it reads), heads flattened: ``basis [L·H, d_model, d_head]``,
+    ``sq [L·H, d_head]``."""
+    qk, ov = circuits.qk.flatten_heads(), circuits.ov.flatten_heads()
+    q_v, q_o, (p_ov, s_ov, wh_ov) = principal_core(ov.left, ov.right)  # W_OV = W_V W_O
+    q_q, q_k, (p_qk, s_qk, wh_qk) = principal_core(qk.left, qk.right)  # W_QK = W_Q W_Kᵀ
+    writer = Spectra(q_o @ wh_ov.mT, s_ov.square())
+    readers = {
+        "Q": Spectra(q_q @ p_qk, s_qk.square()),  # B = W_QK reads along its left singular vectors
+        "K": Spectra(q_k @ wh_qk.mT, s_qk.square()),  # B = W_QKᵀ: W_QK's right singular vectors
+        "V": Spectra(q_v @ p_ov, s_ov.square()),  # B = W_OV
+    }
+    return writer, readers
+
+
+def all_pair_stats(
+    writer: Spectra,
+    readers: dict[str, Spectra],
+    n_layers: int,
+    n_heads: int,
+    cosine_mass: bool = False,
+    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> dict[str, PairStats]:
+    """:class:`PairStats` of every writer → reader pair for each kind in ``readers``.
+
+    Fields broadcast to ``[L·H (writer), L·H (reader), d_head]``; NaN unless the reader's layer is
+    later. ``cosine_mass``: also ``Σ cos²θ`` per pair (the subspace measure needs it).
+    """
+    kinds = list(readers)
+    n, d, r = writer.basis.shape
+    H, K = n_heads, len(kinds)
+    reader_basis = torch.stack([readers[k].basis for k in kinds])  # (K, n, d, r)
+    reader_sq = torch.stack([readers[k].sq for k in kinds])  # (K, n, r)
+    energy = writer.sq.new_full((K, n, n, r), math.nan)
+    mass = writer.sq.new_full((K, n, n), math.nan) if cosine_mass else None
+    bytes_per_writer = 3 * r * K * H * r * writer.basis.element_size()  # the product, its square, a reduction temporary
+    writers_per_chunk = max(1, max_chunk_bytes // bytes_per_writer)
+    for l2 in range(1, n_layers):
+        heads = slice(l2 * H, (l2 + 1) * H)
+        right = reader_basis[:, heads].permute(2, 0, 1, 3).reshape(d, K * H * r)  # (d, K H r)
+        weights = reader_sq[:, heads]  # (K, H, r)
+        for w0 in range(0, l2 * H, writers_per_chunk):
+            w1 = min(l2 * H, w0 + writers_per_chunk)
+            left = writer.basis[w0:w1].mT.reshape(-1, d)  # (w r, d)
+            cos2 = (left @ right).square_().view(w1 - w0, r, K, H, r)  # (w, r_a, K, H, r_b)
+            energy[:, w0:w1, heads] = torch.einsum("wikhj,khj->kwhi", cos2, weights)
+            if mass is not None:
+                mass[:, w0:w1, heads] = cos2.sum((1, 4)).permute(1, 0, 2)
+    return {
+        kind: PairStats(energy[i], writer.sq[:, None, :], reader_sq[i][None], None if mass is None else mass[i])
+        for i, kind in enumerate(kinds)
+    }
+
+
+def composition_scores(
+    circuits: HeadCircuits,
+    measures: Measure | tuple[Measure, ...],
+    kinds: tuple[str, ...] = COMPOSITION_KINDS,
+    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> dict[str, dict[str, Tensor]]:
+    """``{measure name: {kind: [n_layers, n_heads, n_layers, n_heads]}}`` for every head pair.
+
+    Entry ``[l1, h1, l2, h2]`` scores writer ``L{l1}H{h1}`` into reader ``L{l2}H{h2}``; pairs with
+    ``l2 <= l1`` are NaN, never scored. The measures are scored on ``circuits`` as given: a caller
+    whitens the circuits first for a whitened basis (:func:`metrics.composition.whitening.whiten`).
+    """
+    measures = (measures,) if isinstance(measures, Measure) else tuple(measures)
+    unknown = set(kinds) - set(COMPOSITION_KINDS)
+    if unknown:
+        raise ValueError(f"composition kinds must be in {COMPOSITION_KINDS}, got {sorted(unknown)}")
+    L, H = circuits.n_layers, circuits.n_heads
+    writer, readers = head_spectra(circuits)
+    stats = all_pair_stats(
+        writer, {k: readers[k] for k in kinds}, L, H,
+        cosine_mass=any(m.needs_cosine_mass for m in measures), max_chunk_bytes=max_chunk_bytes,
+    )
+    return {m.name: {kind: m.score(stats[kind]).reshape(L, H, L, H) for kind in kinds} for m in measures}
+
+
+def layer_order_pairs(n_layers: int, n_heads: int) -> tuple[Tensor, Tensor]:
+    """Flat head indices ``(writers [P], readers [P])`` of every pair with writer layer < reader layer."""
+    layer = torch.arange(n_layers).repeat_interleave(n_heads)  # (n_layers * n_heads,)
+    writers, readers = torch.nonzero(layer[:, None] < layer[None, :], as_tuple=True)
+    return writers, readers
+
+
+def composition_flops(n_layers: int, n_heads: int, d_model: int, d_head: int, measures, kinds: int = 3) -> float:
+    """fp32 GEMM FLOPs of :func:`composition_scores` for ``measures`` (names or :class:`Measure`):
+    the pair products (one GEMM per basis per reader layer) plus, per whitened basis, the whitening
+    of every head's four weights. QRs, ``d_head``-sized SVDs and elementwise work are not counted."""
+    from metrics.composition.measures import COMPOSITION_MEASURES
+
+    bases = {(COMPOSITION_MEASURES[m] if isinstance(m, str) else m).basis for m in measures}
+    layer_pairs = n_layers * (n_layers - 1) / 2  # Σ over reader layers of the layers before it
+    pair_products = 2.0 * (n_heads * d_head) * d_model * (kinds * n_heads * d_head) * layer_pairs
+    whitening = 2.0 * d_model * d_model * d_head * 4 * n_layers * n_heads
+    return len(bases) * pair_products + sum(b != "raw" for b in bases) * whitening

@@ -1,0 +1,61 @@
+"""Composition of a model: every requested measure for every head pair, each in its residual basis."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from metrics.composition.circuits import HeadCircuits, head_circuits
+from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_scores
+from metrics.composition.measures import COMPOSITION_MEASURES
+from metrics.composition.whitening import embedding_covariance, residual_covariance, whiten
+from models.transformer import AttentionOnlyTransformer
+
+
+def basis_covariance(
+    model: AttentionOnlyTransformer, basis: str, residual: list[Tensor] | None, dtype: torch.dtype | None
+) -> Tensor:
+    """The covariance that whitens ``basis``: the embeddings', or the residual stream's on the probe."""
+    if basis == "embedding":
+        return embedding_covariance(model, dtype)
+    if residual is None:
+        raise ValueError("the residual basis needs the residual stream observed on a probe batch")
+    return residual_covariance(residual, dtype)
+
+
+def composition_of(
+    model: AttentionOnlyTransformer,
+    measures: tuple[str, ...],
+    circuits: HeadCircuits | None = None,
+    residual: list[Tensor] | None = None,
+    dtype: torch.dtype | None = None,
+    covariances: dict[str, Tensor] | None = None,
+    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> dict[str, dict[str, Tensor]]:
+    """``{measure: {kind: [n_layers, n_heads, n_layers, n_heads]}}`` for the named measures (NaN where
+    the reader is not later), on the model's device, in ``dtype`` (default: the model's, at least
+    float32; float64 is the exact path).
+
+    ``circuits``: ``head_circuits(model, dtype)`` if the caller has it already. ``residual``: each
+    layer's input ``[batch, pos, d_model]`` on the probe, for ``whitened_resid``. ``covariances``:
+    ``{basis: Σ}`` to whiten with instead of computing it (a tracker reuses the residual covariance
+    between its updates).
+    """
+    unknown = set(measures) - set(COMPOSITION_MEASURES)
+    if unknown:
+        raise ValueError(f"unknown composition measures {sorted(unknown)}; known: {sorted(COMPOSITION_MEASURES)}")
+    circuits = head_circuits(model, dtype) if circuits is None else circuits
+    dtype = circuits.qk.left.dtype
+    by_basis: dict[str, list[str]] = {}
+    for m in measures:
+        by_basis.setdefault(COMPOSITION_MEASURES[m].basis, []).append(m)
+    scores: dict[str, dict[str, Tensor]] = {}
+    for basis, names in by_basis.items():
+        basis_circuits = circuits
+        if basis != "raw":
+            covariance = (covariances or {}).get(basis)
+            if covariance is None:
+                covariance = basis_covariance(model, basis, residual, dtype)
+            basis_circuits = whiten(circuits, covariance.to(dtype))
+        scores.update(composition_scores(basis_circuits, tuple(COMPOSITION_MEASURES[m] for m in names), max_chunk_bytes=max_chunk_bytes))
+    return {m: scores[m] for m in measures}
