@@ -4,18 +4,21 @@ Lightning with the composition tracker, on the same model, batch and data.
     python -m bench.throughput [--steps 600] [--repeats 3] [--out results.json] [OVERRIDE ...]
 
 OVERRIDEs are Hydra overrides of the default experiment, e.g. the lean tracker:
-``"tracker.measures=[frobenius]" tracker.ablation_every_n_steps=0``.
+``"tracker.measures=[frobenius]" tracker.ablation.every_n_steps=0``.
 
 A  bare               AttentionOnlyTransformer, AdamW (+ the config's linear warmup), clip_grad_norm_(1.0),
                       next_token_loss, batches from the training TokenStream; timed after a few warm-up steps.
 B  lightning          conf.build's module and datamodule in an L.Trainer set up as build_trainer sets it up,
                       but with no logger, checkpointing, progress bar or tracker; trainer.fit timed end to end.
-C  lightning+tracker  B plus CompositionTracker as configured (default: every measure every 10 steps, the K-only
-                      ablation every 10 steps; no images: there is no W&B logger).
+C  lightning+tracker  B plus CompositionTracker as configured (default: every measure every 10 steps, the
+                      expensive parts on their own schedules; the snapshot's keys are built but, with no
+                      logger, not written; no tensor store, no images).
 
 Setups run interleaved (A, B, C, A, B, C, ...) after one untimed round that pays one-time costs
 (lazy imports, the tracker's cached random baseline); tokens/s = steps * batch_size * seq_len / seconds,
-median over repeats. Targets: lightning / bare >= 0.9, tracker overhead 1 - C / B <= 5 %.
+median over repeats. Targets: lightning / bare >= 0.9, tracker overhead 1 - C / B <= 5 % (the default
+shape; ``--max-overhead 0.10`` for 4 layers x 8 heads x d_model 256 x d_head 32). The tracker's own
+ledger says what each part cost (ms per run of the part, and its share of a tracker-free run).
 """
 
 from __future__ import annotations
@@ -38,14 +41,11 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from callbacks.keys import snapshot_metrics
 from callbacks.tracker import CompositionTracker
-from conf.build import build_datamodule, build_module
+from conf.build import build_datamodule, build_module, build_tracker
 from conf.schema import register_schemas
 from conf.validate import ConfigError, validate
 from data.datamodule import TokenStream, make_sampler
-from data.probe import make_probe_batch
-from metrics.snapshot import take_snapshot
 from models.lit_module import next_token_loss
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
@@ -60,7 +60,7 @@ MAX_TRACKER_OVERHEAD = 0.05
 def compose_config(steps: int, extra: list[str]) -> DictConfig:
     """The default experiment's config with the ``extra`` overrides, ``steps`` optimizer steps and no heatmap images."""
     register_schemas()
-    overrides = [*extra, f"trainer.max_steps={steps}", "trainer.enable_progress_bar=false", "tracker.image_every_n_steps=0"]
+    overrides = [*extra, f"trainer.max_steps={steps}", "trainer.enable_progress_bar=false", "tracker.images.every_n_steps=0"]
     with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra.compose("config", overrides=overrides)
     validate(cfg)
@@ -107,13 +107,10 @@ def run_bare(cfg: DictConfig, steps: int) -> float:
 
 
 def make_tracker(cfg: DictConfig) -> CompositionTracker:
-    tr, d = cfg.tracker, cfg.data
-    probe = make_probe_batch(tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(d.bos), d.bos)
-    return CompositionTracker(
-        probe, every_n_steps=tr.every_n_steps, image_every_n_steps=tr.image_every_n_steps,
-        measures=tuple(tr.measures), baseline_samples=tr.baseline_samples,
-        ablation_every_n_steps=tr.ablation_every_n_steps,
-    )
+    """The tracker as the config sets it up, without a tensor store (no run directory) or cost report."""
+    tracker = build_tracker(cfg, run_dir=None)
+    tracker.cost_report = False
+    return tracker
 
 
 def run_lightning(cfg: DictConfig, steps: int, tracker: CompositionTracker | None = None) -> float:
@@ -140,24 +137,12 @@ def run_lightning(cfg: DictConfig, steps: int, tracker: CompositionTracker | Non
     return seconds
 
 
-def run_setup(name: str, cfg: DictConfig, steps: int) -> float:
+def run_setup(name: str, cfg: DictConfig, steps: int) -> tuple[float, CompositionTracker | None]:
+    """Seconds of one run of setup ``name``, and its tracker (whose ledger says what each part cost)."""
     if name == "bare":
-        return run_bare(cfg, steps)
-    return run_lightning(cfg, steps, make_tracker(cfg) if name == "lightning+tracker" else None)
-
-
-def snapshot_ms(cfg: DictConfig, ablate: bool, calls: int = 20) -> float:
-    """Median milliseconds of one tracker measurement (snapshot + metric flattening), freshly
-    initialised model; ``ablate``: with the K-only ablation and the validity of every measure."""
-    torch.manual_seed(cfg.seed)
-    model, tracker = AttentionOnlyTransformer(model_shape(cfg)), make_tracker(cfg)
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        with torch.no_grad():
-            snapshot_metrics(take_snapshot(model, tracker.probe, tracker.measures, tracker.baseline_samples, ablate=ablate))
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+        return run_bare(cfg, steps), None
+    tracker = make_tracker(cfg) if name == "lightning+tracker" else None
+    return run_lightning(cfg, steps, tracker), tracker
 
 
 def quiet_lightning() -> None:
@@ -173,6 +158,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=600, help="timed optimizer steps per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each setup; the median is reported")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--max-overhead", type=float, default=MAX_TRACKER_OVERHEAD,
+                        help="tracker overhead target to report against (default 0.05; issue 8 asks 0.10 at 4x8x256x32)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default experiment")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:
@@ -187,19 +174,22 @@ def main(argv: list[str] | None = None) -> dict:
     for name in SETUPS:  # untimed: first-call costs are no part of steady throughput
         run_setup(name, cfg, WARMUP_ROUND_STEPS)
     seconds: dict[str, list[float]] = {name: [] for name in SETUPS}
+    ledgers = []
     for _ in range(args.repeats):
         for name in SETUPS:
-            seconds[name].append(run_setup(name, cfg, args.steps))
+            elapsed, tracker = run_setup(name, cfg, args.steps)
+            seconds[name].append(elapsed)
+            if tracker is not None:
+                ledgers.append(tracker.ledger)
 
     median_s = {name: statistics.median(s) for name, s in seconds.items()}
     tokens_per_s = {name: args.steps * tokens_per_step / s for name, s in median_s.items()}
     ratio = tokens_per_s["lightning"] / tokens_per_s["bare"]
     overhead = 1 - tokens_per_s["lightning+tracker"] / tokens_per_s["lightning"]
-    count = lambda every: args.steps // every + 1 + (args.steps % every != 0)  # step 0, every `every` steps, the final step
-    snapshots = count(cfg.tracker.every_n_steps)
-    ablations = count(cfg.tracker.ablation_every_n_steps) if cfg.tracker.ablation_every_n_steps else 0
-    per_snapshot_ms, per_ablating_ms = snapshot_ms(cfg, ablate=False), snapshot_ms(cfg, ablate=True)
-    tracker_ms = (snapshots - ablations) * per_snapshot_ms + ablations * per_ablating_ms
+    parts = sorted({p for ledger in ledgers for p in ledger.seconds})
+    part_ms = {p: statistics.median(1000 * lg.seconds.get(p, 0) / max(lg.runs.get(p, 1), 1) for lg in ledgers) for p in parts}
+    part_runs = {p: ledgers[-1].runs.get(p, 0) for p in parts}
+    part_share = {p: statistics.median(lg.seconds.get(p, 0) for lg in ledgers) / median_s["lightning"] for p in parts}
 
     m = cfg.model
     command = shlex.join(sys.orig_argv)
@@ -217,13 +207,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:<20}{tokens_per_s[name]:>10,.0f}{median_s[name]:>9.2f}   {runs}")
     met = lambda ok: "met" if ok else "not met"
     print(f"\nlightning / bare   {ratio:>7.3f}   target >= {MIN_LIGHTNING_RATIO}  {met(ratio >= MIN_LIGHTNING_RATIO)}")
-    print(f"tracker overhead   {overhead:>7.1%}   target <= {MAX_TRACKER_OVERHEAD:.0%}   {met(overhead <= MAX_TRACKER_OVERHEAD)}")
-    print(
-        f"tracker: {snapshots} snapshots per run, {ablations} of them with the ablation;"
-        f" {per_snapshot_ms:.1f} ms without, {per_ablating_ms:.1f} ms with (timed alone)"
-        f" = {tracker_ms / 1000 / median_s['lightning']:.1%} of a lightning run"
-    )
-    print(f"measures: {list(cfg.tracker.measures)}")
+    print(f"tracker overhead   {overhead:>7.1%}   target <= {args.max_overhead:.0%}   {met(overhead <= args.max_overhead)}")
+    print(f"\ntracker parts (median over the tracked runs; every_n_steps {cfg.tracker.every_n_steps}, measures {list(cfg.tracker.measures)}):")
+    print(f"  {'part':<20}{'runs':>6}{'ms each':>10}{'% of a run':>12}")
+    for p in parts:
+        print(f"  {p:<20}{part_runs[p]:>6}{part_ms[p]:>10.2f}{part_share[p]:>12.1%}")
 
     results = {
         "command": command,
@@ -240,11 +228,11 @@ def main(argv: list[str] | None = None) -> dict:
         "lightning_over_bare": ratio,
         "lightning_over_bare_met": ratio >= MIN_LIGHTNING_RATIO,
         "tracker_overhead": overhead,
-        "tracker_overhead_met": overhead <= MAX_TRACKER_OVERHEAD,
-        "tracker_snapshots_per_run": snapshots,
-        "tracker_ablations_per_run": ablations,
-        "tracker_snapshot_ms": per_snapshot_ms,
-        "tracker_snapshot_with_ablation_ms": per_ablating_ms,
+        "tracker_overhead_met": overhead <= args.max_overhead,
+        "max_tracker_overhead": args.max_overhead,
+        "tracker_part_ms": part_ms,
+        "tracker_part_runs": part_runs,
+        "tracker_part_share_of_run": part_share,
         "tracker_measures": list(cfg.tracker.measures),
     }
     if args.out is not None:

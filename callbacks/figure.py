@@ -1,7 +1,10 @@
 """The end-of-run report: score-over-training curves with the phase change marked, the summary,
-and (when the run tracked the ablation) the validity table and figure (:mod:`callbacks.validity`).
+(when the run tracked the ablation) the validity table and figure (:mod:`callbacks.validity`), and
+(when the run kept a tensor store, :mod:`callbacks.store`) the final composition heatmaps.
 
-Drawn from the run's CSV log, so any finished run directory can be re-rendered:
+Drawn from the run's CSV log and ``tensors/`` store, so any finished run directory can be re-rendered.
+The grey "other pairs" curves come from the store when it holds the plotted measure (a big model
+logs no per-pair keys), else from the CSV's per-pair keys, else from its max and mean over pairs:
 
     python -m callbacks.figure outputs/2026-11-22/10-00-00
 """
@@ -13,6 +16,7 @@ import csv
 import json
 import math
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +26,16 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
 from callbacks import validity
-from callbacks.plots import figure_to_rgb, training_curves
+from callbacks.keys import scored_flat_indices
+from callbacks.plots import composition_report, plt, training_curves
+from callbacks.store import TENSORS_DIR, read_tensor_store
 from metrics.dynamics.phase_change import PhaseChange, detect_phase_change
+from metrics.snapshot import COMPOSITION_MEASURES
 
 FIGURE_NAME = "phase_change.png"
+COMPOSITION_FIGURE_NAME = "composition.png"
+MAX_GREY_CURVES = 100
+"""More pairs than this: draw the range over all pairs and only this many curves, the highest peaks."""
 SUMMARY_NAME = "summary.json"
 CSV_RELATIVE_PATH = Path("csv") / "metrics.csv"
 
@@ -76,25 +86,106 @@ def summarize(series, window: int = 5) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
+class OtherPairs:
+    """What the composition panel draws besides the circuit pair."""
+
+    curves: list[tuple[np.ndarray, np.ndarray]]  # (steps, values minus baseline), grey
+    label: str = "other pairs, minus baseline"
+    band: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (steps, low, high) over all pairs
+
+
+def other_pairs(series, store_dir: Path, measure: str) -> OtherPairs:
+    """The grey curves of ``measure``'s K-composition minus baseline: from the store if it holds
+    ``comp/K/{measure}``, else the CSV's per-pair keys, else the CSV's max and mean over pairs."""
+    names = [f"comp/K/{measure}", f"comp/baseline/{measure}"]
+    stored = read_tensor_store(store_dir, names, mmap=True) if store_dir.is_dir() else {}
+    steps, values = stored.get(f"comp/K/{measure}", ((), ()))
+    baseline = baseline_mean(series, stored, measure)
+    if len(steps) and baseline is not None:
+        return stored_other_pairs(steps.astype(np.float64), values, baseline)
+    per_pair = [series[k] for k in series if k.startswith(f"comp/K/{measure}_minus_baseline/") and "->" in k]
+    if per_pair:
+        return OtherPairs(per_pair)
+    summary = [series[k] for k in (f"comp/K/{measure}_minus_baseline/max", f"comp/K/{measure}_minus_baseline/mean") if k in series]
+    return OtherPairs(summary, "max and mean over pairs, minus baseline")
+
+
+def baseline_mean(series, stored, measure: str) -> float | None:
+    """The measure's last baseline: from the CSV (float64, as the logged ``_minus_baseline`` keys),
+    else from the store (``comp/baseline/{measure}`` = (mean, stderr)); None if neither has it."""
+    if f"comp/baseline/{measure}" in series:
+        return float(series[f"comp/baseline/{measure}"][1][-1])
+    steps, values = stored.get(f"comp/baseline/{measure}", ((), ()))
+    return float(values[-1][0]) if len(steps) else None
+
+
+def stored_other_pairs(steps: np.ndarray, values: np.ndarray, baseline: float, max_curves: int = MAX_GREY_CURVES) -> OtherPairs:
+    """``values [n, L, H, L, H]`` (NaN where the reader is not later) -> one curve per scored pair
+    minus ``baseline``; beyond ``max_curves`` pairs the range over all of them, and the curves of
+    the ``max_curves`` with the highest peak."""
+    n, L, H = values.shape[:3]
+    scored = np.asarray(values.reshape(n, -1)[:, scored_flat_indices(L, H)], dtype=np.float64) - baseline  # [n, P]
+    if scored.shape[1] <= max_curves:
+        return OtherPairs([(steps, scored[:, p]) for p in range(scored.shape[1])])
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # nanmax of an all-NaN slice warns; NaN is the answer
+        peaks = np.nan_to_num(np.nanmax(scored, axis=0), nan=-np.inf)
+        band = (steps, np.nanmin(scored, axis=1), np.nanmax(scored, axis=1))
+    highest = np.argsort(-peaks, kind="stable")[:max_curves]
+    label = f"other pairs, minus baseline: the {max_curves} of {scored.shape[1]} with the highest peak"
+    return OtherPairs([(steps, scored[:, p]) for p in highest], label, band)
+
+
+def tracked_measures(names) -> list[str]:
+    """Measures with a stored ``comp/{kind}/{measure}`` among ``names``, in ``COMPOSITION_MEASURES`` order."""
+    found = {name.split("/")[2] for name in names if name.startswith("comp/") and not name.startswith("comp/baseline/")}
+    order = list(COMPOSITION_MEASURES)
+    return sorted(found, key=lambda m: (order.index(m) if m in order else len(order), m))
+
+
+def final_composition(store_dir: Path, series) -> tuple[dict[str, dict[str, np.ndarray]], int] | None:
+    """``({measure: {kind: [L, H, L, H] minus baseline}}, step)`` at the last stored step of every
+    tracked measure; None without a store or measures."""
+    by_measure, last_step = {}, None
+    stored = read_tensor_store(store_dir, mmap=True) if store_dir.is_dir() else {}
+    for measure in tracked_measures(stored):
+        baseline = baseline_mean(series, stored, measure)
+        if baseline is None:
+            continue
+        kinds = {}
+        for kind in ("Q", "K", "V"):
+            steps, values = stored.get(f"comp/{kind}/{measure}", ((), ()))
+            if len(steps) and values.shape[1] >= 2:  # one layer: nothing to draw
+                kinds[kind] = np.asarray(values[-1], dtype=np.float64) - baseline
+                last_step = int(steps[-1]) if last_step is None else max(last_step, int(steps[-1]))
+        if kinds:
+            by_measure[measure] = kinds
+    return (by_measure, last_step) if by_measure else None
+
+
+@dataclass(frozen=True)
 class RunReport:
     figure: Path
     summary: dict[str, float]
     validity_figure: Path | None = None  # None when the run did not track the ablation
     validity_rows: list[dict[str, object]] | None = None
     no_validity_because: str | None = None  # why there is no validity table, when there is none
+    composition_figure: Path | None = None  # None when the run kept no tensor store
 
 
 def render(run_dir: Path, window: int = 5) -> RunReport:
-    """Draw ``run_dir/phase_change.png`` and write ``run_dir/summary.json`` from the CSV log; with
-    a tracked ablation also ``validity.png`` and ``validity.csv``."""
+    """Draw ``run_dir/phase_change.png`` and write ``run_dir/summary.json`` from the CSV log (and
+    the store's pair curves); with a tracked ablation also ``validity.png`` and ``validity.csv``;
+    with a tensor store also ``composition.png``."""
     csv_path = run_dir / CSV_RELATIVE_PATH
     if not csv_path.is_file() or csv_path.stat().st_size == 0:
         raise FileNotFoundError(f"no CSV log at {csv_path}: is {run_dir} a finished train.py run directory?")
     series = read_series(csv_path)
     if "loss/repeated" not in series:
         raise ValueError(f"{csv_path} has no tracker metrics (was the run made with tracker.enabled=false?)")
+    store_dir = run_dir / TENSORS_DIR
     measure = plotted_measure(series)
-    composition_pairs = [k for k in series if k.startswith(f"comp/K/{measure}_minus_baseline/")]
+    others = other_pairs(series, store_dir, measure)
     circuit = series.get(f"circuit/K/{measure}")
     baseline = series.get(f"comp/baseline/{measure}")
     change = phase_change_of(series, "loss/repeated", True, window)
@@ -105,15 +196,25 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
         top_prev_token=series["heads/prev_token/top"],
         circuit_raw=circuit,
         circuit_minus_baseline=series.get(f"circuit/K/{measure}_minus_baseline"),
-        other_pairs_minus_baseline=[series[k] for k in composition_pairs],
+        other_pairs_minus_baseline=others.curves,
         baseline=float(baseline[1][-1]) if baseline is not None else None,
         change=change,
         title=f"{run_dir}",
         measure=measure,
+        other_pairs_label=others.label,
+        other_pairs_band=others.band,
     )
     figure_path = run_dir / FIGURE_NAME
     fig.savefig(figure_path, dpi=110)
-    figure_to_rgb(fig)  # closes it
+    plt.close(fig)  # saved; closing without drawing it again (figure_to_rgb would, for nothing)
+    composition_path = None
+    final = final_composition(store_dir, series)
+    if final is not None:
+        by_measure, step = final
+        fig = composition_report(by_measure, f"composition minus baseline at step {step}: {run_dir}")
+        composition_path = run_dir / COMPOSITION_FIGURE_NAME
+        fig.savefig(composition_path, dpi=110)
+        plt.close(fig)
     summary = summarize(series, window)
     rows = validity.validity_rows(series, change)
     validity_path = None
@@ -122,7 +223,7 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
         fig = validity.validity_figure(series, rows, change, f"which measure tells the truth: {run_dir}", window)
         validity_path = run_dir / validity.FIGURE_NAME
         fig.savefig(validity_path, dpi=110)
-        figure_to_rgb(fig)
+        plt.close(fig)
         for row in rows:
             for column in ("first_step_ranked_first_loss", "final_spearman_loss"):
                 if not math.isnan(row[column]):  # a measure never first for good has no such step
@@ -130,13 +231,22 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
     (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     because = None
     if not rows:
-        has_pairs = any(k.startswith("comp/") and "->" in k for k in series)
-        because = "the ablation was off (tracker.ablation_every_n_steps=0)" if has_pairs else "the model has no earlier->later head pairs (one layer)"
-    return RunReport(figure_path, summary, validity_path, rows or None, because)
+        because = ("the ablation was off (tracker.ablation_every_n_steps=0)" if has_pairs(series, final)
+                   else "the model has no earlier->later head pairs (one layer)")
+    return RunReport(figure_path, summary, validity_path, rows or None, because, composition_path)
+
+
+def has_pairs(series, final) -> bool:
+    """Whether the run scored any earlier->later pair: per-pair keys, summary-mode keys
+    (``comp/K/{m}/max``) or stored composition."""
+    logged = any(k.startswith("comp/") and ("->" in k or k.endswith("/max")) for k in series)
+    return logged or final is not None
 
 
 def print_report(report: RunReport) -> None:
     print(f"\nfigure: {report.figure}")
+    if report.composition_figure is not None:
+        print(f"final composition: {report.composition_figure}")
     for key, value in report.summary.items():
         if not key.startswith("validity/"):
             print(f"  {key:48s} {value:10.4f}")
@@ -170,6 +280,8 @@ class PhaseChangeFigure(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_image(key="images/phase_change", images=[str(report.figure)], step=step)
+                if report.composition_figure is not None:
+                    logger.log_image(key="images/composition_final", images=[str(report.composition_figure)], step=step)
                 if report.validity_rows:
                     logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
                     logger.log_table(key="validity/table", columns=validity.COLUMNS,
@@ -179,7 +291,7 @@ class PhaseChangeFigure(L.Callback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Re-render phase_change.png, summary.json and the validity table and figure of a finished run.")
+    parser = argparse.ArgumentParser(description="Re-render phase_change.png, summary.json, composition.png and the validity table and figure of a finished run.")
     parser.add_argument("run_dir", type=Path, help="a train.py run directory (it holds csv/metrics.csv)")
     parser.add_argument("--window", type=int, default=5, help="smoothing window, in logged points")
     args = parser.parse_args(argv)

@@ -1,44 +1,108 @@
-"""The composition tracker: every N optimizer steps, measure the model and log to every logger."""
+"""The composition tracker: every N optimizer steps, measure the model and log to every logger.
+
+The cheap parts run at every measured step; each expensive part (the ablation, empirical copying,
+matching, heatmaps, the residual basis of ``whitened_resid``) on its own schedule. Early in the run
+the tracker prints what one snapshot costs, part by part, and the overhead that implies; at the end,
+how long it spent measuring and drawing.
+"""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import lightning as L
+import torch
 from lightning.pytorch.loggers import WandbLogger
 
 from callbacks.keys import snapshot_metrics
-from callbacks.plots import composition_heatmaps, figure_to_rgb
+from callbacks.plots import heatmap_image
+from callbacks.store import TENSORS_DIR, TensorStore, snapshot_tensors
 from data.probe import ProbeBatch
+from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from metrics.snapshot import Snapshot, take_snapshot
+
+PARTS = ("ablation", "copying", "matching", "images", "residual_covariance")
+
+
+@dataclass
+class Schedule:
+    """Steps between runs of each part (0: never); every one a multiple of ``every_n_steps``."""
+
+    every_n_steps: int = 10
+    ablation: int = 0
+    copying: int = 50
+    matching: int = 10
+    images: int = 250
+    residual_covariance: int = 50
+
+    def due(self, part: str, step: int, last: bool) -> bool:
+        every = getattr(self, part)
+        return bool(every) and (step % every == 0 or last)
+
+
+@dataclass
+class CostLedger:
+    """Seconds spent per part, and how often each ran, for the cost report."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)  # the most recent run's seconds, per part
+
+    def add(self, part: str, seconds: float) -> None:
+        self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+        self.runs[part] = self.runs.get(part, 0) + 1
+        self.last[part] = seconds
 
 
 class CompositionTracker(L.Callback):
-    """Logs composition, head scores and loss views on the probe batch every ``every_n_steps``.
+    """Logs composition, head scores and loss views on the probe batch every ``schedule.every_n_steps``.
 
-    Runs on global rank 0 only, under ``no_grad``, restoring the model's train/eval mode; it
-    draws no random numbers, so training is identical with and without it. Measures at step 0
-    (before the first update) and after every ``every_n_steps``-th optimizer step; at every
-    ``ablation_every_n_steps``-th step (0: never) also runs the K-only path ablation of every pair
-    and logs how each measure agrees with it.
+    Runs on global rank 0 only, under ``no_grad``, restoring the model's train/eval mode; it draws
+    no random numbers, so training is identical with and without it. Measures at step 0 (before the
+    first update), after every ``every_n_steps``-th optimizer step, and at the last step (every
+    part, whatever its schedule).
     """
 
     def __init__(
         self,
         probe: ProbeBatch,
-        every_n_steps: int = 10,
-        image_every_n_steps: int = 250,
+        schedule: Schedule | None = None,
         measures: tuple[str, ...] = ("frobenius",),
         baseline_samples: int = 2000,
-        ablation_every_n_steps: int = 0,
+        ablation_method: str = "auto",
+        run_dir: Path | None = None,
+        store: bool = True,
+        max_pair_keys: int = 300,
+        top_pairs: int = 3,
+        dtype: torch.dtype | None = None,
+        num_threads: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        cost_report: bool = True,
     ) -> None:
         self.probe = probe
-        self.every_n_steps = every_n_steps
-        self.image_every_n_steps = image_every_n_steps
-        self.ablation_every_n_steps = ablation_every_n_steps
+        self.schedule = schedule or Schedule()
+        self.every_n_steps = self.schedule.every_n_steps
         self.measures = measures
         self.baseline_samples = baseline_samples
+        self.ablation_method = ablation_method
+        self.store_dir = Path(run_dir) / TENSORS_DIR if (store and run_dir is not None) else None
+        self.store: TensorStore | None = None
+        self.max_pair_keys, self.top_pairs = max_pair_keys, top_pairs
+        self.dtype, self.num_threads, self.chunk_bytes = dtype, num_threads, chunk_bytes
+        self.cost_report = cost_report
+        self.ledger = CostLedger()
         self.last_step: int | None = None
+        self.residual_cov: torch.Tensor | None = None
+        self.ablation_used: str | None = None
+        self._clock: tuple[int, float] | None = None  # (step, time) at the end of the first snapshot
+        self._reported = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.store_dir is not None and trainer.is_global_zero:
+            self.store = TensorStore(self.store_dir)
+            self.store.truncate_after(trainer.global_step - 1)  # a resumed run measures its first step again
         self.maybe_measure(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -46,29 +110,114 @@ class CompositionTracker(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.maybe_measure(trainer, pl_module, force=True)  # the final weights, whatever max_steps is
+        if self.store is not None:
+            self.store.close()
+        if trainer.is_global_zero and self.cost_report and self.ledger.runs:
+            print(self.totals_line())
 
     def maybe_measure(self, trainer: L.Trainer, pl_module: L.LightningModule, force: bool = False) -> None:
         step = trainer.global_step
-        force = force or 0 < trainer.max_steps <= step  # the last step: measure everything, images too
-        due = force or step % self.every_n_steps == 0
+        last = force or 0 < trainer.max_steps <= step  # the last step: measure everything, images too
+        due = last or step % self.every_n_steps == 0
         if not due or step == self.last_step or not trainer.is_global_zero:
             return  # gradient accumulation calls us several times per optimizer step
         self.last_step = step
-        every = self.ablation_every_n_steps
-        ablate = bool(every) and (step % every == 0 or force)
-        snap = take_snapshot(pl_module.model, self.probe, self.measures, self.baseline_samples, ablate=ablate)
-        metrics = snapshot_metrics(snap)
+        threads = torch.get_num_threads()
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        try:
+            self.measure(trainer, pl_module.model, step, last)
+        finally:
+            torch.set_num_threads(threads)
+
+    def measure(self, trainer: L.Trainer, model, step: int, last: bool) -> None:
+        start = time.perf_counter()
+        s = self.schedule
+        ablate = s.due("ablation", step, last)
+        refresh_basis = "whitened_resid" in self.measures and (self.residual_cov is None or s.due("residual_covariance", step, last))
+        snap = take_snapshot(
+            model, self.probe, self.measures, self.baseline_samples,
+            ablate=ablate, ablation_method=self.ablation_method,
+            empirical=s.due("copying", step, last), matching=s.due("matching", step, last) or ablate,
+            residual_cov=None if refresh_basis else self.residual_cov, dtype=self.dtype, max_chunk_bytes=self.chunk_bytes,
+        )
+        self.residual_cov = snap.residual_covariance
+        self.ablation_used = snap.ablation_method or self.ablation_used
+        for part, seconds in snap.seconds.items():
+            self.ledger.add(part, seconds)
+        logging_start = time.perf_counter()
+        metrics = snapshot_metrics(snap, self.max_pair_keys, self.top_pairs)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
-        if self.image_every_n_steps and (step % self.image_every_n_steps == 0 or force):
+        if self.store is not None:
+            self.store.append(step, snapshot_tensors(snap))
+        self.ledger.add("logging", time.perf_counter() - logging_start)
+        self.ledger.add("snapshot", time.perf_counter() - start)
+        if s.due("images", step, last):
             self.log_heatmaps(trainer, snap, step)
+        if self.cost_report:
+            self.maybe_report(step)
 
     def log_heatmaps(self, trainer: L.Trainer, snap: Snapshot, step: int) -> None:
         wandb_loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
-        if not wandb_loggers:
-            return  # rendering costs time; only W&B shows images
+        if not wandb_loggers or snap.circuit is None:
+            return  # only W&B shows images; one layer has no pairs to draw
+        start = time.perf_counter()
         for measure in self.measures:
-            scores = {kind: snap.minus_baseline(measure, kind).numpy() for kind in snap.composition[measure]}
-            rgb = figure_to_rgb(composition_heatmaps(scores, f"{measure} composition minus baseline, step {step}"))
+            scores = {kind: snap.minus_baseline(measure, kind).float().numpy() for kind in snap.composition[measure]}
+            rgb = heatmap_image(scores)
+            caption = f"{measure} minus baseline, step {step}: rows writers, columns readers (Q | K | V)"
             for logger in wandb_loggers:
-                logger.log_image(key=f"images/composition/{measure}", images=[rgb], step=step)
+                logger.log_image(key=f"images/composition/{measure}", images=[rgb], step=step, caption=[caption])
+        self.ledger.add("images", time.perf_counter() - start)
+
+    # --- what it costs -------------------------------------------------------------------------
+
+    def maybe_report(self, step: int) -> None:
+        """At the first snapshot, start the clock; at the second, print the cost report (once)."""
+        now = time.perf_counter()
+        if self._clock is None:
+            self._clock = (step, now)
+            return
+        if self._reported or step == self._clock[0]:
+            return
+        first_step, first_time = self._clock
+        tracker_between = self.ledger.last.get("snapshot", 0.0) + self.ledger.last.get("images", 0.0)
+        step_seconds = max(now - first_time - tracker_between, 1e-9) / (step - first_step)
+        print(self.cost_lines(step_seconds))
+        self._reported = True
+
+    def amortised_seconds_per_step(self) -> dict[str, float]:
+        """Each part's cost per training step: its last measured seconds over its period."""
+        s, last = self.schedule, self.ledger.last
+        base = sum(last.get(p, 0.0) for p in ("probe", "head scores", "composition", "logging"))
+        per_step = {"snapshot": base / s.every_n_steps}
+        for part, every in (("ablation", s.ablation), ("validity", s.ablation), ("empirical copying", s.copying),
+                            ("matching", s.matching), ("images", s.images)):
+            if every and part in last:
+                per_step[part] = last[part] / every
+        return per_step
+
+    def cost_lines(self, step_seconds: float) -> str:
+        """The cost report: a snapshot's parts and their schedules, and the expected overhead."""
+        s, last = self.schedule, self.ledger.last
+        ms = lambda part: f"{1000 * last[part]:.1f} ms" if part in last else "n/a"
+        per_step = self.amortised_seconds_per_step()
+        overhead = sum(per_step.values()) / step_seconds
+        ablation = f"{ms('ablation')} ({self.ablation_used})" if self.ablation_used else ms("ablation")
+        lines = [
+            f"tracker cost: a snapshot every {s.every_n_steps} steps costs"
+            f" {1000 * (last.get('probe', 0) + last.get('head scores', 0) + last.get('composition', 0) + last.get('logging', 0)):.1f} ms"
+            f" (probe {ms('probe')}, composition {ms('composition')} for {len(self.measures)} measures, logging {ms('logging')});",
+            f"  ablation {ablation} every {s.ablation or 'never'}, matching {ms('matching')} every {s.matching or 'never'},"
+            f" empirical copying {ms('empirical copying')} every {s.copying or 'never'}, heatmaps {ms('images')} every {s.images or 'never'}",
+            f"  training {1000 * step_seconds:.1f} ms/step -> expected tracker overhead {overhead:.1%}"
+            + ("" if overhead < 0.25 else " (high: raise tracker.every_n_steps or the expensive parts' every_n_steps)"),
+        ]
+        return "\n".join(lines)
+
+    def totals_line(self) -> str:
+        seconds, runs = self.ledger.seconds, self.ledger.runs
+        images = f", heatmaps {seconds['images']:.1f} s ({runs['images']} times)" if "images" in seconds else ""
+        return (f"tracker: {runs.get('snapshot', 0)} snapshots in {seconds.get('snapshot', 0):.1f} s"
+                f" (composition {seconds.get('composition', 0):.1f} s, ablation {seconds.get('ablation', 0):.1f} s){images}")

@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.figure import PhaseChangeFigure
-from callbacks.tracker import CompositionTracker
+from callbacks.tracker import CompositionTracker, Schedule
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
@@ -67,16 +68,26 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
     ]
     tr = cfg.tracker
     if tr.enabled:
-        probe = make_probe_batch(tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(cfg.data.bos), cfg.data.bos)
-        callbacks.append(
-            CompositionTracker(
-                probe, every_n_steps=tr.every_n_steps, image_every_n_steps=tr.image_every_n_steps,
-                measures=tuple(tr.measures), baseline_samples=tr.baseline_samples,
-                ablation_every_n_steps=tr.ablation_every_n_steps,
-            )
-        )
+        callbacks.append(build_tracker(cfg, run_dir))
         callbacks.append(PhaseChangeFigure(run_dir, smoothing_window=tr.smoothing_window))
     return callbacks
+
+
+def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
+    """The tracker as ``cfg.tracker`` configures it (``run_dir`` None: no tensor store)."""
+    tr = cfg.tracker
+    probe = make_probe_batch(tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(cfg.data.bos), cfg.data.bos)
+    schedule = Schedule(
+        every_n_steps=tr.every_n_steps, ablation=tr.ablation.every_n_steps, copying=tr.copying.every_n_steps,
+        matching=tr.matching.every_n_steps, images=tr.images.every_n_steps, residual_covariance=tr.residual_covariance.every_n_steps,
+    )
+    return CompositionTracker(
+        probe, schedule, measures=tuple(tr.measures), baseline_samples=tr.baseline_samples,
+        ablation_method=str(tr.ablation.method.value), run_dir=run_dir, store=tr.store,
+        max_pair_keys=tr.max_pair_keys, top_pairs=tr.top_pairs,
+        dtype=torch.float64 if tr.precision == "float64" else None, num_threads=tr.num_threads,
+        chunk_bytes=tr.chunk_mb * 2**20, cost_report=tr.cost_report,
+    )
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:

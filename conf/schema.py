@@ -93,15 +93,52 @@ class LoggerConfig:
     csv: bool = True
 
 
+class AblationMethod(str, Enum):
+    exact = "exact"
+    attribution = "attribution"
+    auto = "auto"  # exact while it is cheap (metrics.ground_truth.attribution), else attribution patching
+
+
+class TrackerPrecision(str, Enum):
+    model = "model"  # the model's dtype, at least float32, on the model's device
+    float64 = "float64"  # exact; not on MPS
+
+
+@dataclass
+class PartSchedule:
+    """How often an expensive part of the tracker runs: every this many steps (a multiple of
+    ``tracker.every_n_steps``), at step 0 and at the last step; 0 turns it off."""
+
+    every_n_steps: int = 0
+
+
+@dataclass
+class AblationConfig(PartSchedule):
+    """The K-only path ablation of every pair, the ground truth each measure is judged against."""
+
+    every_n_steps: int = 100
+    method: AblationMethod = AblationMethod.auto
+
+
 @dataclass
 class TrackerConfig:
     enabled: bool = True
     every_n_steps: int = 10
-    image_every_n_steps: int = 250  # 0 disables heatmap images
-    ablation_every_n_steps: int = 10  # K-only path ablation of every pair (ground truth); 0 disables
     measures: List[str] = field(
         default_factory=lambda: ["frobenius", "sv_bound", "whitened", "whitened_resid", "subspace", "component", "component_share"]
     )
+    ablation: AblationConfig = field(default_factory=AblationConfig)
+    copying: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # empirical copying scores
+    matching: PartSchedule = field(default_factory=lambda: PartSchedule(10))  # QK matching scores (and at every ablation)
+    images: PartSchedule = field(default_factory=lambda: PartSchedule(250))  # heatmaps (W&B only)
+    residual_covariance: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # whitened_resid's basis; reused between
+    max_pair_keys: int = 300  # per-pair W&B/CSV keys while they number at most this (6 M + 3 per pair); summaries beyond
+    top_pairs: int = 3  # pairs logged per measure beyond max_pair_keys
+    store: bool = True  # every snapshot's full per-pair tensors to RUN_DIR/tensors
+    precision: TrackerPrecision = TrackerPrecision.model
+    num_threads: Optional[int] = None  # torch threads while measuring; None: as training
+    chunk_mb: int = 256  # memory bound of one all-pairs product block
+    cost_report: bool = True  # print what a snapshot costs and the expected overhead, once, early
     baseline_samples: int = 2000
     probe_batch_size: int = 32
     probe_n: int = 16

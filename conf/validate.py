@@ -77,33 +77,53 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         problems.append("trainer=gpu but no CUDA device is visible to torch (use trainer=cpu)")
     if tr.enabled:
-        if tr.every_n_steps < 1:
-            problems.append(f"tracker.every_n_steps={tr.every_n_steps} must be >= 1")
-        for key in ("image_every_n_steps", "ablation_every_n_steps"):
-            if tr[key] < 0:
-                problems.append(f"tracker.{key}={tr[key]} must be >= 0 (0 disables)")
-        unknown = sorted(set(tr.measures) - set(COMPOSITION_MEASURES))
-        if unknown:
-            problems.append(f"tracker.measures has unknown {unknown}; known: {sorted(COMPOSITION_MEASURES)}")
-        probe_len = 2 * tr.probe_n + int(d.bos)
-        if tr.probe_n < 2:
-            problems.append(f"tracker.probe_n={tr.probe_n} must be >= 2")
-        if probe_len > m.n_ctx:
-            problems.append(f"tracker.probe_n={tr.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={m.n_ctx}")
-        if not cfg.logger.csv:
-            problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
-        if tr.probe_batch_size < 1:
-            problems.append(f"tracker.probe_batch_size={tr.probe_batch_size} must be >= 1")
-        if not tr.measures:
-            problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
-        for key, what in (("image_every_n_steps", "images are drawn"), ("ablation_every_n_steps", "ablations are judged")):
-            if tr.every_n_steps >= 1 and tr[key] > 0 and tr[key] % tr.every_n_steps:
-                problems.append(
-                    f"tracker.{key}={tr[key]} must be a multiple of"
-                    f" tracker.every_n_steps={tr.every_n_steps} ({what} at measured steps)"
-                )
-        if tr.baseline_samples < 2:
-            problems.append(f"tracker.baseline_samples={tr.baseline_samples} must be >= 2")
+        problems.extend(tracker_problems(cfg))
+    return problems
+
+
+TRACKER_PARTS = {
+    "ablation": "ablations are judged",
+    "copying": "copying is scored",
+    "matching": "matching is scored",
+    "images": "images are drawn",
+    "residual_covariance": "the residual basis is refreshed",
+}
+
+
+def tracker_problems(cfg: DictConfig) -> list[str]:
+    """Problems of ``cfg.tracker`` (an enabled tracker)."""
+    m, d, t, tr = cfg.model, cfg.data, cfg.trainer, cfg.tracker
+    problems = []
+    if tr.every_n_steps < 1:
+        problems.append(f"tracker.every_n_steps={tr.every_n_steps} must be >= 1")
+    for part, what in TRACKER_PARTS.items():
+        every = tr[part].every_n_steps
+        if every < 0:
+            problems.append(f"tracker.{part}.every_n_steps={every} must be >= 0 (0 disables)")
+        elif every and tr.every_n_steps >= 1 and every % tr.every_n_steps:
+            problems.append(
+                f"tracker.{part}.every_n_steps={every} must be a multiple of"
+                f" tracker.every_n_steps={tr.every_n_steps} ({what} at measured steps)"
+            )
+    unknown = sorted(set(tr.measures) - set(COMPOSITION_MEASURES))
+    if unknown:
+        problems.append(f"tracker.measures has unknown {unknown}; known: {sorted(COMPOSITION_MEASURES)}")
+    if not tr.measures:
+        problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
+    probe_len = 2 * tr.probe_n + int(d.bos)
+    if tr.probe_n < 2:
+        problems.append(f"tracker.probe_n={tr.probe_n} must be >= 2")
+    if probe_len > m.n_ctx:
+        problems.append(f"tracker.probe_n={tr.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={m.n_ctx}")
+    if not cfg.logger.csv:
+        problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
+    for key, low in (("probe_batch_size", 1), ("baseline_samples", 2), ("max_pair_keys", 0), ("top_pairs", 0), ("chunk_mb", 1)):
+        if tr[key] < low:
+            problems.append(f"tracker.{key}={tr[key]} must be >= {low}")
+    if tr.num_threads is not None and tr.num_threads < 1:
+        problems.append(f"tracker.num_threads={tr.num_threads} must be >= 1 (or null: as training)")
+    if tr.precision == "float64" and t.accelerator == "mps":
+        problems.append("tracker.precision=float64 is not available on MPS (no float64 there): use tracker.precision=model")
     return problems
 
 

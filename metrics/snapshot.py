@@ -22,7 +22,8 @@ from metrics.composition.measures import COMPOSITION_MEASURES
 from metrics.composition.scores import composition_of
 from metrics.composition.whitening import residual_covariance
 from metrics.dynamics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
-from metrics.ground_truth.ablation import KeyAblation, key_ablation_effects
+from metrics.ground_truth.ablation import KeyAblation
+from metrics.ground_truth.attribution import ablation_effects
 from metrics.ground_truth.validity import Agreement, agreement
 from metrics.heads.attention_scores import duplicate_token_score, induction_score, previous_token_score
 from metrics.heads.circuit_pair import circuit_pair
@@ -55,6 +56,7 @@ class Snapshot:
     icl_score: float
     circuit: tuple[Head, Head] | None  # (previous-token writer, induction reader); None for 1 layer
     ablation: KeyAblation | None = None  # K-only path ablation per pair, when asked for
+    ablation_method: str | None = None  # "exact" or "attribution" (first order), when ablated
     validity: dict[str, dict[str, Agreement]] | None = None  # effect -> measure (K) or "match" -> agreement
     residual_covariance: Tensor | None = None  # the covariance whitened_resid used (a tracker may reuse it)
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each part
@@ -93,6 +95,7 @@ def take_snapshot(
     baseline_samples: int = 2000,
     ablate: bool = False,
     *,
+    ablation_method: str = "exact",
     empirical: bool = True,
     matching: bool = True,
     residual_cov: Tensor | None = None,
@@ -101,8 +104,9 @@ def take_snapshot(
 ) -> Snapshot:
     """Measure ``model`` on ``probe``; leaves the model's mode and every RNG untouched.
 
-    ``ablate``: also run the K-only path ablation of every pair and judge each measure's
-    K-composition, and the matching score, against it. ``empirical``, ``matching``: compute the
+    ``ablate``: also run the K-only path ablation of every pair (``ablation_method``: exact,
+    attribution, or auto: exact while cheap) and judge each measure's K-composition, and the
+    matching score, against it. ``empirical``, ``matching``: compute the
     empirical copying scores and the matching scores (each can be skipped on cheap steps).
     ``residual_cov``: reuse this covariance for ``whitened_resid`` instead of the probe's.
     """
@@ -117,10 +121,10 @@ def take_snapshot(
         tokens = probe.tokens.to(model.W_E.device)
         with timer.part("probe"):
             logits, cache = model.run_with_cache(tokens)
-        ablation = None
+        ablation = method = None
         if ablate and shape.n_layers > 1:
             with timer.part("ablation"):
-                ablation = key_ablation_effects(model, probe, (logits, cache))
+                ablation, method = ablation_effects(model, probe, ablation_method, (logits, cache), max_chunk_bytes=max_chunk_bytes)
     finally:
         model.train(was_training)
     with timer.part("head scores"):
@@ -171,6 +175,7 @@ def take_snapshot(
         icl_score=in_context_learning_score(losses).item(),
         circuit=circuit_pair(previous, induction) if shape.n_layers >= 2 else None,
         ablation=ablation,
+        ablation_method=method,
         validity=validity,
         residual_covariance=covariances.get("residual"),
         seconds=timer.seconds,

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import torch
-
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from data.probe import ProbeBatch, make_probe_batch
 from metrics.ground_truth import ablation
-from metrics.ground_truth.ablation import key_ablation_effects
+from metrics.ground_truth.ablation import _blocks, ablation_cost, key_ablation_effects
 from metrics.dynamics.loss_views import repeated_loss, token_losses
+from models.transformer import TransformerShape
 from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
 
@@ -78,13 +79,80 @@ def per_pair_loop(model, probe):
     return patterns, losses
 
 
-@pytest.mark.parametrize("chunk", [2048, 8])  # 8: one group of the probe batch per forward pass
-def test_batched_effects_equal_the_per_pair_loop(chunk, monkeypatch):
-    monkeypatch.setattr(ablation, "SEQUENCES_PER_CHUNK", chunk)
-    model = random_model(n_layers=3, n_heads=3).double().eval()  # readers in layers 1 and 2, 27 pairs
+BUDGETS = [1, 400_000, 2_500_000, ablation.DEFAULT_MAX_CHUNK_BYTES]  # one row per block ... one block per reader layer
+
+
+@pytest.mark.parametrize("max_chunk_bytes", BUDGETS)
+@pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
+def test_batched_effects_equal_the_per_pair_loop(normalization, max_chunk_bytes, monkeypatch):
+    blocks = []
+
+    def recorded(*args):
+        blocks.extend(found := list(_blocks(*args)))
+        return iter(found)
+
+    monkeypatch.setattr(ablation, "_blocks", recorded)
+    model = random_model(normalization, n_layers=3, n_heads=3).double().eval()  # readers in layers 1 and 2, 27 pairs
     probe = make_probe_batch(0, 6, 8, 10)
-    effects = key_ablation_effects(model, probe)
+    effects = key_ablation_effects(model, probe, max_chunk_bytes=max_chunk_bytes)
     patterns, losses = per_pair_loop(model, probe)
     torch.testing.assert_close(effects.pattern_change, patterns, rtol=1e-9, atol=1e-12, equal_nan=True)
     torch.testing.assert_close(effects.loss_change, losses, rtol=1e-9, atol=1e-12, equal_nan=True)
     assert (effects.loss_change[~effects.loss_change.isnan()].abs() > 1e-6).any()  # not a vacuous comparison
+    rows = 3 * 6 + 6 * 6  # (writer, sequence) rows: 3 writers x 6 sequences for reader layer 1, 6 x 6 for layer 2
+    if max_chunk_bytes == 1:
+        assert len(blocks) == rows  # a row per block
+    elif max_chunk_bytes == ablation.DEFAULT_MAX_CHUNK_BYTES:
+        assert len(blocks) == 2  # a block per reader layer
+    else:
+        assert 2 < len(blocks) < rows
+
+
+@pytest.mark.parametrize("rows", [1, 4, 6, 13, 40])
+def test_blocks_cover_the_writer_sequence_grid_once(rows):
+    covered = torch.zeros(7, 6, dtype=torch.int64)
+    for writers, sequences in _blocks(7, 6, rows):
+        covered[writers, sequences] += 1
+        assert (writers.stop - writers.start) * (sequences.stop - sequences.start) <= rows
+    assert (covered == 1).all()
+
+
+@pytest.mark.parametrize("normalization", ["none", "layernorm"])
+@pytest.mark.parametrize("n_layers", [2, 3, 5])
+def test_the_cost_formula_counts_every_matmul(normalization, n_layers):
+    """``ablation_cost`` lists, term by term, the reader layer and the layers after it (nothing
+    below is run again); a FLOP counter on the real run must find exactly that."""
+    model = random_model(normalization, n_layers=n_layers, n_heads=3).eval()
+    probe = make_probe_batch(0, 6, 8, 10)
+    with torch.no_grad():
+        clean_run = model.run_with_cache(probe.tokens)
+    with FlopCounterMode(display=False) as counter:
+        key_ablation_effects(model, probe, clean_run)
+    assert counter.get_total_flops() == ablation_cost(model.shape, 6, 17)
+
+
+def test_the_ablation_is_cheaper_than_before():
+    """FLOPs of the previous batched ablation (d_model-wide keys and outputs for every pair),
+    counted with FlopCounterMode on the default model shape and on 2 x 12 x 768 x 64."""
+    default = TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=16, n_ctx=33, d_vocab=257)
+    wide = TransformerShape(n_layers=2, n_heads=12, d_model=768, d_head=64, n_ctx=33, d_vocab=257)
+    assert ablation_cost(default, 32, 33) < 0.5 * 1.27e8
+    assert ablation_cost(wide, 32, 33) < 0.2 * 6.37e10
+
+
+def test_scale_zero_changes_nothing_and_scale_one_is_the_mean_ablation():
+    model = random_model("layernorm", n_layers=3, n_heads=2)
+    probe = make_probe_batch(0, 4, 8, 10)
+    nothing, mean = key_ablation_effects(model, probe, scale=0.0), key_ablation_effects(model, probe, scale=1.0)
+    later = ~nothing.loss_change.isnan()
+    assert (nothing.loss_change[later] == 0).all() and (nothing.pattern_change[later] == 0).all()
+    for name, values in key_ablation_effects(model, probe).effects().items():
+        torch.testing.assert_close(values, mean.effects()[name], equal_nan=True)
+
+
+def test_a_float32_model_is_ablated_in_float32_close_to_float64():
+    model = random_model("rmsnorm", n_layers=3, n_heads=3).eval()
+    probe = make_probe_batch(0, 6, 8, 10)
+    single, double = key_ablation_effects(model, probe), key_ablation_effects(model.double(), probe)
+    for name, values in single.effects().items():
+        torch.testing.assert_close(values, double.effects()[name], rtol=1e-3, atol=1e-5, equal_nan=True)

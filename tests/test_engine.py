@@ -59,8 +59,7 @@ def test_pair_stats_are_masked_by_layer_order_and_sum_correctly():
     circuits = head_circuits(model)
     writer, readers = head_spectra(circuits)
     stats = all_pair_stats(writer, readers, 3, 2, cosine_mass=True)
-    k = stats["K"]
-    energy = k.product_energy()  # (n, n)
+    energy = stats.product_energy()[1]  # (n, n) of kind K, the second of Q, K, V
     layer = torch.arange(3).repeat_interleave(2)
     later = layer[:, None] < layer[None, :]
     assert energy[later].isfinite().all() and energy[~later].isnan().all()
@@ -68,7 +67,8 @@ def test_pair_stats_are_masked_by_layer_order_and_sum_correctly():
     qk = circuits.qk.flatten_heads().dense()
     want = torch.linalg.matrix_norm(ov[1] @ qk[4].T).square()  # L0H1 -> L2H0, K: W_OV¹ W_QK²ᵀ
     torch.testing.assert_close(energy[1, 4], want, rtol=1e-10, atol=0)
-    assert ((k.cosine_mass[later] >= 0) & (k.cosine_mass[later] <= model.shape.d_head + 1e-9)).all()
+    mass = stats.cosine_mass[1]
+    assert ((mass[later] >= 0) & (mass[later] <= model.shape.d_head + 1e-9)).all()
 
 
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])

@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from callbacks.figure import read_series
-from callbacks.tracker import CompositionTracker
+from callbacks.tracker import CompositionTracker, Schedule
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
@@ -30,8 +30,9 @@ def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_
     callbacks = [recorder]
     tracker_cb = None
     if tracker:
-        tracker_cb = CompositionTracker(make_probe_batch(0, 8, 8, 20), every_n_steps=5, image_every_n_steps=0, baseline_samples=100,
-                                        ablation_every_n_steps=ablation_every, measures=("frobenius", "subspace"))
+        schedule = Schedule(every_n_steps=5, ablation=ablation_every, copying=5, matching=5, images=0)
+        tracker_cb = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100,
+                                        measures=("frobenius", "subspace"), cost_report=False)
         callbacks.append(tracker_cb)
     trainer = L.Trainer(
         max_steps=steps, accelerator="cpu", logger=CSVLogger(tmp_path, name="csv", version=""), callbacks=callbacks,

@@ -29,9 +29,10 @@ DEFAULT_CHUNK_BYTES = 256 * 2**20
 
 def head_spectra(circuits: HeadCircuits) -> tuple[Spectra, dict[str, Spectra]]:
     """Every head as a writer (``W_OV``: right singular vectors, where it writes) and as a reader of
-    each kind (left singular vectors, where it reads), heads flattened: ``basis [L·H, d_model, d_head]``,
-    ``sq [L·H, d_head]``."""
-    qk, ov = circuits.qk.flatten_heads(), circuits.ov.flatten_heads()
+    each kind (left singular vectors, where it reads): ``basis [..., L·H, d_model, d_head]``,
+    ``sq [..., L·H, d_head]``, for circuits ``[..., L, H, d_model, d_head]`` (leading dims, e.g.
+    several residual bases, are batched through every factorisation)."""
+    qk, ov = circuits.qk.map(_flatten_heads), circuits.ov.map(_flatten_heads)
     q_v, q_o, (p_ov, s_ov, wh_ov) = principal_core(ov.left, ov.right)  # W_OV = W_V W_O
     q_q, q_k, (p_qk, s_qk, wh_qk) = principal_core(qk.left, qk.right)  # W_QK = W_Q W_Kᵀ
     writer = Spectra(q_o @ wh_ov.mT, s_ov.square())
@@ -43,6 +44,10 @@ def head_spectra(circuits: HeadCircuits) -> tuple[Spectra, dict[str, Spectra]]:
     return writer, readers
 
 
+def _flatten_heads(factor: Tensor) -> Tensor:
+    return factor.flatten(-4, -3)  # (..., L, H, d, r) -> (..., L H, d, r)
+
+
 def all_pair_stats(
     writer: Spectra,
     readers: dict[str, Spectra],
@@ -50,36 +55,35 @@ def all_pair_stats(
     n_heads: int,
     cosine_mass: bool = False,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-) -> dict[str, PairStats]:
-    """:class:`PairStats` of every writer → reader pair for each kind in ``readers``.
+) -> PairStats:
+    """:class:`PairStats` of every writer → reader pair, for the kinds in ``readers`` (in their order).
 
-    Fields broadcast to ``[L·H (writer), L·H (reader), d_head]``; NaN unless the reader's layer is
-    later. ``cosine_mass``: also ``Σ cos²θ`` per pair (the subspace measure needs it).
+    Spectra ``[..., L·H, ...]`` (leading dims batched); fields broadcast to ``[..., kind, L·H
+    (writer), L·H (reader), d_head]``, NaN unless the reader's layer is later. ``cosine_mass``:
+    also ``Σ cos²θ`` per pair (the subspace measure needs it).
     """
     kinds = list(readers)
-    n, d, r = writer.basis.shape
+    *lead, n, d, r = writer.basis.shape
     H, K = n_heads, len(kinds)
-    reader_basis = torch.stack([readers[k].basis for k in kinds])  # (K, n, d, r)
-    reader_sq = torch.stack([readers[k].sq for k in kinds])  # (K, n, r)
-    energy = writer.sq.new_full((K, n, n, r), math.nan)
-    mass = writer.sq.new_full((K, n, n), math.nan) if cosine_mass else None
-    bytes_per_writer = 3 * r * K * H * r * writer.basis.element_size()  # the product, its square, a reduction temporary
+    reader_basis = torch.stack([readers[k].basis for k in kinds], dim=-4)  # (..., K, n, d, r)
+    reader_sq = torch.stack([readers[k].sq for k in kinds], dim=-3)  # (..., K, n, r)
+    energy = writer.sq.new_full((*lead, K, n, n, r), math.nan)
+    mass = writer.sq.new_full((*lead, K, n, n), math.nan) if cosine_mass else None
+    batch = math.prod(lead)
+    bytes_per_writer = 3 * batch * r * K * H * r * writer.basis.element_size()  # the product, its square, a temporary
     writers_per_chunk = max(1, max_chunk_bytes // bytes_per_writer)
     for l2 in range(1, n_layers):
         heads = slice(l2 * H, (l2 + 1) * H)
-        right = reader_basis[:, heads].permute(2, 0, 1, 3).reshape(d, K * H * r)  # (d, K H r)
-        weights = reader_sq[:, heads]  # (K, H, r)
+        right = reader_basis[..., heads, :, :].movedim(-2, -4).reshape(*lead, d, K * H * r)  # (..., d, K H r)
+        weights = reader_sq[..., heads, :]  # (..., K, H, r)
         for w0 in range(0, l2 * H, writers_per_chunk):
             w1 = min(l2 * H, w0 + writers_per_chunk)
-            left = writer.basis[w0:w1].mT.reshape(-1, d)  # (w r, d)
-            cos2 = (left @ right).square_().view(w1 - w0, r, K, H, r)  # (w, r_a, K, H, r_b)
-            energy[:, w0:w1, heads] = torch.einsum("wikhj,khj->kwhi", cos2, weights)
+            left = writer.basis[..., w0:w1, :, :].mT.reshape(*lead, -1, d)  # (..., w r, d)
+            cos2 = (left @ right).square_().view(*lead, w1 - w0, r, K, H, r)  # (..., w, r_a, K, H, r_b)
+            energy[..., w0:w1, heads, :] = torch.einsum("...wikhj,...khj->...kwhi", cos2, weights)
             if mass is not None:
-                mass[:, w0:w1, heads] = cos2.sum((1, 4)).permute(1, 0, 2)
-    return {
-        kind: PairStats(energy[i], writer.sq[:, None, :], reader_sq[i][None], None if mass is None else mass[i])
-        for i, kind in enumerate(kinds)
-    }
+                mass[..., w0:w1, heads] = cos2.sum((-4, -1)).movedim(-2, -3)
+    return PairStats(energy, writer.sq[..., None, :, None, :], reader_sq[..., None, :, :], mass)
 
 
 def composition_scores(
@@ -88,23 +92,25 @@ def composition_scores(
     kinds: tuple[str, ...] = COMPOSITION_KINDS,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> dict[str, dict[str, Tensor]]:
-    """``{measure name: {kind: [n_layers, n_heads, n_layers, n_heads]}}`` for every head pair.
+    """``{measure name: {kind: [..., n_layers, n_heads, n_layers, n_heads]}}`` for every head pair.
 
     Entry ``[l1, h1, l2, h2]`` scores writer ``L{l1}H{h1}`` into reader ``L{l2}H{h2}``; pairs with
-    ``l2 <= l1`` are NaN, never scored. The measures are scored on ``circuits`` as given: a caller
-    whitens the circuits first for a whitened basis (:func:`metrics.composition.whitening.whiten`).
+    ``l2 <= l1`` are NaN, never scored. The measures are scored on ``circuits`` as given (leading
+    dims batched): a caller whitens the circuits first for a whitened basis
+    (:func:`metrics.composition.whitening.whiten`).
     """
     measures = (measures,) if isinstance(measures, Measure) else tuple(measures)
     unknown = set(kinds) - set(COMPOSITION_KINDS)
     if unknown:
         raise ValueError(f"composition kinds must be in {COMPOSITION_KINDS}, got {sorted(unknown)}")
-    L, H = circuits.n_layers, circuits.n_heads
+    *lead, L, H, _, _ = circuits.qk.left.shape
     writer, readers = head_spectra(circuits)
     stats = all_pair_stats(
         writer, {k: readers[k] for k in kinds}, L, H,
         cosine_mass=any(m.needs_cosine_mass for m in measures), max_chunk_bytes=max_chunk_bytes,
     )
-    return {m.name: {kind: m.score(stats[kind]).reshape(L, H, L, H) for kind in kinds} for m in measures}
+    scores = {m.name: m.score(stats).reshape(*lead, len(kinds), L, H, L, H) for m in measures}  # all kinds at once
+    return {name: {kind: values[..., i, :, :, :, :] for i, kind in enumerate(kinds)} for name, values in scores.items()}
 
 
 def layer_order_pairs(n_layers: int, n_heads: int) -> tuple[Tensor, Tensor]:

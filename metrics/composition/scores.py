@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from metrics.composition.circuits import HeadCircuits, head_circuits
+from metrics.composition.circuits import HeadCircuits, LowRank, head_circuits
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_scores
 from metrics.composition.measures import COMPOSITION_MEASURES
 from metrics.composition.whitening import embedding_covariance, residual_covariance, whiten
@@ -49,13 +49,34 @@ def composition_of(
     by_basis: dict[str, list[str]] = {}
     for m in measures:
         by_basis.setdefault(COMPOSITION_MEASURES[m].basis, []).append(m)
-    scores: dict[str, dict[str, Tensor]] = {}
-    for basis, names in by_basis.items():
-        basis_circuits = circuits
+    bases = {}
+    for basis in by_basis:
+        bases[basis] = circuits
         if basis != "raw":
             covariance = (covariances or {}).get(basis)
             if covariance is None:
                 covariance = basis_covariance(model, basis, residual, dtype)
-            basis_circuits = whiten(circuits, covariance.to(dtype))
-        scores.update(composition_scores(basis_circuits, tuple(COMPOSITION_MEASURES[m] for m in names), max_chunk_bytes=max_chunk_bytes))
+            bases[basis] = whiten(circuits, covariance.to(dtype))
+    scores: dict[str, dict[str, Tensor]] = {}
+    for group in basis_groups(list(bases), circuits, max_chunk_bytes):
+        stacked = HeadCircuits(
+            qk=LowRank(*(torch.stack([getattr(bases[b].qk, side) for b in group]) for side in ("left", "right"))),
+            ov=LowRank(*(torch.stack([getattr(bases[b].ov, side) for b in group]) for side in ("left", "right"))),
+        )
+        names = tuple(m for b in group for m in by_basis[b])
+        by_measure = composition_scores(stacked, tuple(COMPOSITION_MEASURES[m] for m in names), max_chunk_bytes=max_chunk_bytes)
+        for m in names:
+            index = group.index(COMPOSITION_MEASURES[m].basis)
+            scores[m] = {kind: values[index] for kind, values in by_measure[m].items()}
     return {m: scores[m] for m in measures}
+
+
+def basis_groups(bases: list[str], circuits: HeadCircuits, max_chunk_bytes: int) -> list[list[str]]:
+    """Bases scored together: on small models every basis in one batched pass (a few large calls
+    instead of many small ones); when the factorised weights of all of them would take more than
+    a quarter of ``max_chunk_bytes``, one basis at a time (memory stays bounded)."""
+    factor = circuits.qk.left
+    per_basis = 12 * factor.numel() * factor.element_size()  # four weights, their Q factors, the bases
+    if len(bases) * per_basis <= max_chunk_bytes // 4:
+        return [bases]
+    return [[b] for b in bases]

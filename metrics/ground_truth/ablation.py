@@ -3,18 +3,45 @@
 For writer h1 (layer l1) and reader h2 (layer l2 > l1), on the probe batch: mean-ablate h1's
 output in the input of h2's *keys only* (queries, values and every other head untouched), then
 measure how much h2's attention pattern moves and how much the repeated-token loss rises.
+
+The result equals running the model once per pair (``per_pair_loop`` in ``tests/test_ablation.py``),
+but costs less, because most of that work is shared or low-rank:
+
+- **Nothing below the reader's layer runs again.** The residual stream entering layer l2 is the
+  clean one; only layer l2 and the layers after it are recomputed.
+- **Key change.** h1 writes ``write = z @ W_O^{h1}`` with ``z [b, t, d_head]`` its pattern-weighted
+  values. Without normalization the keys are linear in their input, so the ablated keys of
+  every head of layer l2 are ``k + scale·(mean(z) - z) @ (W_O^{h1} @ W_K^{l2})``: a
+  ``d_head x (n_heads·d_head)`` product per writer instead of a ``d_model``-wide projection. With
+  LayerNorm/RMSNorm the norm is not linear and ``norm(x + scale·(mean - write)) @ W_K`` is computed
+  as it stands.
+- **Reader change.** Only h2's pattern moves, so after layer l2 the stream is the clean one plus
+  ``Δz @ W_O^{h2}`` (``Δz = Δpattern @ v``, rank ``d_head``). Without normalization the next read
+  (layer l2+1's queries, keys and values, or the unembedding when l2 is last) is linear too and
+  is computed as ``clean read + Δz @ (W_O^{h2} @ W_read)``.
+- **Bounded memory.** The work of a reader layer is cut into blocks of (writer, sequence) rows,
+  each row carrying all ``n_heads`` readers, sized so that a block's intermediates stay under
+  ``max_chunk_bytes``. Only the final ``[L, H, L, H]`` results leave the model's device and dtype.
+
+``scale`` (default 1, the mean ablation) moves the key input by ``scale·(mean - write)`` instead,
+so that ``effect / scale`` can be checked, for a small scale, against the first-order estimate of
+:mod:`metrics.ground_truth.attribution`.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from data.probe import ProbeBatch
-from models.transformer import AttentionOnlyTransformer, causal_pattern
+from models.transformer import AttentionOnlyTransformer, TransformerShape
+
+DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20  # the same budget as the composition engine's chunks
 
 
 @dataclass(frozen=True)
@@ -33,73 +60,396 @@ class KeyAblation:
         return {"loss_change": self.loss_change, "pattern_change": self.pattern_change}
 
 
-SEQUENCES_PER_CHUNK = 2048  # (writer, reader, sequence) rows forwarded at once: bounds memory on big models
-
-
-def _repeated_loss_per_group(model, x: Tensor, first_layer: int, tokens: Tensor, probe: ProbeBatch) -> Tensor:
-    """Repeated-token loss of each group of ``b = len(tokens)`` rows of the residual stream
-    ``x [g * b, t, d]`` entering ``first_layer`` -> ``[g]``. Only the positions the loss scores
-    are unembedded."""
-    for layer in model.layers[first_layer:]:
-        x = x + layer.head_outputs(x, layer.pattern(x)).sum(dim=1)
-    b, start, n = len(tokens), probe.repeat_start, probe.n
-    logits = model.unembed(x[:, start : start + n - 1])  # predicting tokens start+1 .. start+n-1
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least float32, e.g. for a bf16 model
-    targets = tokens[:, start + 1 : start + n].repeat(len(x) // b, 1)
-    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-    return losses.view(-1, b * (n - 1)).mean(dim=1)
-
-
-def _reader_layer_effects(model, cache, tokens, probe, l2: int) -> tuple[Tensor, Tensor]:
-    """Both effects of ablating each writer (the ``W = l2 * n_heads`` heads of layers < l2, in flat
-    order) from the keys of each head of layer ``l2``: ``([W, n_heads], [W, n_heads])``.
-
-    The clean pattern, outputs and loss are recomputed along the very same path as the ablated
-    ones, so a writer that changes nothing has an effect of exactly 0, not rounding noise.
-    """
-    H = model.shape.n_heads
-    layer, x = model.layers[l2], cache["resid_pre"][l2]  # (b, t, d)
-    writes = torch.cat([out.transpose(0, 1) for out in cache["head_out"][:l2]])  # (W, b, t, d)
-    x_keys = torch.cat([x[None], x - writes + writes.mean(dim=(1, 2), keepdim=True)])  # (1 + W, b, t, d): clean, then ablated
-    n, b, t, d = x_keys.shape
-    keys = layer.project(x_keys.reshape(n * b, t, d), layer.W_K).reshape(n, b, H, t, -1)
-    patterns = causal_pattern(layer.project(x, layer.W_Q)[None], keys)  # (1 + W, b, H, t, t)
-    pattern_change = 0.5 * (patterns[1:] - patterns[:1]).abs().sum(-1).mean(dim=(1, 3))  # (W, H)
-    # each (writer, reader h2) run differs from the clean one only by h2's write at layer l2
-    outputs = (patterns @ layer.project(x, layer.W_V)) @ layer.W_O[None, None]  # (1 + W, b, H, t, d)
-    clean_out = outputs[0]
-    clean_next = x + clean_out.sum(dim=1)  # (b, t, d)
-    x_next = clean_next + (outputs[1:] - clean_out).transpose(1, 2)  # (W, H, b, t, d)
-    rows = torch.cat([clean_next, x_next.reshape(-1, t, d)])  # the clean group first
-    chunk = max(1, SEQUENCES_PER_CHUNK // b) * b
-    losses = torch.cat([_repeated_loss_per_group(model, rows[i : i + chunk], l2 + 1, tokens, probe) for i in range(0, len(rows), chunk)])
-    return pattern_change, (losses[1:] - losses[0]).reshape(-1, H)
-
-
 @torch.inference_mode()
 def key_ablation_effects(
-    model: AttentionOnlyTransformer, probe: ProbeBatch, clean_run: tuple[Tensor, dict] | None = None
+    model: AttentionOnlyTransformer,
+    probe: ProbeBatch,
+    clean_run: tuple[Tensor, dict] | None = None,
+    *,
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    scale: float = 1.0,
 ) -> KeyAblation:
     """The K-only mean-ablation effect of every earlier->later head pair on ``probe``.
 
     h1's write is replaced by its mean over the batch and positions in the residual stream that
-    h2's keys read; h2's queries and values, and every other head, see the clean stream. Batched
-    over all writers and all heads of each reader layer.
+    h2's keys read; h2's queries and values, and every other head, see the clean stream.
 
     ``clean_run``: ``model.run_with_cache(probe.tokens)`` in eval mode, if the caller has it already.
+    ``max_chunk_bytes``: rough bound on the intermediates alive at once (the clean run's tensors,
+    ``O(n_layers · batch · pos · d_model)``, come on top; the smallest block is one writer on one
+    sequence). ``scale``: move the key input by ``scale · (mean - write)`` (1: the mean ablation).
     """
+    pattern_change, loss_change = _ablate(model, probe, clean_run, max_chunk_bytes, scale, with_loss=True)
+    return KeyAblation(pattern_change, loss_change)
+
+
+@torch.inference_mode()
+def key_pattern_changes(
+    model: AttentionOnlyTransformer,
+    probe: ProbeBatch,
+    clean_run: tuple[Tensor, dict] | None = None,
+    *,
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    scale: float = 1.0,
+) -> Tensor:
+    """``pattern_change`` of :func:`key_ablation_effects` alone, ``[L, H, L, H]`` float64 on CPU:
+    it needs only the reader's layer, so no layer after it is run."""
+    pattern_change, _ = _ablate(model, probe, clean_run, max_chunk_bytes, scale, with_loss=False)
+    return pattern_change
+
+
+def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> float:
+    """Matmul FLOPs (2 per multiply-add) of :func:`key_ablation_effects`, given the clean run.
+
+    ``b = probe_batch`` sequences of ``t = probe_len`` tokens; ``s = probe_len // 2 - 1`` scored
+    positions (the repeated tokens ``t_2 .. t_n``); ``L, H, d, e, V`` the model's layers, heads,
+    ``d_model``, ``d_head``, vocabulary; ``He = H·e``; ``W = l2·H`` writers before reader layer l2.
+    Softmaxes, norms and other elementwise work are left out (lower order). Term by term:
+
+    - clean queries, keys and values of the reader layers: ``(L-1) · b·t·d·3He``; and without
+      normalization layer 0's values ``b·t·d·He`` and the writers' ``z = pattern @ v``:
+      ``(L-1) · b·H·t²·e``;
+    - per reader layer l2 = 1 .. L-1:
+      - clean pattern ``b·H·t²·e``; ablated patterns ``W·b·H·t²·e``; ``Δz = Δpattern @ v``: the same;
+      - ablated keys: ``W·e·d·He`` (``W_O^{h1} @ W_K``) + ``W·b·t·e·He`` without normalization,
+        ``W·b·t·d·He`` with it;
+      - ``R = W·H·b`` ablated sequences after the reader layer, plus ``b`` clean ones (which reuse
+        the clean run's q, k, v or logits, so skip the first read):
+        - the stream ``x + Δz @ W_O^{h2}``: ``R·t·e·d`` (not needed without normalization when l2
+          is last);
+        - the first read: the unembedding ``V`` wide at ``s`` positions, else the next layer's
+          q, k, v ``3He`` wide at ``t`` positions (its q at ``s`` only if it is the last layer and
+          the model normalizes): ``H·e·d·width + R·positions·e·width`` without normalization
+          (through ``W_O^{h2} @ W_read``), ``R·positions·d·width`` with it;
+        - then ``R + b`` times: the rest of the next layer (attention ``2·H·t²·e``, output
+          ``t·He·d``); every full layer after it ``t·d·3He + 2·H·t²·e + t·He·d``; the last layer,
+          which is only read at the scored positions, ``s·d·He + t·d·2He + 2·H·s·t·e + s·He·d``
+          (when the next layer is the last, its attention and output are at ``s`` rows too);
+          the unembedding ``s·d·V``.
+
+    All times 2. The ablated sequences dominate: ``O(Σ_l2 l2·H²·b·(L-1-l2)·t·d·He)``, cubic in
+    depth, which is why large models use :mod:`metrics.ground_truth.attribution` instead.
+    """
+    L, H, d, e, V = shape.n_layers, shape.n_heads, shape.d_model, shape.d_head, shape.d_vocab
+    b, t, s, He = probe_batch, probe_len, probe_len // 2 - 1, shape.n_heads * shape.d_head
+    linear = shape.normalization == "none"
+
+    def attention_and_output(rows: int) -> int:  # per sequence, ``rows`` query positions
+        return 2 * H * rows * t * e + rows * He * d
+
+    full_layer = t * d * 3 * He + attention_and_output(t)
+    last_layer = s * d * He + t * d * 2 * He + attention_and_output(s)
+    macs = (L - 1) * b * t * d * 3 * He  # the readers' clean q, k, v
+    if linear:  # layer 0's values, then every writer layer's z
+        macs += b * t * d * He + (L - 1) * b * H * t * t * e
+    for l2 in range(1, L):
+        W, R, after = l2 * H, l2 * H * H * b, L - 1 - l2
+        macs += (1 + 2 * W) * b * H * t * t * e
+        macs += (W * e * d * He + W * b * t * e * He) if linear else W * b * t * d * He
+        if not (linear and after == 0):
+            macs += R * t * e * d
+        if after == 0:
+            macs += (H * e * d * V + R * s * e * V) if linear else R * s * d * V
+            continue
+        if linear:
+            macs += H * e * d * 3 * He + R * t * e * 3 * He
+        else:
+            macs += R * (last_layer - attention_and_output(s) if after == 1 else t * d * 3 * He)
+        rest = attention_and_output(s) if after == 1 else attention_and_output(t) + (after - 2) * full_layer + last_layer
+        macs += (R + b) * (rest + s * d * V)
+    return 2.0 * macs
+
+
+# --- the clean run -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _CleanRun:
+    """What the ablation reads from the clean forward pass, on the model's device.
+
+    ``stream[l]``: layer l's input ``[b, t, d]``, ``stream[L]`` the final stream; ``logits``
+    ``[b, t, V]``; ``q, k, v[l]`` ``[b, H, t, e]`` for the reader layers l >= 1 (None for layer 0);
+    ``z[l] = pattern @ v`` ``[b, H, t, e]`` for the writer layers l < L-1 (None with normalization,
+    which reads the writes themselves); ``writes[l]``: each head's write ``[b, H, t, d]``.
+    """
+
+    stream: list[Tensor]
+    logits: Tensor
+    q: list[Tensor | None]
+    k: list[Tensor | None]
+    v: list[Tensor | None]
+    z: list[Tensor] | None
+    writes: list[Tensor]
+
+    @classmethod
+    def of(cls, model: AttentionOnlyTransformer, clean_run: tuple[Tensor, dict]) -> _CleanRun:
+        logits, cache = clean_run
+        x, patterns = cache["resid_pre"], cache["pattern"]
+        # the cache keeps no q, k, v: recomputing the readers' costs one forward pass's projections
+        q, k, v = map(list, zip((None, None, None), *(_qkv(layer, x_l) for layer, x_l in zip(model.layers[1:], x[1:]))))
+        z = None
+        if _is_linear(model):  # the writers' pattern-weighted values, for their d_head-wide key change
+            v[0] = _project(model.layers[0], x[0], model.layers[0].W_V)
+            z = [pattern @ v_l for pattern, v_l in zip(patterns[:-1], v[:-1])]
+        final = x[-1] + cache["head_out"][-1].sum(dim=1)
+        return cls([*x, final], logits, q, k, v, z, list(cache["head_out"]))
+
+
+def _is_linear(model: AttentionOnlyTransformer) -> bool:
+    """True when nothing sits between the residual stream and a head's (or the unembedding's) read."""
+    return model.shape.normalization == "none"
+
+
+# --- driver --------------------------------------------------------------------------------------
+
+
+def _ablate(model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: float, with_loss: bool) -> tuple[Tensor, Tensor | None]:
+    """Both effects (the loss only ``with_loss``) as ``[L, H, L, H]`` float64 CPU tensors."""
     was_training = model.training
     model.eval()
     try:
         tokens = probe.tokens.to(model.W_E.device)
-        _, cache = model.run_with_cache(tokens) if clean_run is None else clean_run
+        clean = _CleanRun.of(model, model.run_with_cache(tokens) if clean_run is None else clean_run)
         L, H = model.shape.n_layers, model.shape.n_heads
         pattern_change = torch.full((L * H, L * H), float("nan"), dtype=torch.float64)
         loss_change = pattern_change.clone()
         for l2 in range(1, L):
-            patterns, losses = _reader_layer_effects(model, cache, tokens, probe, l2)
-            pattern_change[: l2 * H, l2 * H : (l2 + 1) * H] = patterns.double().cpu()
-            loss_change[: l2 * H, l2 * H : (l2 + 1) * H] = losses.double().cpu()
+            patterns, losses = _reader_layer_effects(model, clean, tokens, probe, l2, scale, max_chunk_bytes, with_loss)
+            pattern_change[: l2 * H, l2 * H : (l2 + 1) * H] = patterns.cpu().double()
+            if with_loss:
+                loss_change[: l2 * H, l2 * H : (l2 + 1) * H] = losses.cpu().double()
     finally:
         model.train(was_training)
-    return KeyAblation(pattern_change.reshape(L, H, L, H), loss_change.reshape(L, H, L, H))
+    return pattern_change.reshape(L, H, L, H), loss_change.reshape(L, H, L, H) if with_loss else None
+
+
+def _reader_layer_effects(model, clean: _CleanRun, tokens: Tensor, probe: ProbeBatch, l2: int, scale: float,
+                          max_chunk_bytes: int, with_loss: bool) -> tuple[Tensor, Tensor | None]:
+    """Both effects of ablating each writer (the ``W = l2 · H`` heads of layers < l2, flat order
+    ``l1 · H + h1``) from the keys of each head of layer ``l2``: ``([W, H], [W, H] or None)``.
+
+    Sums over sequences and positions accumulate block by block, and are averaged at the end.
+    """
+    H, (b, t, _) = model.shape.n_heads, clean.stream[l2].shape
+    n_scored = probe.n - 1
+    accumulate = torch.promote_types(clean.q[l2].dtype, torch.float32)
+    keys = _AblatedKeys(model, clean, l2, scale)
+    after = _LayersAfter(model, clean, l2, tokens, probe) if with_loss else None
+    q, v = clean.q[l2], clean.v[l2]
+    clean_pattern = _attention(q, clean.k[l2])  # (b, H, t, t)
+    tv_sums = torch.zeros(keys.n_writers, H, dtype=accumulate, device=q.device)
+    loss_sums = torch.zeros_like(tv_sums)
+    layers_after = model.shape.n_layers - 1 - l2 if with_loss else None
+    rows = max(1, max_chunk_bytes // _bytes_per_row(model.shape, t, n_scored, q.element_size(), layers_after))
+    for writers, sequences in _blocks(keys.n_writers, b, rows):
+        ablated_keys, moved = keys.block(writers, sequences)  # (w, s, H, t, e), (w, s, H)
+        delta_pattern = _attention(q[sequences], ablated_keys).sub_(clean_pattern[sequences])  # (w, s, H, t, t)
+        delta_pattern.mul_(moved[..., None, None])  # where the keys did not move: exactly 0, not rounding noise
+        if with_loss:
+            loss_sums[writers] += after.loss_change_sums(delta_pattern @ v[sequences], sequences)
+        tv_sums[writers] += 0.5 * delta_pattern.abs_().sum(dim=(1, 3, 4), dtype=accumulate)
+    return tv_sums / (b * t), loss_sums / (b * n_scored) if with_loss else None
+
+
+def _blocks(n_writers: int, n_sequences: int, rows: int) -> Iterator[tuple[slice, slice]]:
+    """Cover the (writer, sequence) grid with blocks of at most ``rows`` rows (at least one row):
+    several writers on every sequence while one writer's sequences fit, else slices of one writer's
+    sequences."""
+    if rows >= n_sequences:
+        per_block = rows // n_sequences
+        for w in range(0, n_writers, per_block):
+            yield slice(w, min(w + per_block, n_writers)), slice(0, n_sequences)
+    else:
+        for w in range(n_writers):
+            for s in range(0, n_sequences, rows):
+                yield slice(w, w + 1), slice(s, min(s + rows, n_sequences))
+
+
+def _bytes_per_row(shape: TransformerShape, t: int, n_scored: int, itemsize: int, layers_after: int | None) -> int:
+    """Rough peak bytes of one (writer, sequence) row, with all H readers.
+
+    Reader layer: the key shift, ablated keys and Δz (``H·t·e`` each; with normalization the key
+    input ``t·d`` twice instead of the shift), scores, pattern, Δpattern and its absolute value
+    (``H·t²`` each). Then, unless ``layers_after`` is None (no loss wanted), each of the H ablated
+    sequences: logits and their log-softmax (``s·V`` each, at least float32); the stream and its
+    norm (``t·d``) where the unembedding reads it; with layers after the reader, the stream, a
+    layer's output and the next stream (``t·d``), the next read and its sum (``t·3He``),
+    scores, masked scores and pattern (``H·t²``), z and its merged copy (``H·t·e``).
+    """
+    H, d, e, V = shape.n_heads, shape.d_model, shape.d_head, shape.d_vocab
+    linear = shape.normalization == "none"
+    reader = 3 * H * t * e + 4 * H * t * t + (t * e if linear else 2 * t * d)
+    if layers_after is None:
+        return itemsize * reader
+    logits = 2 * n_scored * V * max(1, 4 // itemsize)
+    if layers_after == 0:
+        downstream = logits + (0 if linear else 2 * t * d)
+    else:
+        downstream = logits + 3 * t * d + 2 * t * 3 * H * e + 3 * H * t * t + 2 * H * t * e
+    return itemsize * (reader + H * downstream)
+
+
+def _writer_rows(per_layer: list[Tensor], writers: slice, sequences: slice, n_heads: int) -> Tensor:
+    """``[w, s, t, ·]``: the writers' rows of per-layer ``[b, H, t, ·]`` tensors (flat writer order)."""
+    return torch.stack([per_layer[w // n_heads][sequences, w % n_heads] for w in range(writers.start, writers.stop)])
+
+
+def _writer_means(per_layer: list[Tensor]) -> Tensor:
+    """``[W, ·]``: each writer's mean over batch and positions of per-layer ``[b, H, t, ·]`` tensors."""
+    return torch.cat([x.mean(dim=(0, 2)) for x in per_layer])
+
+
+def _project(layer: nn.Module, x: Tensor, weights: Tensor) -> Tensor:
+    """``norm(x) [..., t, d]`` read by per-head ``weights [h, d, e]`` -> ``[..., h, t, e]``, as one
+    ``d x h·e`` GEMM (a broadcast ``[b, 1, t, d] @ [h, d, e]`` would copy the weights b times)."""
+    h, d, e = weights.shape
+    return (layer.norm(x) @ weights.permute(1, 0, 2).reshape(d, h * e)).unflatten(-1, (h, e)).transpose(-3, -2)
+
+
+def _qkv(layer: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys and values ``[..., H, t, e]`` of ``x [..., t, d]``, in one GEMM."""
+    return _project(layer, x, torch.cat([layer.W_Q, layer.W_K, layer.W_V])).chunk(3, dim=-3)
+
+
+def _merge_heads(z: Tensor, W_O: Tensor) -> Tensor:
+    """All heads' writes summed: ``z [n, H, t, e]`` x ``W_O [H, e, d]`` -> ``[n, t, d]``, one GEMM."""
+    return torch.einsum("nhte,hed->ntd", z, W_O)
+
+
+# --- the reader layer ----------------------------------------------------------------------------
+
+
+class _AblatedKeys:
+    """The keys of reader layer l2's heads with one writer's write moved to ``scale`` of the way to its mean."""
+
+    def __init__(self, model, clean: _CleanRun, l2: int, scale: float) -> None:
+        self.layer, self.clean, self.l2, self.scale = model.layers[l2], clean, l2, scale
+        self.n_heads = model.shape.n_heads
+        self.n_writers = l2 * self.n_heads
+        self.linear = clean.z is not None
+        if self.linear:
+            W_O = torch.cat([layer.W_O for layer in model.layers[:l2]])  # (W, e, d)
+            W_K = self.layer.W_K.permute(1, 0, 2).flatten(1)  # (d, H·e)
+            self.write_to_keys = W_O @ W_K  # (W, e, H·e): W_O^{h1} W_K for every reader at once
+            self.reaches_keys = self.write_to_keys.unflatten(-1, (self.n_heads, -1)).ne(0).any(dim=-1).any(dim=1)  # (W, H)
+            self.mean = _writer_means(clean.z[:l2])  # (W, e)
+        else:
+            self.mean = _writer_means(clean.writes[:l2])  # (W, d)
+
+    def block(self, writers: slice, sequences: slice) -> tuple[Tensor, Tensor]:
+        """Ablated keys ``[w, s, H, t, e]`` for a block, and which (writer, sequence, reader) moved ``[w, s, H]``."""
+        if self.linear:
+            return self._linear(writers, sequences)
+        return self._normalized(writers, sequences)
+
+    def _linear(self, writers: slice, sequences: slice) -> tuple[Tensor, Tensor]:
+        z = _writer_rows(self.clean.z, writers, sequences, self.n_heads)  # (w, s, t, e)
+        w, s, t, e = z.shape
+        shift = self.scale * (self.mean[writers, None, None] - z)
+        delta = (shift.flatten(1, 2) @ self.write_to_keys[writers]).view(w, s, t, self.n_heads, e).transpose(2, 3)
+        moved = shift.ne(0).flatten(-2).any(dim=-1)[..., None] & self.reaches_keys[writers, None]
+        keys = torch.empty(w, s, self.n_heads, t, e, dtype=delta.dtype, device=delta.device)  # contiguous: q kᵀ needs no copy
+        return torch.add(self.clean.k[self.l2][sequences], delta, out=keys), moved
+
+    def _normalized(self, writers: slice, sequences: slice) -> tuple[Tensor, Tensor]:
+        writes = _writer_rows(self.clean.writes, writers, sequences, self.n_heads)  # (w, s, t, d)
+        w, s, t, d = writes.shape
+        shift = self.scale * (self.mean[writers, None, None] - writes)
+        x_key = self.clean.stream[self.l2][sequences] + shift
+        keys = _project(self.layer, x_key, self.layer.W_K)  # (w, s, H, t, e)
+        moved = shift.ne(0).flatten(-2).any(dim=-1)[..., None].expand(w, s, self.n_heads)
+        return keys, moved
+
+
+# --- the layers after the reader -----------------------------------------------------------------
+
+
+class _LayersAfter:
+    """Runs the layers after reader layer l2 for many ablated (writer, reader, sequence) rows and
+    scores the repeated tokens, against the clean run along the very same path."""
+
+    def __init__(self, model, clean: _CleanRun, l2: int, tokens: Tensor, probe: ProbeBatch) -> None:
+        self.model, self.l2 = model, l2
+        self.last = l2 == model.shape.n_layers - 1
+        self.linear = _is_linear(model)
+        self.W_O = model.layers[l2].W_O  # (H, e, d): the reader heads' writes
+        self.stream = clean.stream[l2 + 1]  # (b, t, d): the clean stream after layer l2
+        self.scored = slice(probe.repeat_start, probe.repeat_start + probe.n - 1)  # predicting t_2 .. t_n
+        self.targets = tokens[:, probe.repeat_start + 1 : probe.repeat_start + probe.n]  # (b, s)
+        if self.last:  # the next read is the unembedding, at the scored positions only
+            self.clean_read = clean.logits[:, self.scored]  # (b, s, V)
+            read_weight = model.W_U  # (d, V)
+        else:  # the next read is layer l2 + 1's queries, keys and values
+            self.clean_read = torch.cat([clean.q[l2 + 1], clean.k[l2 + 1], clean.v[l2 + 1]], dim=1)  # (b, 3H, t, e)
+            following = model.layers[l2 + 1]
+            read_weight = torch.cat([following.W_Q, following.W_K, following.W_V]).permute(1, 0, 2).flatten(1)  # (d, 3H·e)
+        self.write_to_read = self.W_O @ read_weight if self.linear else None  # (H, e, V or 3H·e)
+        self.clean_losses = self._loss_sums(self.stream, self.clean_read, self.targets)  # (b,)
+
+    def loss_change_sums(self, delta_z: Tensor, sequences: slice) -> Tensor:
+        """Summed over the block's sequences and scored positions: the loss change of each
+        (writer, reader) whose reader output moved by ``delta_z [w, s, H, t, e]`` -> ``[w, H]``."""
+        delta_z = delta_z.transpose(1, 2)  # (w, H, s, t, e)
+        w, H, s, t, e = delta_z.shape
+        stream = None
+        if not (self.linear and self.last):  # the stream itself is needed downstream
+            stream = self.stream[sequences] + torch.einsum("whste,hed->whstd", delta_z, self.W_O)
+        if self.linear:  # read the change through W_O^{h2} W_read: d_head wide, not d_model
+            if self.last:
+                read = self.clean_read[sequences] + torch.einsum("whste,hev->whstv", delta_z[..., self.scored, :], self.write_to_read)
+            else:
+                delta_read = torch.einsum("whste,hek->whstk", delta_z, self.write_to_read).unflatten(-1, (3 * H, e))
+                read = self.clean_read[sequences] + delta_read.transpose(-3, -2)  # (w, H, s, 3H, t, e)
+            read = read.flatten(0, 2)
+        else:
+            read = None
+        losses = self._loss_sums(None if stream is None else stream.flatten(0, 2), read, self.targets[sequences].repeat(w * H, 1))
+        delta = losses.view(w, H, s) - self.clean_losses[sequences]
+        moved = delta_z.ne(0).flatten(-2).any(dim=-1)  # (w, H, s): an unmoved row changes nothing
+        return torch.where(moved, delta, 0).sum(dim=-1)
+
+    def _loss_sums(self, stream: Tensor | None, read: Tensor | None, targets: Tensor) -> Tensor:
+        """Repeated-token loss summed over the scored positions of each row ``[n]``, from the
+        stream after layer l2 ``[n, t, d]`` and/or its first read (``[n, s, V]`` logits when l2 is
+        last, else ``[n, 3H, t, e]`` queries, keys and values; None: compute it from the stream)."""
+        if self.last:
+            logits = read if read is not None else self.model.unembed(stream[:, self.scored])
+        else:
+            first_qkv = None if read is None else read.chunk(3, dim=1)
+            logits = self.model.unembed(_run_layers(self.model.layers[self.l2 + 1 :], stream, self.scored, first_qkv))
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least float32, e.g. for a bf16 model
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        return losses.view(len(targets), -1).sum(dim=1)
+
+
+def _run_layers(layers: nn.ModuleList, x: Tensor, scored: slice, first_qkv: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+    """The residual stream ``x [n, t, d]`` through ``layers``, at the ``scored`` positions only
+    ``[n, s, d]``; ``first_qkv``: the first layer's queries, keys and values ``[n, H, t, e]``
+    each, when already known.
+
+    Only the scored positions are unembedded, so the last layer computes its queries, pattern rows
+    and output there alone (keys and values still at every position).
+    """
+    for i, layer in enumerate(layers):
+        last = i == len(layers) - 1
+        if i == 0 and first_qkv is not None:
+            q, k, v = first_qkv
+            q = q[:, :, scored] if last else q
+        elif last:
+            q = _project(layer, x[:, scored], layer.W_Q)
+            k, v = _project(layer, x, torch.cat([layer.W_K, layer.W_V])).chunk(2, dim=1)
+        else:
+            q, k, v = _qkv(layer, x)
+        pattern = _attention(q, k, first_query=scored.start if last else 0)
+        x = (x[:, scored] if last else x) + _merge_heads(pattern @ v, layer.W_O)
+    return x
+
+
+def _attention(q: Tensor, k: Tensor, first_query: int = 0) -> Tensor:
+    """Causal attention of queries at positions ``first_query, first_query + 1, ...`` over keys at
+    positions ``0 .. t-1``: ``q [..., s, e]``, ``k [..., t, e]`` -> ``[..., s, t]``. With
+    ``first_query = 0`` and ``s = t`` it is :func:`models.transformer.causal_pattern`, masked in place
+    (these score tensors are the largest the ablation makes)."""
+    scores = (q @ k.mT).div_(math.sqrt(q.shape[-1]))
+    future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(first_query + 1)
+    return scores.masked_fill_(future, float("-inf")).softmax(dim=-1)

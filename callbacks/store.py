@@ -1,0 +1,233 @@
+"""A compact, append-only array store for every snapshot's full tensors (``RUN_DIR/tensors/``).
+
+W&B and the CSV get summaries on big models (:mod:`callbacks.keys`); the store keeps every value,
+so the end-of-run report (:mod:`callbacks.figure`) and later analyses can read any pair's curve.
+Numpy only, no extra dependency. Layout, per tensor name (names may contain ``/``):
+
+    index.json           {"version": 1, "tensors": {name: {"file": stem, "shape": [...], "dtype": "float32"}}}
+    {stem}.f32           the values, one record of prod(shape) little-endian float32 per append
+    {stem}.steps         the steps, one little-endian int64 per append
+
+``stem`` is the name percent-encoded (``comp/K/frobenius`` -> ``comp%2FK%2Ffrobenius``): reversible,
+collision-free and a single path component. Each name has its own steps, since some parts are
+measured less often than others (the ablation, say), and steps strictly increase per name.
+
+Crash safety: values are written before their step, each with one unbuffered ``write``; a reader
+counts only records complete in both files, so a run killed mid-append loses at most that record,
+and a writer reopening the store cuts such a torn tail off before appending. ``truncate_after``
+drops records past a step, for resuming a killed run from an earlier checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+from urllib.parse import quote
+
+import numpy as np
+
+from callbacks.keys import HEAD_SCORES
+
+if TYPE_CHECKING:  # only for annotations: reading a store needs numpy alone, not torch
+    from metrics.snapshot import Snapshot
+
+TENSORS_DIR = "tensors"
+"""The store's folder inside a run directory."""
+
+INDEX_NAME = "index.json"
+VALUES_SUFFIX = ".f32"
+STEPS_SUFFIX = ".steps"
+VALUE_DTYPE = np.dtype("<f4")
+STEP_DTYPE = np.dtype("<i8")
+
+
+class TensorStore:
+    """Appends ``{name: array}`` records to ``directory`` (created if missing).
+
+    Opening repairs a torn last record of every name, so appends stay aligned; file handles stay
+    open between appends (close with :meth:`close` or use the store as a context manager)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.entries: dict[str, dict] = _read_index(self.directory)
+        self.last_steps: dict[str, int] = {}
+        self._handles: dict[str, tuple] = {}
+        for name, entry in self.entries.items():
+            steps = _complete_steps(self.directory, entry)
+            _cut_to(self.directory, entry, len(steps))
+            if len(steps):
+                self.last_steps[name] = int(steps[-1])
+
+    def append(self, step: int, tensors: dict[str, np.ndarray]) -> None:
+        """Add one record per name at ``step``; each array is stored as float32 and must keep the
+        shape its name was first stored with. Raises ValueError if ``step`` is not past a name's
+        last stored step (on resume, call :meth:`truncate_after` first)."""
+        arrays = {name: np.asarray(values, dtype=VALUE_DTYPE, order="C") for name, values in tensors.items()}  # 0-d stays 0-d
+        for name, values in arrays.items():  # check everything before writing anything
+            entry = self.entries.get(name)
+            if entry is not None and tuple(entry["shape"]) != values.shape:
+                raise ValueError(f"{name}: shape {values.shape} differs from the stored {tuple(entry['shape'])}")
+            if name in self.last_steps and step <= self.last_steps[name]:
+                raise ValueError(f"{name}: step {step} is not after the last stored step {self.last_steps[name]}")
+        new = [name for name in arrays if name not in self.entries]
+        if new:
+            used = {entry["file"] for entry in self.entries.values()}
+            for name in new:
+                self.entries[name] = {"file": _unique_stem(name, used), "shape": list(arrays[name].shape), "dtype": "float32"}
+            _write_index(self.directory, self.entries)  # before any data file: every data file has an entry
+        step_bytes = np.array([step], dtype=STEP_DTYPE).tobytes()
+        for name, values in arrays.items():
+            values_file, steps_file = self._files(name)
+            values_file.write(values.tobytes())  # the values first: a step on disk means its values are
+            steps_file.write(step_bytes)
+            self.last_steps[name] = step
+
+    def truncate_after(self, step: int) -> None:
+        """Drop every record with a step greater than ``step``, of every name."""
+        self.close()  # reopened on the next append, at the new end
+        for name, entry in self.entries.items():
+            steps = _complete_steps(self.directory, entry)
+            keep = int(np.searchsorted(steps, step, side="right"))  # steps increase per name
+            _cut_to(self.directory, entry, keep)
+            if keep:
+                self.last_steps[name] = int(steps[keep - 1])
+            else:
+                self.last_steps.pop(name, None)
+
+    def close(self) -> None:
+        for values_file, steps_file in self._handles.values():
+            values_file.close()
+            steps_file.close()
+        self._handles.clear()
+
+    def __enter__(self) -> TensorStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _files(self, name: str):
+        if name not in self._handles:
+            stem = self.directory / self.entries[name]["file"]
+            # unbuffered: every write reaches the OS at once, so a killed process leaves whole records
+            self._handles[name] = (open(f"{stem}{VALUES_SUFFIX}", "ab", buffering=0), open(f"{stem}{STEPS_SUFFIX}", "ab", buffering=0))
+        return self._handles[name]
+
+
+def read_tensor_store(directory: str | Path, names: Iterable[str] | None = None, mmap: bool = False
+                      ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{name: (steps int64 [n], values float32 [n, *shape])}`` of every complete record, for all
+    names or only ``names`` (those not stored are left out). ``mmap``: values as read-only memory
+    maps, not read into memory (a 12 × 12 run holds ~80 KB per pair tensor per snapshot)."""
+    directory = Path(directory)
+    entries = _read_index(directory)
+    wanted = entries if names is None else [name for name in names if name in entries]
+    out = {}
+    for name in wanted:
+        entry = entries[name]
+        steps = _complete_steps(directory, entry)
+        shape, size = tuple(entry["shape"]), _record_size(entry)
+        path = _path(directory, entry, VALUES_SUFFIX)
+        if not len(steps):
+            values = np.empty((0, *shape), dtype=VALUE_DTYPE)
+        elif mmap:
+            values = np.memmap(path, dtype=VALUE_DTYPE, mode="r", shape=(len(steps), *shape))
+        else:
+            values = np.fromfile(path, dtype=VALUE_DTYPE, count=len(steps) * size).reshape(len(steps), *shape)
+        out[name] = (steps, values)
+    return out
+
+
+def snapshot_tensors(snap: Snapshot) -> dict[str, np.ndarray]:
+    """The tensors of ``snap`` worth storing, by name (parts that are None are left out):
+
+    ``comp/{kind}/{measure}`` ``[L, H, L, H]`` raw composition (NaN where the reader is not later);
+    ``comp/baseline/{measure}`` ``[2]``: the baseline's mean and standard error;
+    ``match`` ``[L, H, L, H]``; ``ablation/{effect}`` ``[L, H, L, H]``;
+    ``heads/{score}`` ``[L, H]`` under the same names as the W&B keys (``heads/induction``, ...)."""
+    tensors: dict[str, np.ndarray] = {}
+    for measure, by_kind in (snap.composition or {}).items():
+        for kind, scores in by_kind.items():
+            if scores is not None:
+                tensors[f"comp/{kind}/{measure}"] = _numpy(scores)
+        baseline = (snap.baselines or {}).get(measure)
+        if baseline is not None:
+            tensors[f"comp/baseline/{measure}"] = np.array([baseline.mean, baseline.stderr])
+    if snap.matching is not None:
+        tensors["match"] = _numpy(snap.matching)
+    if snap.ablation is not None:
+        for effect, values in snap.ablation.effects().items():
+            tensors[f"ablation/{effect}"] = _numpy(values)
+    for key, attribute in HEAD_SCORES.items():
+        scores = getattr(snap, attribute)
+        if scores is not None:
+            tensors[f"heads/{key}"] = _numpy(scores)
+    return tensors
+
+
+def _numpy(values) -> np.ndarray:
+    return values.detach().float().cpu().numpy() if hasattr(values, "detach") else np.asarray(values, dtype=VALUE_DTYPE)
+
+
+def _read_index(directory: Path) -> dict[str, dict]:
+    path = directory / INDEX_NAME
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text())["tensors"]
+
+
+def _write_index(directory: Path, entries: dict[str, dict]) -> None:
+    temporary = directory / f"{INDEX_NAME}.tmp"
+    temporary.write_text(json.dumps({"version": 1, "tensors": entries}, indent=1))
+    os.replace(temporary, directory / INDEX_NAME)  # atomic: a reader sees the old index or the new one
+
+
+def _unique_stem(name: str, used: set[str]) -> str:
+    """A file stem for ``name``: percent-encoded ("/" -> "%2F"; a stem of dots is harmless, a suffix
+    follows). Quoting is one-to-one, but two names differing only in case would share files on a
+    case-insensitive filesystem (macOS), so such a name gets a numbered stem."""
+    stem = quote(name, safe="-_")
+    folded = {u.lower() for u in used}
+    if stem.lower() in folded:
+        stem = next(f"{stem}~{i}" for i in range(1, len(used) + 2) if f"{stem}~{i}".lower() not in folded)
+    used.add(stem)
+    return stem
+
+
+def _path(directory: Path, entry: dict, suffix: str) -> Path:
+    return directory / f"{entry['file']}{suffix}"
+
+
+def _record_size(entry: dict) -> int:
+    return math.prod(entry["shape"])
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else 0
+
+
+def _complete_records(directory: Path, entry: dict) -> int:
+    """Records complete in both files: a torn (partial) last record counts for nothing."""
+    record_bytes = _record_size(entry) * VALUE_DTYPE.itemsize
+    values = _size(_path(directory, entry, VALUES_SUFFIX)) // record_bytes if record_bytes else math.inf
+    steps = _size(_path(directory, entry, STEPS_SUFFIX)) // STEP_DTYPE.itemsize
+    return int(min(values, steps))
+
+
+def _complete_steps(directory: Path, entry: dict) -> np.ndarray:
+    count = _complete_records(directory, entry)
+    if not count:
+        return np.empty(0, dtype=STEP_DTYPE)
+    return np.fromfile(_path(directory, entry, STEPS_SUFFIX), dtype=STEP_DTYPE, count=count)
+
+
+def _cut_to(directory: Path, entry: dict, records: int) -> None:
+    """Shorten both files of ``entry`` to ``records`` whole records (no-op on a missing file)."""
+    for suffix, size in ((VALUES_SUFFIX, _record_size(entry) * VALUE_DTYPE.itemsize), (STEPS_SUFFIX, STEP_DTYPE.itemsize)):
+        path = _path(directory, entry, suffix)
+        if path.is_file() and path.stat().st_size != records * size:
+            os.truncate(path, records * size)
