@@ -7,6 +7,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning: with anything else running on the cores (another
+# job, a sweep), spinning threads slow batched linear algebra down 100-fold (see the README, "Threads").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import logging
 import sys
 from pathlib import Path

@@ -23,7 +23,7 @@ from data.probe import ProbeBatch
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from metrics.snapshot import Snapshot, take_snapshot
 
-PARTS = ("ablation", "copying", "matching", "images", "residual_covariance")
+PARTS = ("ablation", "copying", "matching", "images", "whitening")
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Schedule:
     copying: int = 50
     matching: int = 10
     images: int = 250
-    residual_covariance: int = 50
+    whitening: int = 50
 
     def due(self, part: str, step: int, last: bool) -> bool:
         every = getattr(self, part)
@@ -94,7 +94,7 @@ class CompositionTracker(L.Callback):
         self.cost_report = cost_report
         self.ledger = CostLedger()
         self.last_step: int | None = None
-        self.residual_cov: torch.Tensor | None = None
+        self.whitenings: dict = {}  # the whitened bases (embedding, residual), reused between refreshes
         self.ablation_used: str | None = None
         self._clock: tuple[int, float] | None = None  # (step, time) at the end of the first snapshot
         self._reported = False
@@ -134,14 +134,15 @@ class CompositionTracker(L.Callback):
         start = time.perf_counter()
         s = self.schedule
         ablate = s.due("ablation", step, last)
-        refresh_basis = "whitened_resid" in self.measures and (self.residual_cov is None or s.due("residual_covariance", step, last))
+        if s.due("whitening", step, last) or not s.whitening:
+            self.whitenings = {}
         snap = take_snapshot(
             model, self.probe, self.measures, self.baseline_samples,
             ablate=ablate, ablation_method=self.ablation_method,
             empirical=s.due("copying", step, last), matching=s.due("matching", step, last) or ablate,
-            residual_cov=None if refresh_basis else self.residual_cov, dtype=self.dtype, max_chunk_bytes=self.chunk_bytes,
+            whitenings=self.whitenings, dtype=self.dtype, max_chunk_bytes=self.chunk_bytes,
         )
-        self.residual_cov = snap.residual_covariance
+        self.whitenings = snap.whitenings
         self.ablation_used = snap.ablation_method or self.ablation_used
         for part, seconds in snap.seconds.items():
             self.ledger.add(part, seconds)

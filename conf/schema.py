@@ -131,7 +131,7 @@ class TrackerConfig:
     copying: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # empirical copying scores
     matching: PartSchedule = field(default_factory=lambda: PartSchedule(10))  # QK matching scores (and at every ablation)
     images: PartSchedule = field(default_factory=lambda: PartSchedule(250))  # heatmaps (W&B only)
-    residual_covariance: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # whitened_resid's basis; reused between
+    whitening: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # the whitened bases (covariances, Σ^±½), reused between
     max_pair_keys: int = 300  # per-pair W&B/CSV keys while they number at most this (6 M + 3 per pair); summaries beyond
     top_pairs: int = 3  # pairs logged per measure beyond max_pair_keys
     store: bool = True  # every snapshot's full per-pair tensors to RUN_DIR/tensors

@@ -86,7 +86,7 @@ TRACKER_PARTS = {
     "copying": "copying is scored",
     "matching": "matching is scored",
     "images": "images are drawn",
-    "residual_covariance": "the residual basis is refreshed",
+    "whitening": "the whitened bases are refreshed",
 }
 
 

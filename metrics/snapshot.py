@@ -20,7 +20,7 @@ from metrics.composition.circuits import head_circuits
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from metrics.composition.measures import COMPOSITION_MEASURES
 from metrics.composition.scores import composition_of
-from metrics.composition.whitening import residual_covariance
+from metrics.composition.whitening import Whitening
 from metrics.dynamics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
 from metrics.ground_truth.ablation import KeyAblation
 from metrics.ground_truth.attribution import ablation_effects
@@ -58,7 +58,7 @@ class Snapshot:
     ablation: KeyAblation | None = None  # K-only path ablation per pair, when asked for
     ablation_method: str | None = None  # "exact" or "attribution" (first order), when ablated
     validity: dict[str, dict[str, Agreement]] | None = None  # effect -> measure (K) or "match" -> agreement
-    residual_covariance: Tensor | None = None  # the covariance whitened_resid used (a tracker may reuse it)
+    whitenings: dict[str, Whitening] = field(default_factory=dict)  # the whitened bases used (a tracker may reuse them)
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each part
 
     def minus_baseline(self, measure: str, kind: str) -> Tensor:
@@ -98,7 +98,7 @@ def take_snapshot(
     ablation_method: str = "exact",
     empirical: bool = True,
     matching: bool = True,
-    residual_cov: Tensor | None = None,
+    whitenings: dict[str, Whitening] | None = None,
     dtype: torch.dtype | None = None,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Snapshot:
@@ -108,7 +108,8 @@ def take_snapshot(
     attribution, or auto: exact while cheap) and judge each measure's K-composition, and the
     matching score, against it. ``empirical``, ``matching``: compute the
     empirical copying scores and the matching scores (each can be skipped on cheap steps).
-    ``residual_cov``: reuse this covariance for ``whitened_resid`` instead of the probe's.
+    ``whitenings``: reuse these whitened bases (by basis: ``embedding``, ``residual``) instead of
+    computing them from this step's weights and probe pass.
     """
     unknown = set(measures) - set(COMPOSITION_MEASURES)
     if unknown:
@@ -135,10 +136,8 @@ def take_snapshot(
         losses = token_losses(logits.float(), tokens)
     with timer.part("composition"):
         circuits = head_circuits(model, dtype)
-        covariances = {}
-        if "whitened_resid" in measures:
-            covariances["residual"] = residual_cov if residual_cov is not None else residual_covariance(cache["resid_pre"], circuits.qk.left.dtype)
-        composition = composition_of(model, measures, circuits, covariances=covariances, max_chunk_bytes=max_chunk_bytes)
+        whitenings = dict(whitenings or {})
+        composition = composition_of(model, measures, circuits, residual=cache["resid_pre"], whitenings=whitenings, max_chunk_bytes=max_chunk_bytes)
         composition = {m: {kind: scores.cpu() for kind, scores in by_kind.items()} for m, by_kind in composition.items()}
         baselines = {m: b for m, b in random_baselines(shape.d_model, shape.d_head, baseline_samples).items() if m in measures}
         weight_copying = copying_scores(model, circuits).cpu()
@@ -177,6 +176,6 @@ def take_snapshot(
         ablation=ablation,
         ablation_method=method,
         validity=validity,
-        residual_covariance=covariances.get("residual"),
+        whitenings=whitenings,
         seconds=timer.seconds,
     )

@@ -6,17 +6,19 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
-
-REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py: no spinning threads on a shared machine
 # random baselines are cached on disk: keep the tests' cache out of the user's home
 os.environ.setdefault("INDUCTION_TRACKER_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"induction-tracker-tests-{os.getuid()}"))
 
+import pytest  # noqa: E402  (after the environment: OpenMP reads OMP_WAIT_POLICY when torch loads)
+import torch  # noqa: E402
+
 from models.transformer import AttentionOnlyTransformer, TransformerShape  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def random_model(normalization: str = "none", n_layers: int = 3, n_heads: int = 3, seed: int = 0) -> AttentionOnlyTransformer:

@@ -46,7 +46,7 @@ def test_multirun_with_several_devices_is_refused():
         (["tracker.ablation.every_n_steps=15"], "ablation.every_n_steps=15 must be a multiple"),
         (["tracker.ablation.every_n_steps=-1"], "ablation.every_n_steps=-1 must be >= 0"),
         (["tracker.copying.every_n_steps=7"], "copying.every_n_steps=7 must be a multiple"),
-        (["tracker.residual_covariance.every_n_steps=-5"], "must be >= 0"),
+        (["tracker.whitening.every_n_steps=-5"], "must be >= 0"),
         (["tracker.num_threads=0"], "num_threads=0"),
         (["tracker.chunk_mb=0"], "chunk_mb=0"),
         (["optim.betas=[0.9]"], "betas"),

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from metrics.composition.circuits import HeadCircuits
-from metrics.composition.measures import COMPOSITION_KINDS, Measure, PairStats, Spectra, principal_core
+from metrics.composition.measures import COMPOSITION_KINDS, Measure, PairStats, Spectra
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 
@@ -33,13 +33,17 @@ def head_spectra(circuits: HeadCircuits) -> tuple[Spectra, dict[str, Spectra]]:
     ``sq [..., L·H, d_head]``, for circuits ``[..., L, H, d_model, d_head]`` (leading dims, e.g.
     several residual bases, are batched through every factorisation)."""
     qk, ov = circuits.qk.map(_flatten_heads), circuits.ov.map(_flatten_heads)
-    q_v, q_o, (p_ov, s_ov, wh_ov) = principal_core(ov.left, ov.right)  # W_OV = W_V W_O
-    q_q, q_k, (p_qk, s_qk, wh_qk) = principal_core(qk.left, qk.right)  # W_QK = W_Q W_Kᵀ
-    writer = Spectra(q_o @ wh_ov.mT, s_ov.square())
+    # one QR for all four weights and one SVD for both cores: on small models the per-call cost of
+    # LAPACK, not the arithmetic, is what a snapshot pays
+    q, t = torch.linalg.qr(torch.stack([ov.left, ov.right, qk.left, qk.right]))  # W_V, W_Oᵀ, W_Q, W_K
+    q_v, q_o, q_q, q_k = q
+    p, s, wh = torch.linalg.svd(torch.stack([t[0] @ t[1].mT, t[2] @ t[3].mT]))  # cores of W_OV = W_V W_O, W_QK = W_Q W_Kᵀ
+    (p_ov, p_qk), (s_ov, s_qk), (wh_ov, wh_qk) = p, s.square(), wh
+    writer = Spectra(q_o @ wh_ov.mT, s_ov)
     readers = {
-        "Q": Spectra(q_q @ p_qk, s_qk.square()),  # B = W_QK reads along its left singular vectors
-        "K": Spectra(q_k @ wh_qk.mT, s_qk.square()),  # B = W_QKᵀ: W_QK's right singular vectors
-        "V": Spectra(q_v @ p_ov, s_ov.square()),  # B = W_OV
+        "Q": Spectra(q_q @ p_qk, s_qk),  # B = W_QK reads along its left singular vectors
+        "K": Spectra(q_k @ wh_qk.mT, s_qk),  # B = W_QKᵀ: W_QK's right singular vectors
+        "V": Spectra(q_v @ p_ov, s_ov),  # B = W_OV
     }
     return writer, readers
 

@@ -8,19 +8,19 @@ from torch import Tensor
 from metrics.composition.circuits import HeadCircuits, LowRank, head_circuits
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_scores
 from metrics.composition.measures import COMPOSITION_MEASURES
-from metrics.composition.whitening import embedding_covariance, residual_covariance, whiten
+from metrics.composition.whitening import Whitening, embedding_covariance, residual_covariance, whiten
 from models.transformer import AttentionOnlyTransformer
 
 
-def basis_covariance(
+def basis_whitening(
     model: AttentionOnlyTransformer, basis: str, residual: list[Tensor] | None, dtype: torch.dtype | None
-) -> Tensor:
-    """The covariance that whitens ``basis``: the embeddings', or the residual stream's on the probe."""
+) -> Whitening:
+    """The whitening of ``basis``: by the embeddings' covariance, or the residual stream's on the probe."""
     if basis == "embedding":
-        return embedding_covariance(model, dtype)
+        return Whitening.of(embedding_covariance(model, dtype))
     if residual is None:
         raise ValueError("the residual basis needs the residual stream observed on a probe batch")
-    return residual_covariance(residual, dtype)
+    return Whitening.of(residual_covariance(residual, dtype))
 
 
 def composition_of(
@@ -29,7 +29,7 @@ def composition_of(
     circuits: HeadCircuits | None = None,
     residual: list[Tensor] | None = None,
     dtype: torch.dtype | None = None,
-    covariances: dict[str, Tensor] | None = None,
+    whitenings: dict[str, Whitening] | None = None,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> dict[str, dict[str, Tensor]]:
     """``{measure: {kind: [n_layers, n_heads, n_layers, n_heads]}}`` for the named measures (NaN where
@@ -37,9 +37,9 @@ def composition_of(
     float32; float64 is the exact path).
 
     ``circuits``: ``head_circuits(model, dtype)`` if the caller has it already. ``residual``: each
-    layer's input ``[batch, pos, d_model]`` on the probe, for ``whitened_resid``. ``covariances``:
-    ``{basis: Σ}`` to whiten with instead of computing it (a tracker reuses the residual covariance
-    between its updates).
+    layer's input ``[batch, pos, d_model]`` on the probe, for ``whitened_resid``. ``whitenings``:
+    ``{basis: Whitening}`` to use instead of computing them; filled in with those computed here (a
+    tracker reuses them between refreshes).
     """
     unknown = set(measures) - set(COMPOSITION_MEASURES)
     if unknown:
@@ -53,10 +53,11 @@ def composition_of(
     for basis in by_basis:
         bases[basis] = circuits
         if basis != "raw":
-            covariance = (covariances or {}).get(basis)
-            if covariance is None:
-                covariance = basis_covariance(model, basis, residual, dtype)
-            bases[basis] = whiten(circuits, covariance.to(dtype))
+            if whitenings is None:
+                whitenings = {}
+            if basis not in whitenings:
+                whitenings[basis] = basis_whitening(model, basis, residual, dtype)
+            bases[basis] = whiten(circuits, whitenings[basis])
     scores: dict[str, dict[str, Tensor]] = {}
     for group in basis_groups(list(bases), circuits, max_chunk_bytes):
         stacked = HeadCircuits(

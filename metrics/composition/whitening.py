@@ -19,6 +19,8 @@ stream, so the whitened ratio there is one more basis choice, not a fix of a sym
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -54,12 +56,26 @@ def symmetric_powers(covariance: Tensor, eps: float | None = None) -> tuple[Tens
     return (vectors * root) @ vectors.T, (vectors / root) @ vectors.T
 
 
-def whiten(circuits: HeadCircuits, covariance: Tensor) -> HeadCircuits:
+@dataclass(frozen=True)
+class Whitening:
+    """The maps to and from the whitened basis of a covariance ``Σ``: ``half = Σ^(1/2)``,
+    ``inverse_half = Σ^(-1/2)`` (``[d_model, d_model]`` each). A tracker keeps one between refreshes."""
+
+    half: Tensor
+    inverse_half: Tensor
+
+    @classmethod
+    def of(cls, covariance: Tensor) -> Whitening:
+        return cls(*symmetric_powers(covariance))
+
+
+def whiten(circuits: HeadCircuits, covariance: Tensor | Whitening) -> HeadCircuits:
     """Express every circuit in the whitened basis ``x̃ = x Σ^(-1/2)``.
 
     Readers ``W -> Σ^(1/2) W`` (``W_Q, W_K, W_V``); writers ``W_O -> W_O Σ^(-1/2)``.
     """
-    half, inverse_half = symmetric_powers(covariance)
+    w = covariance if isinstance(covariance, Whitening) else Whitening.of(covariance)
+    half, inverse_half = w.half.to(circuits.qk.left.dtype), w.inverse_half.to(circuits.qk.left.dtype)
     read = lambda w: half @ w  # (..., d, r)
     qk = LowRank(read(circuits.qk.left), read(circuits.qk.right))
     ov = LowRank(read(circuits.ov.left), inverse_half @ circuits.ov.right)
