@@ -35,7 +35,7 @@ def head_spectra(circuits: HeadCircuits) -> tuple[Spectra, dict[str, Spectra]]:
     qk, ov = circuits.qk.map(_flatten_heads), circuits.ov.map(_flatten_heads)
     # one QR for all four weights and one SVD for both cores: on small models the per-call cost of
     # LAPACK, not the arithmetic, is what a snapshot pays
-    q, t = torch.linalg.qr(torch.stack([ov.left, ov.right, qk.left, qk.right]))  # W_V, W_Oᵀ, W_Q, W_K
+    q, t = orthonormal_factor(torch.stack([ov.left, ov.right, qk.left, qk.right]))  # W_V, W_Oᵀ, W_Q, W_K
     q_v, q_o, q_q, q_k = q
     p, s, wh = torch.linalg.svd(torch.stack([t[0] @ t[1].mT, t[2] @ t[3].mT]))  # cores of W_OV = W_V W_O, W_QK = W_Q W_Kᵀ
     (p_ov, p_qk), (s_ov, s_qk), (wh_ov, wh_qk) = p, s.square(), wh
@@ -46,6 +46,27 @@ def head_spectra(circuits: HeadCircuits) -> tuple[Spectra, dict[str, Spectra]]:
         "V": Spectra(q_v @ p_ov, s_ov),  # B = W_OV
     }
     return writer, readers
+
+
+def orthonormal_factor(factors: Tensor) -> tuple[Tensor, Tensor]:
+    """Reduced QR ``factors = Q T`` of a stack ``[..., d, r]``, by CholeskyQR2 (Fukaya et al. 2014):
+    ``T₁ = chol(FᵀF)``, ``Q₁ = F T₁⁻¹``, then once more on ``Q₁``. Two Gram GEMMs and two small
+    Cholesky factorisations are an order of magnitude faster than Householder QR on a batch of
+    heads, and the second pass makes ``Q`` orthonormal to rounding while ``eps·κ(F)² < 1``
+    (κ up to ~10⁷ in float64, ~10³ in float32). Where a Cholesky fails (a factor that ill-conditioned
+    or rank-deficient) the whole stack falls back to Householder QR. ``T``'s diagonal may be negative
+    only in the fallback; nothing here depends on its sign."""
+    try:
+        q, t = factors, None
+        for _ in range(2):
+            upper = torch.linalg.cholesky(q.mT @ q).mT  # (..., r, r), upper triangular
+            q = torch.linalg.solve_triangular(upper, q, upper=True, left=False)
+            t = upper if t is None else upper @ t
+        if q.isfinite().all():
+            return q, t
+    except torch.linalg.LinAlgError:
+        pass
+    return torch.linalg.qr(factors)
 
 
 def _flatten_heads(factor: Tensor) -> Tensor:
