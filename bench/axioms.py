@@ -1,4 +1,4 @@
-"""Print the table of composition measures × MEASURES.md axioms (seeds 000, 001), one command:
+"""Print the table of composition measures × docs/measures.md axioms (seeds 000, 001), one command:
 
     python -m bench.axioms              # trains the default-shaped model briefly, then checks
     python -m bench.axioms --steps 0    # axiom 4 on the untrained model instead
@@ -77,7 +77,7 @@ def markdown_table(table: AxiomTable) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Check every composition measure against MEASURES.md's axioms 1-4.")
+    parser = argparse.ArgumentParser(description="Check every composition measure against docs/measures.md's axioms 1-4.")
     parser.add_argument("--steps", type=int, default=600, help="training steps for the axiom-4 model (default 600: past the induction cliff)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the training run and of the random reparametrisations")
     args = parser.parse_args(argv)

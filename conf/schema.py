@@ -136,7 +136,7 @@ class TrackerConfig:
     top_pairs: int = 3  # pairs logged per measure beyond max_pair_keys
     store: bool = True  # every snapshot's full per-pair tensors to RUN_DIR/tensors
     precision: TrackerPrecision = TrackerPrecision.model
-    num_threads: Optional[int] = None  # torch threads while measuring; None: as training
+    num_threads: Optional[int] = None  # torch threads while measuring; None: 1 for small models, else as training
     chunk_mb: int = 256  # memory bound of one all-pairs product block
     cost_report: bool = True  # print what a snapshot costs and the expected overhead, once, early
     baseline_samples: int = 2000

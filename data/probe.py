@@ -1,4 +1,4 @@
-"""The fixed, held-out probe batch the tracker measures on (MEASURES.md, "Head and circuit scores").
+"""The fixed, held-out probe batch the tracker measures on (docs/measures.md, "Head and circuit scores").
 
 ``[BOS], t_1 .. t_n, t_1 .. t_n``: the first occurrences and their one repeat, always with the
 same ``n``, so head scores can read the attention at known offsets. Drawn from a seed stream no

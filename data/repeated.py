@@ -6,7 +6,7 @@ same block repeated with period ``n`` until the sequence is full. ``n`` is drawn
 ``[n_min, n_max]``, so no fixed position offset predicts the repeat: a one-layer model cannot
 shortcut the task by attending ``n - 1`` positions back, and only an induction circuit (a
 previous-token head K-composing with an induction head) solves it. With ``n_min == n_max`` and
-``seq_len == 2 n + 1`` this is exactly MEASURES.md's probe layout.
+``seq_len == 2 n + 1`` this is exactly docs/measures.md's probe layout.
 
 Token ids ``0 .. n_random - 1`` are random tokens; ``BOS`` is id ``n_random``.
 """

@@ -1,6 +1,6 @@
 """An attention-only transformer in plain torch, with per-head weights in TransformerLens layout.
 
-Row-vector convention (see MEASURES.md): a residual vector is a row ``x [1, d_model]``, a head
+Row-vector convention (see docs/measures.md): a residual vector is a row ``x [1, d_model]``, a head
 reads with ``x @ W_Q[h]`` and writes ``z @ W_O[h]``. No biases and no MLPs, as in the toy models
 of Elhage et al. 2021 ("A Mathematical Framework for Transformer Circuits"), so every circuit of
 the model is a product of the weight matrices below.

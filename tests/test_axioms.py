@@ -1,4 +1,4 @@
-"""MEASURES.md's axioms, asserted: constructed matrices against closed-form values (axioms 1-3),
+"""docs/measures.md's axioms, asserted: constructed matrices against closed-form values (axioms 1-3),
 and invariance under each function-preserving reparametrisation of a trained model (axiom 4)."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_a_jump_or_a_rise_is_caught():
     assert not rising.monotone
 
 
-# what MEASURES.md and the seeds lead one to expect; the table confirms it
+# what docs/measures.md and the seeds lead one to expect; the table confirms it
 INVARIANT_UNDER = {
     "residual rotation": set(COMPOSITION_MEASURES) | {"match"},
     "residual GL": {"whitened", "whitened_resid", "match"},

@@ -1,5 +1,5 @@
 """Composition scores against a dense reference, the layer-order mask, the random baseline, and
-a hand-built previous-token + induction circuit that must K-compose (MEASURES.md)."""
+a hand-built previous-token + induction circuit that must K-compose (docs/measures.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Measures 3, 5, 6 of MEASURES.md against dense references and known values."""
+"""Measures 3, 5, 6 of docs/measures.md against dense references and known values."""
 
 from __future__ import annotations
 

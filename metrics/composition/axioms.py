@@ -1,4 +1,4 @@
-"""MEASURES.md's axioms as executable checks (Lieberum, seed 000; Snell, seed 001).
+"""docs/measures.md's axioms as executable checks (Lieberum, seed 000; Snell, seed 001).
 
 Axioms 1-3 on constructed writer/reader matrices in ``d_model = 12`` with rank 3:
 1. aligned -> 1 where a measure promises it (A writes only where B reads, same order);
@@ -91,7 +91,7 @@ def constructed_scores(measure: Measure, seed: int = 0) -> ConstructedScores:
 
 
 def reparametrisations(model: AttentionOnlyTransformer, seed: int = 0) -> dict[str, AttentionOnlyTransformer]:
-    """MEASURES.md axiom 4's function-preserving maps, each with a random, well-conditioned matrix."""
+    """docs/measures.md axiom 4's function-preserving maps, each with a random, well-conditioned matrix."""
     g = torch.Generator().manual_seed(seed)
     s = model.shape
     dtype = model.W_E.dtype

@@ -1,4 +1,4 @@
-"""Function-preserving reparametrisations of an attention-only transformer (MEASURES.md axiom 4;
+"""Function-preserving reparametrisations of an attention-only transformer (docs/measures.md axiom 4;
 seed 001). Each returns a new model with the same logits and different weights."""
 
 from __future__ import annotations

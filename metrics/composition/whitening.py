@@ -1,4 +1,4 @@
-"""The whitened (GL-invariant) basis of the residual stream (MEASURES.md measure 4; the way out of
+"""The whitened (GL-invariant) basis of the residual stream (docs/measures.md measure 4; the way out of
 Snell's Axiom-4 problem in seed 001).
 
 Without normalization, ``x -> x T`` for any invertible ``T`` (writers ``W -> W T``, readers

@@ -1,4 +1,4 @@
-"""Causal ground truth for K-composition (MEASURES.md, "Ground truth: ablation").
+"""Causal ground truth for K-composition (docs/measures.md, "Ground truth: ablation").
 
 For writer h1 (layer l1) and reader h2 (layer l2 > l1), on the probe batch: mean-ablate h1's
 output in the input of h2's *keys only* (queries, values and every other head untouched), then

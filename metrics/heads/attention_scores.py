@@ -1,5 +1,5 @@
 """Attention-pattern head scores on the probe batch (Olsson et al. 2022, "In-context Learning and
-Induction Heads"; MEASURES.md).
+Induction Heads"; docs/measures.md).
 
 The probe is ``[BOS], t_1 .. t_n, t_1 .. t_n``: the second copy starts at ``repeat_start`` and each
 of its tokens first occurred exactly ``n`` positions earlier. Patterns are ``[batch, heads, query,

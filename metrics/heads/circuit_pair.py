@@ -1,4 +1,4 @@
-"""The induction circuit pair (MEASURES.md): the earlier-layer head with the highest previous-token
+"""The induction circuit pair (docs/measures.md): the earlier-layer head with the highest previous-token
 score and the later-layer head with the highest induction score."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Empirical copying scores of each head on the probe batch (Olsson et al. 2022, "In-context
-Learning and Induction Heads"; MEASURES.md "Copying score, empirical"; seed 004).
+Learning and Induction Heads"; docs/measures.md "Copying score, empirical"; seed 004).
 
 At each query position, push the head's write to the residual stream through the unembedding
 (direct path, final-norm gain folded in), subtract the mean logit over the vocabulary and keep the
 positive part: the logits the head raises. Two readings of that raise:
 
-- ``score`` (MEASURES.md): the share ``s`` in [0, 1] of the raise that lands on the token the head
+- ``score`` (docs/measures.md): the share ``s`` in [0, 1] of the raise that lands on the token the head
   attends to most, rescaled to ``2 s - 1`` in [-1, 1]. With a large vocabulary about half the
   centred logits are positive, so even a head that raises the attended token most shares it with
   the many small raises: a trained induction head over 256 tokens scores near -0.96.
