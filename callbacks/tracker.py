@@ -105,7 +105,7 @@ class CompositionTracker(L.Callback):
         self.last_step: int | None = None
         self.whitenings: dict = {}  # the whitened bases (embedding, residual), reused between refreshes
         self.ablation_used: str | None = None
-        self._clock: tuple[int, float] | None = None  # (step, time) at the end of the first snapshot
+        self._clock: tuple[int, float, float] | None = None  # (step, time, tracker seconds so far) when the clock started
         self._reported = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -188,14 +188,15 @@ class CompositionTracker(L.Callback):
     def maybe_report(self, step: int) -> None:
         """At the first snapshot, start the clock; at the second, print the cost report (once)."""
         now = time.perf_counter()
+        spent = self.ledger.seconds.get("snapshot", 0.0) + self.ledger.seconds.get("images", 0.0)
         if self._clock is None:
-            self._clock = (step, now)
+            self._clock = (step, now, spent)
             return
         if self._reported or step == self._clock[0]:
             return
-        first_step, first_time = self._clock
-        tracker_between = self.ledger.last.get("snapshot", 0.0) + self.ledger.last.get("images", 0.0)
-        step_seconds = max(now - first_time - tracker_between, 1e-9) / (step - first_step)
+        first_step, first_time, first_spent = self._clock
+        training = now - first_time - (spent - first_spent)  # wall time since, less the tracker's own
+        step_seconds = max(training, 1e-9) / (step - first_step)
         print(self.cost_lines(step_seconds))
         self._reported = True
 

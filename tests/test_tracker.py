@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger
@@ -93,3 +95,23 @@ def test_ablation_and_validity_are_logged_at_every_ablation_step(tmp_path):
     assert "ablation/loss_change/L1H0->L0H0" not in series  # masked pairs never logged
     ranks = series["validity/pattern_change/frobenius/rank_of_truth"][1]
     assert set(ranks.tolist()) <= {1.0, 2.0, 3.0, 4.0}  # 4 pairs
+
+
+def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
+    """The report subtracts only the tracker time spent after its clock started (a slow first
+    heatmap once made it read 0 ms/step); the estimate lands near the measured step time."""
+    *_, trainer = fit(tmp_path, tracker=False, steps=1)  # warm-up: imports, first-call costs
+    schedule = Schedule(every_n_steps=5, ablation=0, copying=0, matching=0, images=0)
+    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100, measures=("frobenius",))
+    trainer = L.Trainer(max_steps=12, accelerator="cpu", logger=False, callbacks=[tracker], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    start = time.perf_counter()
+    trainer.fit(InductionLM(SHAPE, lr=3e-3), datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    per_step_upper = 1000 * (time.perf_counter() - start) / 5  # ms: a loose upper bound per training step
+    report = capsys.readouterr().out
+    line = next(line for line in report.splitlines() if "ms/step" in line)
+    step_ms = float(line.split("training ")[1].split(" ms/step")[0])
+    overhead = float(line.split("overhead ")[1].split("%")[0])
+    assert 0.05 < step_ms < per_step_upper, line
+    assert 0 < overhead < 1000, line
+    assert "tracker: " in report and "snapshots in" in report  # the totals at the end
