@@ -231,7 +231,7 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
     (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     because = None
     if not rows:
-        because = ("the ablation was off (tracker.ablation_every_n_steps=0)" if has_pairs(series, final)
+        because = ("the ablation was off (tracker.ablation.every_n_steps=0)" if has_pairs(series, final)
                    else "the model has no earlier->later head pairs (one layer)")
     return RunReport(figure_path, summary, validity_path, rows or None, because, composition_path)
 

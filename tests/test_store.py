@@ -237,7 +237,7 @@ def test_render_draws_the_final_composition_from_the_store(tmp_path):
     report = figure.render(tmp_path)
     assert report.figure.read_bytes()[:4] == b"\x89PNG"
     assert report.composition_figure == tmp_path / "composition.png" and report.composition_figure.read_bytes()[:4] == b"\x89PNG"
-    assert report.no_validity_because == "the ablation was off (tracker.ablation_every_n_steps=0)"  # pairs, from the summary keys
+    assert report.no_validity_because == "the ablation was off (tracker.ablation.every_n_steps=0)"  # pairs, from the summary keys
     by_measure, step = figure.final_composition(tmp_path / TENSORS_DIR, figure.read_series(tmp_path / "csv" / "metrics.csv"))
     assert step == 400 and list(by_measure) == ["frobenius"] and list(by_measure["frobenius"]) == ["Q", "K", "V"]
     np.testing.assert_allclose(by_measure["frobenius"]["K"], k[-1] - 0.125, rtol=1e-6)

@@ -38,7 +38,8 @@ def wandb_file(run_dir):
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("short")
-    result = run_train(["trainer.max_steps=60", "tracker.image_every_n_steps=30", "logger.wandb.name=short-test"], run_dir)
+    result = run_train(["trainer.max_steps=60", "tracker.images.every_n_steps=30", "tracker.ablation.every_n_steps=10",
+                                "tracker.copying.every_n_steps=10", "logger.wandb.name=short-test"], run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result
 
@@ -125,7 +126,7 @@ def curve(run_dir, key):
 
 def test_default_experiment_shows_the_phase_change(tmp_path):
     """`python train.py` as shipped: the acceptance figures of the spine issue."""
-    result = run_train(["tracker.image_every_n_steps=0"], tmp_path)
+    result = run_train(["tracker.images.every_n_steps=0"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     _, repeated = curve(tmp_path, "loss/repeated")
@@ -149,7 +150,7 @@ def test_default_experiment_shows_the_phase_change(tmp_path):
 
 
 def test_one_layer_control_shows_no_cliff(tmp_path):
-    result = run_train(["experiment=one_layer", "tracker.image_every_n_steps=0"], tmp_path)
+    result = run_train(["experiment=one_layer", "tracker.images.every_n_steps=0"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     _, repeated = curve(tmp_path, "loss/repeated")
     _, induction = curve(tmp_path, "heads/induction/top")
