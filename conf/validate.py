@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -19,10 +20,26 @@ PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-tr
 
 
 def resume_problems(path: str, max_steps: int) -> list[str]:
-    """A resume checkpoint must exist and stop short of ``max_steps`` (else nothing would train)."""
-    if not Path(path).is_file():
+    """A resume checkpoint must load safely and stop short of ``max_steps`` (else nothing would train).
+
+    Loaded weights-only: a checkpoint is data, and a pickle that would run code is refused, never run.
+    """
+    file = Path(path)
+    if not file.is_file():
         return [f"resume={path}: no such checkpoint file"]
-    step = torch.load(path, map_location="cpu", weights_only=False).get("global_step", 0)
+    if file.stat().st_size == 0:
+        return [f"resume={path}: the file is empty"]
+    try:
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated, foreign, or carrying code: all refused the same way
+        if isinstance(error, pickle.UnpicklingError):
+            reason = "not a torch checkpoint, or it holds objects a weights-only load refuses (code is never run)"
+        else:
+            reason = (str(error).strip().splitlines() or [""])[0][:160]
+        return [f"resume={path}: not a loadable checkpoint ({type(error).__name__}: {reason})"]
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "global_step" not in checkpoint:
+        return [f"resume={path}: not a checkpoint of this project (no state_dict and global_step)"]
+    step = checkpoint["global_step"]
     if step >= max_steps:
         return [f"resume={path} is at step {step}: raise trainer.max_steps above it to train further"]
     return []

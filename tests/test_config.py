@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from conf.schema import register_schemas
@@ -76,3 +77,38 @@ def test_train_py_refuses_bad_config_before_training(override, message, tmp_path
     assert message in result.stderr
     assert "Training" not in result.stdout + result.stderr  # nothing started
     assert not (tmp_path / "run" / "wandb").exists()
+
+
+class CodeRunningPayload:
+    """Unpickling this creates a file: what a crafted checkpoint would do to a careless loader."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_checkpoint_carrying_code_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "payload-ran"
+    checkpoint = tmp_path / "crafted.ckpt"
+    torch.save({"global_step": 0, "state_dict": {}, "payload": CodeRunningPayload(marker)}, checkpoint)
+    problems = config_problems(composed(f"resume={checkpoint}"))
+    assert any("not a loadable checkpoint" in p for p in problems), problems
+    assert not marker.exists()  # the payload never ran
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "foreign"])
+def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
+    checkpoint = tmp_path / "last.ckpt"
+    torch.save({"global_step": 3, "state_dict": {"w": torch.ones(64, 64)}}, checkpoint)
+    if damage == "empty":
+        checkpoint.write_bytes(b"")
+    elif damage == "truncated":
+        checkpoint.write_bytes(checkpoint.read_bytes()[:200])
+    else:
+        torch.save({"weights": torch.ones(3)}, checkpoint)  # loads, but is no checkpoint of ours
+    problems = [p for p in config_problems(composed(f"resume={checkpoint}")) if p.startswith("resume=")]
+    assert len(problems) == 1 and "\n" not in problems[0], problems
+    expected = {"empty": "is empty", "truncated": "not a loadable checkpoint", "foreign": "not a checkpoint of this project"}[damage]
+    assert expected in problems[0]
