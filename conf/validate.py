@@ -87,6 +87,14 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.append(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
     if o.lr <= 0:
         problems.append(f"optim.lr={o.lr} must be > 0")
+    if o.weight_decay < 0:
+        problems.append(f"optim.weight_decay={o.weight_decay} must be >= 0")
+    if o.warmup_steps < 0:
+        problems.append(f"optim.warmup_steps={o.warmup_steps} must be >= 0")
+    if t.gradient_clip_val is not None and t.gradient_clip_val <= 0:
+        problems.append(f"trainer.gradient_clip_val={t.gradient_clip_val} must be > 0 (or null: no clipping)")
+    if cfg.logger.wandb.enabled and not str(cfg.logger.wandb.project).strip():
+        problems.append("logger.wandb.project is empty: name a project (or logger=csv for no W&B)")
     if d.name == "bigram_triggers" and d.concentration <= 0:
         problems.append(f"data.concentration={d.concentration} must be > 0")
     if cfg.resume is not None:
@@ -134,7 +142,8 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"tracker.probe_n={tr.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={m.n_ctx}")
     if not cfg.logger.csv:
         problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
-    for key, low in (("probe_batch_size", 1), ("baseline_samples", 2), ("max_pair_keys", 0), ("top_pairs", 0), ("chunk_mb", 1)):
+    for key, low in (("probe_batch_size", 1), ("baseline_samples", 2), ("max_pair_keys", 0), ("top_pairs", 0), ("chunk_mb", 1),
+                     ("smoothing_window", 1)):
         if tr[key] < low:
             problems.append(f"tracker.{key}={tr[key]} must be >= {low}")
     if tr.num_threads is not None and tr.num_threads < 1:

@@ -50,6 +50,11 @@ def test_multirun_with_several_devices_is_refused():
         (["tracker.whitening.every_n_steps=-5"], "must be >= 0"),
         (["tracker.num_threads=0"], "num_threads=0"),
         (["tracker.chunk_mb=0"], "chunk_mb=0"),
+        (["optim.weight_decay=-1"], "weight_decay=-1"),
+        (["trainer.gradient_clip_val=-1"], "gradient_clip_val=-1"),
+        (["optim.warmup_steps=-10"], "warmup_steps=-10"),
+        (["tracker.smoothing_window=0"], "smoothing_window=0"),
+        (["logger.wandb.project="], "project is empty"),
         (["optim.betas=[0.9]"], "betas"),
         (["tracker.measures=[]"], "empty"),
         (["tracker.images.every_n_steps=25"], "multiple of"),
@@ -112,3 +117,8 @@ def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
     assert len(problems) == 1 and "\n" not in problems[0], problems
     expected = {"empty": "is empty", "truncated": "not a loadable checkpoint", "foreign": "not a checkpoint of this project"}[damage]
     assert expected in problems[0]
+
+
+def test_data_seed_follows_the_run_seed_unless_set():
+    assert composed("seed=3").data.seed == 3
+    assert composed("seed=3", "data.seed=7").data.seed == 7

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -160,3 +161,16 @@ def test_one_layer_control_shows_no_cliff(tmp_path):
     assert summary.get("phase_change/loss_to_value", 99.0) > 1.5  # any detected drop stops far above the cliff
     assert "no validity table: the model has no earlier->later head pairs" in result.stdout
     assert not (tmp_path / "validity.csv").exists()
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
+    """Two jobs launched at once (a sweep on a cluster) must not share, and mix, one run directory."""
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
+    command = [sys.executable, str(REPO / "train.py"), "trainer.max_steps=2", "tracker.enabled=false", "logger=csv",
+               "trainer.enable_progress_bar=false"]
+    jobs = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for job in jobs:
+        assert job.wait(timeout=300) == 0, job.stderr.read().decode()[-2000:]
+    run_dirs = sorted(p.parent for p in tmp_path.glob("outputs/*/*/.hydra"))
+    assert len(run_dirs) == 2, run_dirs  # two directories, each with its own resolved config
+    assert all((run_dir / ".hydra" / "config.yaml").is_file() for run_dir in run_dirs)
