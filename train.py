@@ -44,9 +44,16 @@ def main(cfg: DictConfig) -> None:
     logging.getLogger("lightning.pytorch").propagate = False
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    from callbacks.divergence import TrainingDiverged
+
     try:
         trainer = build_trainer(cfg, run_dir)
         trainer.fit(build_module(cfg), datamodule=build_datamodule(cfg), ckpt_path=cfg.resume)
+    except TrainingDiverged as error:
+        wandb.finish(exit_code=1)  # the W&B run is marked failed, not finished
+        last = run_dir / "checkpoints" / "last.ckpt"
+        kept = f"the last finite checkpoint is {last}" if last.is_file() else "no checkpoint was written before it"
+        sys.exit(f"error: {error}; {kept}")
     finally:
         wandb.finish()  # one W&B run per job, also when a job fails
 

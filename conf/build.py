@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from callbacks.divergence import DivergenceGuard
 from callbacks.figure import PhaseChangeFigure
 from callbacks.tracker import CompositionTracker, Schedule
 from data.datamodule import TokenDataModule, make_sampler
@@ -61,6 +62,7 @@ def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
     callbacks: list[L.Callback] = [
+        DivergenceGuard(),  # first: a diverged step is neither measured nor checkpointed
         ModelCheckpoint(
             dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
             every_n_train_steps=cfg.trainer.checkpoint_every_n_steps,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from callbacks.figure import read_series
 from tests import wandb_records
@@ -174,3 +175,20 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
     run_dirs = sorted(p.parent for p in tmp_path.glob("outputs/*/*/.hydra"))
     assert len(run_dirs) == 2, run_dirs  # two directories, each with its own resolved config
     assert all((run_dir / ".hydra" / "config.yaml").is_file() for run_dir in run_dirs)
+
+
+def test_divergence_stops_with_the_step_named_and_keeps_the_finite_checkpoint(tmp_path):
+    """optim.lr=1e6: the loss leaves the finite numbers within a few steps; the run must exit
+    non-zero naming the step, and no checkpoint of the diverged weights may be written."""
+    result = run_train(["optim.lr=1e6", "optim.warmup_steps=0", "trainer.max_steps=200", "trainer.checkpoint_every_n_steps=1",
+                        "tracker.every_n_steps=1", "tracker.ablation.every_n_steps=0", "tracker.images.every_n_steps=0",
+                        "logger=csv"], tmp_path)
+    assert result.returncode != 0
+    line = next(line for line in result.stderr.splitlines() if "training diverged at step" in line)
+    step = int(line.split("training diverged at step ")[1].split(":")[0])
+    assert 0 < step < 200, line
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    if checkpoint.is_file():  # the last one written is from before the divergence, and finite
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        assert state["global_step"] < step
+        assert all(torch.isfinite(t).all() for t in state["state_dict"].values())
