@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -13,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from callbacks.divergence import DivergenceGuard
 from callbacks.figure import PhaseChangeFigure
+from callbacks.progress import ProgressLines
 from callbacks.tracker import CompositionTracker, Schedule
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
@@ -94,6 +96,10 @@ def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
 
 def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
     t = cfg.trainer
+    interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar
+    callbacks = build_callbacks(cfg, run_dir)
+    if t.enable_progress_bar and not interactive:
+        callbacks.append(ProgressLines(t.progress_every_n_steps))
     return L.Trainer(
         default_root_dir=str(run_dir),
         max_steps=t.max_steps,
@@ -103,9 +109,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
         gradient_clip_val=t.gradient_clip_val,
         accumulate_grad_batches=t.accumulate_grad_batches,
         log_every_n_steps=t.log_every_n_steps,
-        enable_progress_bar=t.enable_progress_bar,
+        enable_progress_bar=t.enable_progress_bar and interactive,
         deterministic=t.deterministic,
         logger=build_loggers(cfg, run_dir) or False,
-        callbacks=build_callbacks(cfg, run_dir),
+        callbacks=callbacks,
         enable_model_summary=False,
     )

@@ -71,7 +71,8 @@ class TrainerConfig:
     gradient_clip_val: Optional[float] = 1.0
     accumulate_grad_batches: int = 1
     log_every_n_steps: int = 10
-    enable_progress_bar: bool = True
+    enable_progress_bar: bool = True  # a bar on a terminal; in a log file, a line every progress_every_n_steps
+    progress_every_n_steps: int = 100
     deterministic: bool = False
     checkpoint_every_n_steps: int = 500
 

@@ -73,7 +73,7 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.append(f"data.n_triggers={d.n_triggers} must be in [1, {n_random - 1}]")
     if t.max_steps < 1:
         problems.append(f"trainer.max_steps={t.max_steps} must be >= 1")
-    for key in ("devices", "accumulate_grad_batches", "log_every_n_steps", "checkpoint_every_n_steps"):
+    for key in ("devices", "accumulate_grad_batches", "log_every_n_steps", "checkpoint_every_n_steps", "progress_every_n_steps"):
         if t[key] < 1:
             problems.append(f"trainer.{key}={t[key]} must be >= 1")
     if t.accelerator not in ACCELERATORS:

@@ -192,3 +192,12 @@ def test_divergence_stops_with_the_step_named_and_keeps_the_finite_checkpoint(tm
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
         assert state["global_step"] < step
         assert all(torch.isfinite(t).all() for t in state["state_dict"].values())
+
+
+def test_a_log_that_is_not_a_terminal_gets_progress_lines_not_a_bar(tmp_path):
+    result = run_train(["trainer.max_steps=20", "trainer.enable_progress_bar=true", "trainer.progress_every_n_steps=10",
+                        "tracker.enabled=false", "logger=csv"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["10/20", "20/20"], result.stdout[-2000:]
+    assert "\r" not in result.stdout + result.stderr  # no carriage-return redraws
