@@ -21,6 +21,7 @@ from callbacks.plots import heatmap_image
 from callbacks.store import TENSORS_DIR, TensorStore, snapshot_tensors
 from data.probe import ProbeBatch
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_flops
+from metrics.composition.whitening import Whitening
 from metrics.snapshot import Snapshot, take_snapshot
 
 PARTS = ("ablation", "copying", "matching", "images", "whitening")
@@ -103,10 +104,19 @@ class CompositionTracker(L.Callback):
         self.cost_report = cost_report
         self.ledger = CostLedger()
         self.last_step: int | None = None
+        self.last_keys: list[str] = []  # the keys of the last snapshot: an unmeasurable one logs NaN under them
         self.whitenings: dict = {}  # the whitened bases (embedding, residual), reused between refreshes
         self.ablation_used: str | None = None
         self._clock: tuple[int, float, float] | None = None  # (step, time, tracker seconds so far) when the clock started
         self._reported = False
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to measure exactly as an uninterrupted one: the whitened bases in
+        use since their last refresh (``{basis: {"half", "inverse_half"}}``, ``[d_model, d_model]`` each)."""
+        return {"whitenings": {basis: {"half": w.half, "inverse_half": w.inverse_half} for basis, w in self.whitenings.items()}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.whitenings = {basis: Whitening(**w) for basis, w in state_dict.get("whitenings", {}).items()}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.num_threads is None:
@@ -137,9 +147,23 @@ class CompositionTracker(L.Callback):
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         try:
-            self.measure(trainer, pl_module.model, step, last)
+            if not all(bool(p.detach().isfinite().all()) for p in pl_module.model.parameters()):
+                self.log_unmeasurable(trainer, step, "the weights are not finite")
+            else:
+                try:
+                    self.measure(trainer, pl_module.model, step, last)
+                except torch.linalg.LinAlgError as error:  # finite but extreme weights: no decomposition converges
+                    self.log_unmeasurable(trainer, step, f"a decomposition failed ({str(error).splitlines()[0][:120]})")
         finally:
             torch.set_num_threads(threads)
+
+    def log_unmeasurable(self, trainer: L.Trainer, step: int, why: str) -> None:
+        """A snapshot that cannot be taken is logged as NaN under the last snapshot's keys, and said why."""
+        print(f"tracker: step {step} not measured, logged as NaN: {why}")
+        metrics = {key: float("nan") for key in self.last_keys}
+        metrics["tracker/unmeasurable"] = 1.0
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
 
     def measure(self, trainer: L.Trainer, model, step: int, last: bool) -> None:
         start = time.perf_counter()
@@ -159,6 +183,7 @@ class CompositionTracker(L.Callback):
             self.ledger.add(part, seconds)
         logging_start = time.perf_counter()
         metrics = snapshot_metrics(snap, self.max_pair_keys, self.top_pairs)
+        self.last_keys = list(metrics)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         if self.store is not None:

@@ -115,3 +115,30 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
     assert 0.05 < step_ms < per_step_upper, line
     assert 0 < overhead < 1000, line
     assert "tracker: " in report and "snapshots in" in report  # the totals at the end
+
+
+class PoisonWeights(L.Callback):
+    """Make one weight NaN after optimizer step ``at``: what a diverging run does to the tracker."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.at:
+            with torch.no_grad():
+                next(pl_module.model.parameters()).view(-1)[0] = float("nan")
+
+
+def test_non_finite_weights_are_logged_as_nan_with_the_reason_not_a_crash(tmp_path, capsys):
+    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), Schedule(every_n_steps=5, ablation=5, copying=5, matching=5, images=0),
+                                 baseline_samples=100, measures=("frobenius", "subspace"), cost_report=False)
+    trainer = L.Trainer(max_steps=15, accelerator="cpu", logger=CSVLogger(tmp_path, name="csv", version=""),
+                        callbacks=[PoisonWeights(at=7), tracker], enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, log_every_n_steps=5)
+    trainer.fit(InductionLM(SHAPE, lr=3e-3, warmup_steps=5), datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    assert "tracker: step 10 not measured, logged as NaN: the weights are not finite" in capsys.readouterr().out
+    series = read_series(tmp_path / "csv" / "metrics.csv")
+    steps, values = series["comp/K/frobenius/L0H0->L1H0"]
+    assert list(steps) == [0, 5, 10, 15]
+    assert all(torch.isfinite(torch.tensor(values[:2]))) and all(torch.isnan(torch.tensor(values[2:])))
+    assert list(series["tracker/unmeasurable"][0]) == [10, 15]

@@ -83,7 +83,8 @@ def whiten(circuits: HeadCircuits, covariance: Tensor | Whitening) -> HeadCircui
     Readers ``W -> Σ^(1/2) W`` (``W_Q, W_K, W_V``); writers ``W_O -> W_O Σ^(-1/2)``.
     """
     w = covariance if isinstance(covariance, Whitening) else Whitening.of(covariance)
-    half, inverse_half = w.half.to(circuits.qk.left.dtype), w.inverse_half.to(circuits.qk.left.dtype)
+    like = circuits.qk.left  # a basis restored from a checkpoint may sit on another device
+    half, inverse_half = w.half.to(like), w.inverse_half.to(like)
     read = lambda w: left_multiply(half, w)
     qk = LowRank(read(circuits.qk.left), read(circuits.qk.right))
     ov = LowRank(read(circuits.ov.left), left_multiply(inverse_half, circuits.ov.right))
