@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import secrets
+import string
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -14,8 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from callbacks.divergence import DivergenceGuard
 from callbacks.figure import PhaseChangeFigure
+from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines
+from callbacks.resumable_csv import ResumableCSVLogger
+from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker, Schedule
+from conf.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint, resumed_run_dir
+from conf.wandb_reach import effective_mode
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
@@ -46,29 +54,60 @@ def wandb_mode(cfg: DictConfig) -> str:
     return mode.value if mode is not None else os.environ.get("WANDB_MODE", "offline")
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
+@dataclass(frozen=True)
+class Continuation:
+    """What a run continues: nothing, or a checkpoint; in place (same directory, CSV and W&B run) when
+    ``resume`` names the run directory itself."""
+
+    checkpoint: Path | None = None
+    step: int = 0  # the checkpoint's global step: the first step this run logs
+    in_place: bool = False
+    wandb_id: str | None = None  # the W&B run to continue (in place only)
+
+    @classmethod
+    def of(cls, cfg: DictConfig, run_dir: Path) -> Continuation:
+        if cfg.resume is None:
+            return cls()
+        checkpoint = resume_checkpoint(cfg.resume)
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        in_place = resumed_run_dir(cfg.resume) == Path(run_dir).resolve()
+        record = state.get(RUN_KEY) or {}
+        return cls(checkpoint, int(state["global_step"]), in_place, record.get("wandb_id") if in_place else None)
+
+
+def new_wandb_id() -> str:
+    """A fresh W&B run id, chosen here so that checkpoints can record it before W&B starts."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+def build_loggers(cfg: DictConfig, run_dir: Path, continuation: Continuation, wandb_id: str | None) -> list[Logger]:
     loggers: list[Logger] = []
     w = cfg.logger.wandb
     if w.enabled:
+        mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, run_dir)  # online only if the server answers
         loggers.append(
             WandbLogger(
                 project=w.project, entity=w.entity, group=w.group, tags=list(w.tags), name=w.name,
-                save_dir=str(run_dir), mode=wandb_mode(cfg),
+                save_dir=str(run_dir), mode=mode, id=wandb_id, resume="allow" if continuation.in_place else None,
                 config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
             )
         )
     if cfg.logger.csv:
-        loggers.append(CSVLogger(save_dir=str(run_dir), name="csv", version=""))
+        loggers.append(ResumableCSVLogger(run_dir, resume_step=continuation.step if continuation.in_place else None))
     return loggers
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
+def build_callbacks(cfg: DictConfig, run_dir: Path, wandb_id: str | None) -> list[L.Callback]:
+    last = run_dir / CHECKPOINTS / LAST_CHECKPOINT
+    record = {RUN_KEY: {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "wandb_id": wandb_id}}
     callbacks: list[L.Callback] = [
         DivergenceGuard(),  # first: a diverged step is neither measured nor checkpointed
+        RunRecord(record, last),
         ModelCheckpoint(
-            dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
+            dirpath=run_dir / CHECKPOINTS, save_last=True, save_top_k=0, enable_version_counter=False,
             every_n_train_steps=cfg.trainer.checkpoint_every_n_steps,
-        )
+        ),
+        StopOnSignal(last),  # a Checkpoint too: Lightning runs both after the tracker
     ]
     tr = cfg.tracker
     if tr.enabled:
@@ -94,10 +133,12 @@ def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     )
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
+def build_trainer(cfg: DictConfig, run_dir: Path, continuation: Continuation = Continuation()) -> L.Trainer:
+    """The trainer, its loggers and callbacks; the W&B run is the continued one or a new id."""
     t = cfg.trainer
     interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar
-    callbacks = build_callbacks(cfg, run_dir)
+    wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
+    callbacks = build_callbacks(cfg, run_dir, wandb_id)
     if t.enable_progress_bar and not interactive:
         callbacks.append(ProgressLines(t.progress_every_n_steps))
     return L.Trainer(
@@ -111,7 +152,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
         log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar and interactive,
         deterministic=t.deterministic,
-        logger=build_loggers(cfg, run_dir) or False,
+        logger=build_loggers(cfg, run_dir, continuation, wandb_id) or False,
         callbacks=callbacks,
         enable_model_summary=False,
     )

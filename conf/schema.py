@@ -81,6 +81,7 @@ class TrainerConfig:
 class WandbConfig:
     enabled: bool = True
     mode: Optional[WandbMode] = None  # None: $WANDB_MODE if set, else offline
+    connect_timeout_s: float = 10.0  # online: a W&B server silent this long means an offline run (and a `wandb sync` hint)
     project: str = "induction-composition"
     entity: Optional[str] = None
     group: Optional[str] = None
@@ -150,7 +151,8 @@ class TrackerConfig:
 @dataclass
 class Config:
     seed: int = 0
-    resume: Optional[str] = None  # a checkpoint path to resume training from
+    resume: Optional[str] = None  # a run directory to continue in place, or a checkpoint to continue from in a new one
+    resume_allow_changes: bool = False  # let a resume change seed, model, data, optim or tracker settings
     model: ModelConfig = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = MISSING

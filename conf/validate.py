@@ -6,8 +6,9 @@ import pickle
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from conf.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
 from metrics.snapshot import COMPOSITION_MEASURES
 
 
@@ -19,14 +20,39 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 
 
-def resume_problems(path: str, max_steps: int) -> list[str]:
-    """A resume checkpoint must load safely and stop short of ``max_steps`` (else nothing would train).
+RESUME_KEPT = ("seed", "model", "data", "optim", "tracker")  # what a resume may not change unless allowed
 
-    Loaded weights-only: a checkpoint is data, and a pickle that would run code is refused, never run.
+
+def flatten(tree, prefix: str = "") -> dict[str, object]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists stay values)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return {key.rstrip("."): value for key, value in flat.items()}
+
+
+def config_changes(trained: dict, now: dict, sections: tuple[str, ...] = RESUME_KEPT) -> list[str]:
+    """``key: trained -> now`` for every key of ``sections`` that differs between two resolved configs."""
+    before = flatten({k: trained.get(k) for k in sections})
+    after = flatten({k: now.get(k) for k in sections})
+    return [f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+
+
+def resume_problems(cfg: DictConfig) -> list[str]:
+    """A resume checkpoint must load safely, belong to a run of this config, and stop short of
+    ``trainer.max_steps`` (else nothing would train).
+
+    ``resume`` names a run directory (its ``checkpoints/last.ckpt``) or a checkpoint file. Loaded
+    weights-only: a checkpoint is data, and a pickle that would run code is refused, never run.
     """
-    file = Path(path)
+    path = cfg.resume
+    file = resume_checkpoint(path)
+    if Path(path).is_dir() and not file.is_file():
+        return [f"resume={path}: the directory holds no {CHECKPOINTS}/{LAST_CHECKPOINT} (nothing to resume)"]
     if not file.is_file():
-        return [f"resume={path}: no such checkpoint file"]
+        return [f"resume={path}: no such checkpoint file or run directory"]
     if file.stat().st_size == 0:
         return [f"resume={path}: the file is empty"]
     try:
@@ -39,10 +65,23 @@ def resume_problems(path: str, max_steps: int) -> list[str]:
         return [f"resume={path}: not a loadable checkpoint ({type(error).__name__}: {reason})"]
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "global_step" not in checkpoint:
         return [f"resume={path}: not a checkpoint of this project (no state_dict and global_step)"]
+    problems = []
     step = checkpoint["global_step"]
-    if step >= max_steps:
-        return [f"resume={path} is at step {step}: raise trainer.max_steps above it to train further"]
-    return []
+    if step >= cfg.trainer.max_steps:
+        problems.append(f"resume={path} is at step {step}: raise trainer.max_steps above it to train further")
+    if not cfg.resume_allow_changes:
+        trained = (checkpoint.get(RUN_KEY) or {}).get("config")
+        if trained is None:
+            problems.append(f"resume={path}: the checkpoint does not carry its run's config, so a change cannot be ruled out"
+                            " (resume_allow_changes=true resumes it anyway)")
+        else:
+            now = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+            changes = config_changes(trained, now)
+            if changes:
+                shown = "; ".join(changes[:8]) + (f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
+                problems.append(f"resume={path} was trained with a different config ({shown}): pass the run's own"
+                                " overrides again, or resume_allow_changes=true to change them")
+    return problems
 
 
 def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
@@ -95,10 +134,12 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.append(f"trainer.gradient_clip_val={t.gradient_clip_val} must be > 0 (or null: no clipping)")
     if cfg.logger.wandb.enabled and not str(cfg.logger.wandb.project).strip():
         problems.append("logger.wandb.project is empty: name a project (or logger=csv for no W&B)")
+    if cfg.logger.wandb.connect_timeout_s <= 0:
+        problems.append(f"logger.wandb.connect_timeout_s={cfg.logger.wandb.connect_timeout_s} must be > 0")
     if d.name == "bigram_triggers" and d.concentration <= 0:
         problems.append(f"data.concentration={d.concentration} must be > 0")
     if cfg.resume is not None:
-        problems.extend(resume_problems(cfg.resume, t.max_steps))
+        problems.extend(resume_problems(cfg))
     if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         problems.append("trainer=gpu but no CUDA device is visible to torch (use trainer=cpu)")
     if tr.enabled:

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 
 from conf.schema import register_schemas
 from conf.validate import config_problems
-from tests.conftest import REPO, run_train
+from tests.conftest import REPO, CodeRunningPayload, run_train
 
 register_schemas()
 
@@ -82,16 +82,6 @@ def test_train_py_refuses_bad_config_before_training(override, message, tmp_path
     assert message in result.stderr
     assert "Training" not in result.stdout + result.stderr  # nothing started
     assert not (tmp_path / "run" / "wandb").exists()
-
-
-class CodeRunningPayload:
-    """Unpickling this creates a file: what a crafted checkpoint would do to a careless loader."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
 
 
 def test_a_checkpoint_carrying_code_is_refused_without_running_it(tmp_path):

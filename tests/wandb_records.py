@@ -78,3 +78,14 @@ def summary(path: Path) -> dict[str, object]:
             for item in record.summary.update:
                 merged[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return merged
+
+
+def exit_code(path: Path) -> int | None:
+    """The exit code the run finished with (0: marked successful), or None if it never finished."""
+    codes = [record.exit.exit_code for record in records(path) if record.WhichOneof("record_type") == "exit"]
+    return codes[-1] if codes else None
+
+
+def run_id(path: Path) -> str:
+    """The W&B run id the file records."""
+    return next(record.run.run_id for record in records(path) if record.WhichOneof("record_type") == "run")

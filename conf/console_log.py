@@ -1,0 +1,97 @@
+"""Copy everything a run prints (its report, warnings, errors and tracebacks) to ``RUN_DIR/train.log``."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+from pathlib import Path
+
+
+class Tee(io.TextIOBase):
+    """A text stream writing to ``stream`` and appending to ``log``. Progress-bar redraws (writes
+    holding a carriage return) reach only the terminal: the log keeps lines, not 3,000 redraws."""
+
+    def __init__(self, stream, log) -> None:
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        if "\r" not in text and not self.log.closed:
+            self.log.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        if not self.log.closed:
+            self.log.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return self.stream.encoding
+
+
+def tee_console(path: Path) -> None:
+    """From now on, ``sys.stdout``, ``sys.stderr`` and the logging handlers writing to them also
+    append to ``path`` (line-buffered, so a killed run's log ends where its console did)."""
+    log = open(path, "a", buffering=1, encoding="utf-8")
+    originals = {id(sys.stdout): Tee(sys.stdout, log), id(sys.stderr): Tee(sys.stderr, log)}
+    for handler in logging.getLogger().handlers:  # Hydra's console handler holds the original stream
+        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in originals:
+            handler.setStream(originals[id(handler.stream)])
+    sys.stdout, sys.stderr = originals[id(sys.stdout)], originals[id(sys.stderr)]
+
+
+HYDRA_NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "To append to your config use", "reference_type=", "object_type=")
+
+
+def one_line(report: str) -> str:
+    """Hydra's multi-line report of a bad command line, as one line: the message, the key, the
+    options to choose from; not the search path or the hint about ``HYDRA_FULL_ERROR``."""
+    parts: list[str] = []
+    in_search_path = False
+    for raw in report.splitlines():
+        line = raw.strip()
+        if line.startswith("Config search path"):
+            in_search_path = True
+        if not line or in_search_path or line.startswith(HYDRA_NOISE):
+            continue
+        if line.startswith("full_key:") and parts:
+            parts[-1] += f" (key {line.split(':', 1)[1].strip()})"
+        elif raw.startswith("\t") and parts and parts[-1].endswith((":", ",")):
+            parts[-1] += f" {line},"  # an option listed under "Available options in 'model':"
+        else:
+            parts.append(line)
+    return " ".join(part.rstrip(",") for part in parts)
+
+
+class StartupErrors:
+    """Hold what is printed to stderr before ``train.py``'s main starts (Hydra composing the config),
+    so that a bad command line ends in one line of error, not Hydra's 6-15. ``release()``, called
+    first thing in main, lets stderr through again (and what was held, verbatim)."""
+
+    def __init__(self) -> None:
+        self.stderr, self.held = sys.stderr, io.StringIO()
+
+    def __enter__(self) -> StartupErrors:
+        sys.stderr = self.held
+        return self
+
+    def release(self) -> None:
+        if sys.stderr is self.held:
+            sys.stderr = self.stderr
+            self.stderr.write(self.held.getvalue())
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if sys.stderr is not self.held:
+            return
+        sys.stderr = self.stderr
+        text = self.held.getvalue()
+        failed = kind is SystemExit and error.code not in (0, None)
+        self.stderr.write(f"config error: {one_line(text)}\n" if failed and text.strip() else text)

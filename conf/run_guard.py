@@ -1,0 +1,62 @@
+"""A Hydra callback that decides, before Hydra creates or writes anything, whether a run may start
+and in which directory.
+
+Hydra makes the run directory and writes ``.hydra/`` into it before it calls ``train.py``'s main, so
+a check there comes too late: a bad config would leave an empty run directory behind, and a run
+pointed at a finished run's directory would already have overwritten that run's ``.hydra/``. In
+``on_run_start`` this callback
+
+- validates the config (``conf.validate``): a problem is one line on stderr and exit 1, nothing made;
+- resumes in place: ``resume=RUN_DIR`` makes ``RUN_DIR`` the run directory (unless ``hydra.run.dir``
+  is given), and a requeued SLURM job resumes the run it started; Hydra's files for a resume go to
+  ``.hydra/resume-TIME/`` so the run's own ``.hydra/`` stays as it was;
+- refuses a run directory that holds another run's results.
+
+Multirun jobs get their directories from the launcher; ``train.py`` validates each job itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from conf.run_dir import holds_a_run, resumed_run_dir
+from conf.slurm import requeued_slurm_run
+from conf.validate import ConfigError, validate
+
+
+def task_config(config: DictConfig) -> DictConfig:
+    """The config ``train.py`` receives: Hydra's node removed."""
+    task = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
+    return task
+
+
+def run_dir_overridden(config: DictConfig) -> bool:
+    return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in config.hydra.overrides.hydra)
+
+
+class RunGuard(Callback):
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        with read_write(config), open_dict(config):
+            requeued = requeued_slurm_run() if config.resume is None else None
+            if requeued is not None:
+                config.resume = str(requeued)
+                print(f"SLURM job requeued: resuming {requeued}", file=sys.stderr)
+            in_place = resumed_run_dir(config.resume)
+            if in_place is not None and not run_dir_overridden(config):
+                config.hydra.run.dir = str(in_place)
+            run_dir = Path(str(config.hydra.run.dir)).resolve()
+            if in_place is not None and in_place == run_dir:
+                config.hydra.output_subdir = f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S-%f}"
+        try:
+            validate(task_config(config))
+        except ConfigError as error:
+            sys.exit(f"config error: {error}")
+        found = holds_a_run(run_dir) if run_dir.is_dir() else []
+        if found and in_place != run_dir:
+            sys.exit(f"error: {run_dir} already holds a run ({', '.join(found)}): continue it with resume={run_dir},"
+                     " or choose another hydra.run.dir; nothing was written")

@@ -1,0 +1,64 @@
+"""SLURM: requeue a preempted job, and let the requeued job find the run it must continue.
+
+``sbatch --requeue --signal=USR1@90 ...`` (or ``scancel -b --signal=USR1 JOB``): train.py checkpoints
+the step in progress, asks SLURM to requeue the job (when the job allows requeueing) and exits; SLURM
+starts the same batch script again with the same job id and ``SLURM_RESTART_COUNT`` >= 1, and
+train.py resumes, in place, the run directory it recorded for that job id.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from conf.run_dir import CHECKPOINTS, LAST_CHECKPOINT
+
+SLURM_RUNS = Path("outputs") / ".slurm"  # (under the job's working directory) one file per job id: its run directory
+
+
+def slurm_job_key() -> str | None:
+    """This SLURM job's id (``ARRAYJOB_TASK`` for an array task), or None outside SLURM."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array_job is not None:
+        return f"{array_job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def remember_slurm_run(run_dir: Path) -> None:
+    """Record which run directory this SLURM job writes, so that the job, once requeued, resumes it."""
+    key = slurm_job_key()
+    if key is not None:
+        SLURM_RUNS.mkdir(parents=True, exist_ok=True)
+        (SLURM_RUNS / key).write_text(str(Path(run_dir).resolve()) + "\n")
+
+
+def requeued_slurm_run() -> Path | None:
+    """The run directory this SLURM job wrote before it was requeued (``SLURM_RESTART_COUNT`` >= 1)
+    when that directory has a checkpoint to resume from; else None."""
+    key = slurm_job_key()
+    if key is None or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) < 1:
+        return None
+    record = SLURM_RUNS / key
+    if not record.is_file():
+        return None
+    run_dir = Path(record.read_text().strip())
+    return run_dir if (run_dir / CHECKPOINTS / LAST_CHECKPOINT).is_file() else None
+
+
+def requeue_this_job() -> str | None:
+    """Ask SLURM to requeue this job, when there is one and it may be requeued (``Requeue=1``).
+    Returns what happened, for the console; None outside SLURM."""
+    key = slurm_job_key()
+    if key is None:
+        return None
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", key], capture_output=True, text=True, timeout=30)
+        if "Requeue=1" not in shown.stdout:
+            return f"SLURM job {key} does not allow requeueing (sbatch --requeue): not requeued"
+        done = subprocess.run(["scontrol", "requeue", key], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"SLURM job {key} not requeued: {error}"
+    if done.returncode != 0:
+        return f"SLURM job {key} not requeued: {(done.stderr or done.stdout).strip()}"
+    return f"SLURM job {key} requeued: it will resume from the checkpoint"
