@@ -1,7 +1,7 @@
 """Stop cleanly on SIGTERM, SIGINT (Ctrl-C) and SIGUSR1: checkpoint the step in progress, then stop.
 
 SLURM, ``timeout`` and Kubernetes send SIGTERM; SLURM sends SIGUSR1 ahead of a time limit when asked
-(``sbatch --signal=USR1@90``); a user presses Ctrl-C. Each one lets the step in progress finish (its
+(``sbatch --signal=USR1@90``; submitit asks for SIGUSR2); a user presses Ctrl-C. Each one lets the step in progress finish (its
 metrics and tracker snapshot logged), saves ``checkpoints/last.ckpt`` at that step, and raises
 :class:`Preempted` before the next step starts, which Lightning passes through its exception path (every logger is finalized as
 failed, the CSV flushed) to ``train.py``, which finishes the W&B run as preempted and exits non-zero.
@@ -21,7 +21,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)  # USR2: submitit's warning before a time limit
 
 
 class Preempted(Exception):

@@ -30,6 +30,22 @@ from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 
 
+def torch_threads(cfg: DictConfig, launcher: DictConfig | None) -> int | None:
+    """Torch threads for this run: ``trainer.num_threads`` if set; in a SLURM job, its CPUs; in a
+    job of a parallel local sweep (``hydra/launcher=joblib``), the cores divided among the jobs
+    running at once, so that they do not oversubscribe the machine; else None (torch's default)."""
+    if cfg.trainer.num_threads is not None:
+        return cfg.trainer.num_threads
+    if os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return int(os.environ["SLURM_CPUS_PER_TASK"])
+    if launcher is not None and "JoblibLauncher" in str(launcher.get("_target_", "")):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        n_jobs = int(launcher.n_jobs)
+        running = cores + 1 + n_jobs if n_jobs < 0 else n_jobs  # joblib: -1 is every core, -2 all but one
+        return max(1, cores // max(1, running))
+    return None
+
+
 def build_datamodule(cfg: DictConfig) -> TokenDataModule:
     d = cfg.data
     sampler = make_sampler(
@@ -76,18 +92,60 @@ class Continuation:
 
 
 def new_wandb_id() -> str:
-    """A fresh W&B run id, chosen here so that checkpoints can record it before W&B starts."""
+    """A fresh W&B run id, chosen here so that checkpoints can record it before W&B starts; under a
+    W&B sweep agent, the run id the agent assigned (``$WANDB_RUN_ID``)."""
+    if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
+        return os.environ["WANDB_RUN_ID"]
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path, continuation: Continuation, wandb_id: str | None) -> list[Logger]:
+@dataclass(frozen=True)
+class WandbNaming:
+    group: str | None = None
+    name: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+WANDB_TAG_LENGTH = 64  # W&B refuses longer tags
+
+
+def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = None) -> WandbNaming:
+    """A run's W&B group, name and tags, where ``logger.wandb`` leaves them unset: a sweep's jobs
+    share the sweep directory as their group; a run is named by its command-line overrides, which
+    are also its tags (``seed=1``, ``model.n_heads=4``), besides the config's own tags."""
+    w = cfg.logger.wandb
+    shown = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/", "logger.", "resume"))]
+    tags = tuple(dict.fromkeys([*w.tags, *(o[:WANDB_TAG_LENGTH] for o in shown)]))
+    swept = swept_keys(Path(sweep_dir)) if sweep_dir else set()
+    named = [o for o in shown if o.lstrip("+~").split("=", 1)[0] in swept] or shown
+    return WandbNaming(group=w.group or (str(sweep_dir) if sweep_dir else None), name=w.name or (" ".join(named) or None), tags=tags)
+
+
+SWEEP_SYNTAX = ("choice(", "range(", "interval(", "glob(", "tag(", "shuffle(", "sort(")
+
+
+def swept_keys(sweep_dir: Path) -> set[str]:
+    """The keys a sweep varies, from the ``multirun.yaml`` Hydra writes before it launches the jobs:
+    its overrides with several values (``seed=0,1``, ``range(...)``), and an optimizing sweeper's params."""
+    try:
+        master = OmegaConf.load(sweep_dir / "multirun.yaml")
+    except (FileNotFoundError, OSError):
+        return set()
+    keys = {o.lstrip("+~").split("=", 1)[0] for o in master.hydra.overrides.task
+            if "=" in o and ("," in o.split("=", 1)[1] or o.split("=", 1)[1].startswith(SWEEP_SYNTAX))}
+    params = OmegaConf.select(master, "hydra.sweeper.params") or {}
+    return keys | set(params)
+
+
+def build_loggers(cfg: DictConfig, run_dir: Path, continuation: Continuation, wandb_id: str | None,
+                  naming: WandbNaming = WandbNaming()) -> list[Logger]:
     loggers: list[Logger] = []
     w = cfg.logger.wandb
     if w.enabled:
         mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, run_dir)  # online only if the server answers
         loggers.append(
             WandbLogger(
-                project=w.project, entity=w.entity, group=w.group, tags=list(w.tags), name=w.name,
+                project=w.project, entity=w.entity, group=naming.group, tags=list(naming.tags or w.tags), name=naming.name or w.name,
                 save_dir=str(run_dir), mode=mode, id=wandb_id, resume="allow" if continuation.in_place else None,
                 config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
             )
@@ -133,7 +191,8 @@ def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     )
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, continuation: Continuation = Continuation()) -> L.Trainer:
+def build_trainer(cfg: DictConfig, run_dir: Path, continuation: Continuation = Continuation(),
+                  naming: WandbNaming = WandbNaming()) -> L.Trainer:
     """The trainer, its loggers and callbacks; the W&B run is the continued one or a new id."""
     t = cfg.trainer
     interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar
@@ -152,7 +211,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, continuation: Continuation = C
         log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar and interactive,
         deterministic=t.deterministic,
-        logger=build_loggers(cfg, run_dir, continuation, wandb_id) or False,
+        logger=build_loggers(cfg, run_dir, continuation, wandb_id, naming) or False,
         callbacks=callbacks,
         enable_model_summary=False,
     )

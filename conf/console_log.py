@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import logging
 import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -37,15 +40,29 @@ class Tee(io.TextIOBase):
         return self.stream.encoding
 
 
-def tee_console(path: Path) -> None:
-    """From now on, ``sys.stdout``, ``sys.stderr`` and the logging handlers writing to them also
-    append to ``path`` (line-buffered, so a killed run's log ends where its console did)."""
+@contextmanager
+def tee_console(path: Path) -> Iterator[None]:
+    """Within the block, ``sys.stdout``, ``sys.stderr`` and the logging handlers writing to them also
+    append to ``path`` (line-buffered, so a killed run's log ends where its console did). Restored
+    after it: the jobs of a sweep that share a process each get only their own output."""
     log = open(path, "a", buffering=1, encoding="utf-8")
-    originals = {id(sys.stdout): Tee(sys.stdout, log), id(sys.stderr): Tee(sys.stderr, log)}
-    for handler in logging.getLogger().handlers:  # Hydra's console handler holds the original stream
-        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in originals:
-            handler.setStream(originals[id(handler.stream)])
-    sys.stdout, sys.stderr = originals[id(sys.stdout)], originals[id(sys.stderr)]
+    stdout, stderr = sys.stdout, sys.stderr
+    tees = {id(stdout): Tee(stdout, log), id(stderr): Tee(stderr, log)}
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler) and id(h.stream) in tees]
+    streams = [h.stream for h in handlers]  # Hydra's console handler holds the original stream
+    for handler in handlers:
+        handler.setStream(tees[id(handler.stream)])
+    sys.stdout, sys.stderr = tees[id(stdout)], tees[id(stderr)]
+    try:
+        yield
+    except Exception:
+        log.write(traceback.format_exc())  # the error that ends the run, in its log (the console gets it from Python)
+        raise
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+        for handler, stream in zip(handlers, streams):
+            handler.setStream(stream)
+        log.close()
 
 
 HYDRA_NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "To append to your config use", "reference_type=", "object_type=")
@@ -71,6 +88,13 @@ def one_line(report: str) -> str:
     return " ".join(part.rstrip(",") for part in parts)
 
 
+def release_startup_errors() -> None:
+    """Let stderr through again: Hydra has composed the config (called by the first Hydra callback,
+    and by train.py's main)."""
+    if HOLDING is not None:
+        HOLDING.release()
+
+
 class StartupErrors:
     """Hold what is printed to stderr before ``train.py``'s main starts (Hydra composing the config),
     so that a bad command line ends in one line of error, not Hydra's 6-15. ``release()``, called
@@ -80,7 +104,8 @@ class StartupErrors:
         self.stderr, self.held = sys.stderr, io.StringIO()
 
     def __enter__(self) -> StartupErrors:
-        sys.stderr = self.held
+        global HOLDING
+        sys.stderr, HOLDING = self.held, self
         return self
 
     def release(self) -> None:
@@ -94,4 +119,14 @@ class StartupErrors:
         sys.stderr = self.stderr
         text = self.held.getvalue()
         failed = kind is SystemExit and error.code not in (0, None)
-        self.stderr.write(f"config error: {one_line(text)}\n" if failed and text.strip() else text)
+        hydra_report = failed and text.strip() and "Traceback (most recent call last)" not in text
+        self.stderr.write(f"config error: {one_line(text)}\n" if hydra_report else text)
+
+    def __getstate__(self) -> dict:
+        return {}  # a sweep launcher pickles main with its globals: a job's copy holds nothing
+
+    def __setstate__(self, state: dict) -> None:
+        self.stderr, self.held = sys.stderr, io.StringIO()
+
+
+HOLDING: StartupErrors | None = None  # the StartupErrors holding stderr now, if any

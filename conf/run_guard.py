@@ -24,6 +24,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from conf.console_log import release_startup_errors
 from conf.run_dir import holds_a_run, resumed_run_dir
 from conf.slurm import requeued_slurm_run
 from conf.validate import ConfigError, validate
@@ -40,7 +41,11 @@ def run_dir_overridden(config: DictConfig) -> bool:
 
 
 class RunGuard(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        release_startup_errors()  # the command line composed: from here on, stderr is the launcher's
+
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        release_startup_errors()
         with read_write(config), open_dict(config):
             requeued = requeued_slurm_run() if config.resume is None else None
             if requeued is not None:

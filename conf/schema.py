@@ -75,6 +75,7 @@ class TrainerConfig:
     progress_every_n_steps: int = 100
     deterministic: bool = False
     checkpoint_every_n_steps: int = 500
+    num_threads: Optional[int] = None  # torch threads; None: torch's default, or the cores' share of a parallel sweep job
 
 
 @dataclass
@@ -153,6 +154,8 @@ class Config:
     seed: int = 0
     resume: Optional[str] = None  # a run directory to continue in place, or a checkpoint to continue from in a new one
     resume_allow_changes: bool = False  # let a resume change seed, model, data, optim or tracker settings
+    objective: Optional[str] = None  # what a sweep job returns to an optimizing sweeper: a summary.json or config key
+    objective_cliff_by: Optional[int] = None  # with objective: a run whose loss cliff (midpoint) is later, or absent, scores NaN
     model: ModelConfig = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = MISSING

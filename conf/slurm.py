@@ -46,19 +46,19 @@ def requeued_slurm_run() -> Path | None:
     return run_dir if (run_dir / CHECKPOINTS / LAST_CHECKPOINT).is_file() else None
 
 
-def requeue_this_job() -> str | None:
+def requeue_this_job() -> tuple[bool, str | None]:
     """Ask SLURM to requeue this job, when there is one and it may be requeued (``Requeue=1``).
-    Returns what happened, for the console; None outside SLURM."""
+    Returns (whether it was requeued, what happened for the console; None outside SLURM)."""
     key = slurm_job_key()
     if key is None:
-        return None
+        return False, None
     try:
         shown = subprocess.run(["scontrol", "show", "job", key], capture_output=True, text=True, timeout=30)
         if "Requeue=1" not in shown.stdout:
-            return f"SLURM job {key} does not allow requeueing (sbatch --requeue): not requeued"
+            return False, f"SLURM job {key} does not allow requeueing (sbatch --requeue): not requeued"
         done = subprocess.run(["scontrol", "requeue", key], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as error:
-        return f"SLURM job {key} not requeued: {error}"
+        return False, f"SLURM job {key} not requeued: {error}"
     if done.returncode != 0:
-        return f"SLURM job {key} not requeued: {(done.stderr or done.stdout).strip()}"
-    return f"SLURM job {key} requeued: it will resume from the checkpoint"
+        return False, f"SLURM job {key} not requeued: {(done.stderr or done.stdout).strip()}"
+    return True, f"SLURM job {key} requeued: it will resume from the checkpoint"

@@ -115,6 +115,8 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     for key in ("devices", "accumulate_grad_batches", "log_every_n_steps", "checkpoint_every_n_steps", "progress_every_n_steps"):
         if t[key] < 1:
             problems.append(f"trainer.{key}={t[key]} must be >= 1")
+    if t.num_threads is not None and t.num_threads < 1:
+        problems.append(f"trainer.num_threads={t.num_threads} must be >= 1 (or null: automatic)")
     if t.accelerator not in ACCELERATORS:
         problems.append(f"trainer.accelerator={t.accelerator!r} must be one of {ACCELERATORS}")
     if t.precision not in PRECISIONS:

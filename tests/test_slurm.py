@@ -63,6 +63,9 @@ exec {sys.executable} {REPO / 'train.py'} trainer.max_steps=120 tracker.enabled=
     try:
         wait_for(lambda: log.is_file() and "step 15/" in log.read_text(), 180, "the job to reach step 15")
         subprocess.run(["scancel", "-b", "--signal=USR1", job], check=True)  # what --signal=USR1@T sends before the time limit
+        wait_for(lambda: job_field(job, "Restarts") == "1", 120, "SLURM to requeue the job")
+        # a requeued job waits two minutes before it may start again; let it start now
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
         wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 300, "the requeued job to complete")
     finally:
         subprocess.run(["scancel", job], capture_output=True)

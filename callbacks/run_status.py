@@ -1,0 +1,32 @@
+"""``RUN_DIR/status.json``: whether a run is running, finished, failed or preempted, and why.
+
+Written by train.py when a run starts and when it ends (atomically: a reader never sees half a
+file). A sweep's report reads it to mark each job; a re-run sweep reads it to skip finished jobs
+and resume interrupted ones. A run killed outright (SIGKILL, a lost node) stays ``running``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+STATUS_FILE = "status.json"
+FINISHED, RUNNING, FAILED, PREEMPTED = "finished", "running", "failed", "preempted"
+
+
+def write_status(run_dir: Path, status: str, exit_code: int = 0, step: int | None = None, error: str | None = None) -> None:
+    record = {"status": status, "exit_code": exit_code, "step": step, "error": error}
+    path = Path(run_dir) / STATUS_FILE
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(temporary, path)
+
+
+def read_status(run_dir: Path) -> dict | None:
+    """The run's status record, or None when it has none (not a run, or one from before status files)."""
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

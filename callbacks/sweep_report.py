@@ -1,0 +1,303 @@
+"""A sweep, read as one result: a row per job, the same grouped over seeds, and two figures.
+
+Reads the run directories a sweep wrote (each job's ``.hydra/``, ``status.json``, ``summary.json``,
+``csv/metrics.csv`` and ``tensors/``), so it works on any finished or half-finished sweep, and on
+any set of run directories given one by one:
+
+    python -m callbacks.sweep_report multirun/2026-11-23/10-00-00
+    python -m callbacks.sweep_report outputs/2026-11-23/10-00-00 outputs/2026-11-23/11-00-00
+
+Writes into the sweep directory (the first one given): ``sweep_jobs.csv`` (a row per job),
+``sweep_groups.csv`` (per value of the swept parameters: mean and standard deviation over seeds),
+``sweep_loss_curves.png`` (every job's repeated-token loss, coloured by the swept parameter) and
+``sweep_midpoints.png`` (the phase-change midpoint against each swept parameter, error bars over
+seeds); prints both tables. At the end of a multirun, ``conf/sweep_callback.py`` runs it and logs
+the tables and figures to a W&B summary run of the sweep's group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from callbacks.figure import CSV_RELATIVE_PATH, SUMMARY_NAME, read_series
+from callbacks.plots import plt
+from callbacks.run_status import FINISHED, read_status
+from callbacks.store import TENSORS_DIR, read_tensor_store
+from metrics.heads.circuit_pair import circuit_pair
+
+JOBS_TABLE, GROUPS_TABLE = "sweep_jobs.csv", "sweep_groups.csv"
+CURVES_FIGURE, MIDPOINTS_FIGURE = "sweep_loss_curves.png", "sweep_midpoints.png"
+SEED_KEYS = ("seed", "data.seed")  # what varies between repeats, not between settings
+
+
+@dataclass
+class Job:
+    """One run of a sweep: where, with which overrides, how it ended, and its numbers."""
+
+    run_dir: Path
+    overrides: dict[str, str]
+    status: str
+    error: str = ""  # why it did not finish, from its status.json
+    values: dict[str, float | str] = field(default_factory=dict)
+    loss_curve: tuple[np.ndarray, np.ndarray] | None = None  # (steps, repeated-token loss)
+
+
+def job_dirs(paths: list[Path]) -> list[Path]:
+    """The run directories under each path (a sweep directory: its numbered job directories), or
+    the path itself when it is a run directory."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / ".hydra" / "overrides.yaml").is_file():
+            found.append(path)
+            continue
+        jobs = [p.parent.parent for p in path.glob("*/.hydra/overrides.yaml")]
+        found.extend(sorted(jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)))
+    return found
+
+
+def read_overrides(run_dir: Path) -> dict[str, str]:
+    listed = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    return dict(o.lstrip("+~").split("=", 1) for o in listed if "=" in o and not o.startswith(("hydra.", "resume")))
+
+
+def read_job(run_dir: Path) -> Job:
+    """Everything the tables and figures need from one run directory; what is missing stays missing."""
+    record = read_status(run_dir) or {"status": "unknown", "error": "no status.json (killed outright, or not a train.py run)"}
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()) or {}
+    job = Job(run_dir, read_overrides(run_dir), record["status"], record.get("error") or "")
+    job.values["seed"] = config.get("seed", "")
+    summary_path = run_dir / SUMMARY_NAME
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    for part in ("onset", "midpoint", "end"):
+        job.values[f"phase_change_{part}"] = summary.get(f"phase_change/loss_{part}_step", math.nan)
+    job.values["top_induction_score"] = summary.get("final/heads/induction/top", math.nan)
+    csv_path = run_dir / CSV_RELATIVE_PATH
+    series = read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {}
+    if "loss/repeated" in series:
+        steps, values = series["loss/repeated"]
+        job.loss_curve = (steps, values)
+        job.values["repeated_loss_start"], job.values["repeated_loss_end"] = float(values[0]), float(values[-1])
+    job.values["circuit_pair"] = final_circuit_pair(run_dir)
+    for key in sorted(series):
+        if key.startswith("circuit/K/") and not key.endswith(("_minus_baseline", "_rank")):
+            job.values[f"K_{key.removeprefix('circuit/K/')}"] = float(series[key][1][-1])
+    for key, value in summary.items():
+        if key.startswith("validity/") and key.endswith("/final_spearman_loss"):
+            job.values[f"spearman_{key.split('/')[1]}"] = value
+    return job
+
+
+def final_circuit_pair(run_dir: Path) -> str:
+    """The circuit pair at the last snapshot, ``L0H1->L1H0``, from the tensor store ('' without one)."""
+    store = run_dir / TENSORS_DIR
+    if not (store / "index.json").is_file():
+        return ""
+    scores = read_tensor_store(store, ["heads/prev_token", "heads/induction"])
+    if len(scores) < 2 or not len(scores["heads/induction"][0]) or scores["heads/induction"][1].shape[1] < 2:
+        return ""
+    import torch  # noqa: PLC0415
+
+    (l1, h1), (l2, h2) = circuit_pair(torch.from_numpy(scores["heads/prev_token"][1][-1]), torch.from_numpy(scores["heads/induction"][1][-1]))
+    return f"L{l1}H{h1}->L{l2}H{h2}"
+
+
+def swept_keys(jobs: list[Job]) -> list[str]:
+    """The overrides whose values differ between jobs, seeds last."""
+    keys = sorted({k for job in jobs for k in job.overrides})
+    varying = [k for k in keys if len({job.overrides.get(k) for job in jobs}) > 1]
+    return [k for k in varying if k not in SEED_KEYS] + [k for k in varying if k in SEED_KEYS]
+
+
+def job_rows(jobs: list[Job], swept: list[str]) -> list[dict]:
+    columns = sorted({k for job in jobs for k in job.values}, key=_column_order)
+    return [{"job": job.run_dir.name, **{k: job.overrides.get(k, "") for k in swept}, "status": job.status,
+             **{c: job.values.get(c, "") for c in columns}} for job in jobs]
+
+
+def _column_order(column: str) -> tuple[int, str]:
+    first = ("seed", "phase_change_onset", "phase_change_midpoint", "phase_change_end", "repeated_loss_start",
+             "repeated_loss_end", "top_induction_score", "circuit_pair")
+    return (first.index(column), "") if column in first else (len(first) + (column.startswith("spearman_")), column)
+
+
+def group_rows(jobs: list[Job], swept: list[str]) -> list[dict]:
+    """Per combination of the non-seed swept values: n jobs, n finished, and mean ± sd of each number
+    over the finished jobs (the seeds)."""
+    settings = [k for k in swept if k not in SEED_KEYS]
+    groups: dict[tuple, list[Job]] = {}
+    for job in jobs:
+        groups.setdefault(tuple(job.overrides.get(k, "") for k in settings), []).append(job)
+    numeric = sorted({k for job in jobs for k, v in job.values.items() if isinstance(v, (int, float)) and k != "seed"}, key=_column_order)
+    rows = []
+    for values, members in groups.items():
+        done = [job for job in members if job.status == FINISHED]
+        row = {**dict(zip(settings, values)), "jobs": len(members), "finished": len(done)}
+        for column in numeric:
+            numbers = np.array([float(job.values[column]) for job in done if isinstance(job.values.get(column), (int, float))], dtype=float)
+            numbers = numbers[np.isfinite(numbers)]
+            row[f"{column}_mean"] = float(numbers.mean()) if len(numbers) else math.nan
+            row[f"{column}_sd"] = float(numbers.std(ddof=1)) if len(numbers) > 1 else math.nan
+        rows.append(row)
+    return rows
+
+
+def write_table(rows: list[dict], path: Path) -> None:
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with open(path, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return "-" if math.isnan(value) else f"{value:.4g}"
+        return str(value)
+
+    cells = [[cell(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def draw_loss_curves(jobs: list[Job], colour_by: str | None, path: Path) -> None:
+    """Every job's repeated-token loss over training, one colour per value of ``colour_by``."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    values = sorted({job.overrides.get(colour_by, "") for job in jobs}, key=_numeric_first) if colour_by else [""]
+    colours = plt.get_cmap("viridis")(np.linspace(0.05, 0.9, max(len(values), 1)))
+    labelled = set()
+    for job in jobs:
+        if job.loss_curve is None:
+            continue
+        value = job.overrides.get(colour_by, "") if colour_by else ""
+        colour = colours[values.index(value)]
+        label = f"{colour_by}={value}" if colour_by and value not in labelled else None
+        labelled.add(value)
+        ax.plot(*job.loss_curve, color=colour, lw=1.2, alpha=0.85, label=label, ls="-" if job.status == FINISHED else ":")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss on repeated tokens")
+    ax.set_title(f"{len(jobs)} jobs" + (f", coloured by {colour_by}" if colour_by else "") + " (dotted: not finished)")
+    if labelled - {""}:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def draw_midpoints(jobs: list[Job], settings: list[str], path: Path) -> None:
+    """The phase-change midpoint against each swept setting: mean and standard deviation over seeds."""
+    fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(4.5 * max(len(settings), 1), 3.8), squeeze=False)
+    for ax, setting in zip(axes[0], settings or [None]):
+        by_value: dict[str, list[float]] = {}
+        for job in jobs:
+            midpoint = job.values.get("phase_change_midpoint", math.nan)
+            if job.status == FINISHED and isinstance(midpoint, (int, float)) and math.isfinite(midpoint):
+                by_value.setdefault(job.overrides.get(setting, "") if setting else "all", []).append(float(midpoint))
+        labels = sorted(by_value, key=_numeric_first)
+        means = [np.mean(by_value[v]) for v in labels]
+        spreads = [np.std(by_value[v], ddof=1) if len(by_value[v]) > 1 else 0.0 for v in labels]
+        positions = [float(v) for v in labels] if labels and all(_is_number(v) for v in labels) else list(range(len(labels)))
+        ax.errorbar(positions, means, yerr=spreads, fmt="o-", capsize=4)
+        for x, v in zip(positions, labels):
+            ax.annotate(f"n={len(by_value[v])}", (x, np.mean(by_value[v])), textcoords="offset points", xytext=(5, 5), fontsize=7)
+        if positions and not all(_is_number(v) for v in labels):
+            ax.set_xticks(positions, labels)
+        ax.set_xlabel(setting or "")
+        ax.set_ylabel("phase-change midpoint (step)")
+        if not labels:
+            ax.text(0.5, 0.5, "no phase change detected", transform=ax.transAxes, ha="center")
+    fig.suptitle("phase-change midpoint, mean ± sd over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _numeric_first(text: str) -> tuple[int, float, str]:
+    return (0, float(text), "") if _is_number(text) else (1, 0.0, text)
+
+
+@dataclass
+class SweepReport:
+    directory: Path
+    jobs: list[Job]
+    swept: list[str]
+    job_table: list[dict]
+    group_table: list[dict]
+
+    @property
+    def failed(self) -> list[Job]:
+        return [job for job in self.jobs if job.status != FINISHED]
+
+    def files(self) -> dict[str, Path]:
+        return {name: self.directory / name for name in (JOBS_TABLE, GROUPS_TABLE, CURVES_FIGURE, MIDPOINTS_FIGURE)}
+
+
+def sweep_report(paths: list[Path], out_dir: Path | None = None) -> SweepReport:
+    """Read the jobs under ``paths`` and write the tables and figures into ``out_dir`` (default: the
+    first path). Raises FileNotFoundError when there is no run directory under ``paths``."""
+    dirs = job_dirs([Path(p) for p in paths])
+    if not dirs:
+        raise FileNotFoundError(f"no run directories (with .hydra/overrides.yaml) under {', '.join(map(str, paths))}")
+    jobs = [read_job(d) for d in dirs]
+    swept = swept_keys(jobs)
+    settings = [k for k in swept if k not in SEED_KEYS]
+    report = SweepReport(Path(out_dir or paths[0]), jobs, swept, job_rows(jobs, swept), group_rows(jobs, swept))
+    files = report.files()
+    write_table(report.job_table, files[JOBS_TABLE])
+    write_table(report.group_table, files[GROUPS_TABLE])
+    draw_loss_curves(jobs, settings[0] if settings else (swept[0] if swept else None), files[CURVES_FIGURE])
+    draw_midpoints(jobs, settings, files[MIDPOINTS_FIGURE])
+    return report
+
+
+def print_sweep_report(report: SweepReport) -> None:
+    brief = ["job", *report.swept, "status", "phase_change_midpoint", "repeated_loss_start", "repeated_loss_end",
+             "top_induction_score", "circuit_pair", "K_frobenius"]
+    print(f"\nsweep: {len(report.jobs)} jobs in {report.directory} ({len(report.failed)} not finished); full table {report.files()[JOBS_TABLE]}")
+    print(format_table(report.job_table, [c for c in brief if any(c in row for row in report.job_table)]))
+    settings = [k for k in report.swept if k not in SEED_KEYS]
+    group_columns = [*settings, "jobs", "finished", "phase_change_midpoint_mean", "phase_change_midpoint_sd",
+                     "repeated_loss_end_mean", "repeated_loss_end_sd", "top_induction_score_mean"]
+    print(f"\nover seeds ({report.files()[GROUPS_TABLE]}):")
+    print(format_table(report.group_table, [c for c in group_columns if any(c in row for row in report.group_table)]))
+    print(f"figures: {report.files()[CURVES_FIGURE]}, {report.files()[MIDPOINTS_FIGURE]}")
+    for job in report.failed:
+        print(f"not finished: job {job.run_dir.name} ({' '.join(f'{k}={v}' for k, v in job.overrides.items())}): {job.status}"
+              + (f": {job.error}" if job.error else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", type=Path, nargs="+", help="a sweep directory (multirun/DATE/TIME), or run directories")
+    parser.add_argument("--out", type=Path, default=None, help="where to write the tables and figures (default: the first path)")
+    args = parser.parse_args(argv)
+    try:
+        report = sweep_report(args.paths, args.out)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print_sweep_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""A Hydra callback: when a multirun ends, report the sweep as one result (``callbacks.sweep_report``),
+log it to a W&B summary run of the sweep's group, and exit non-zero when a job did not finish (a
+job's failure does not stop the others: train.py returns its exit code to Hydra instead of raising).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+class SweepReport(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from callbacks.sweep_report import print_sweep_report, sweep_report  # noqa: PLC0415  (matplotlib: only when needed)
+
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            report = sweep_report([sweep_dir])
+        except FileNotFoundError as error:
+            print(f"no sweep report: {error}", file=sys.stderr)
+            return
+        print_sweep_report(report)
+        if config.logger.wandb.enabled:
+            log_to_wandb(config, report)
+        if report.failed:
+            sys.exit(f"error: {len(report.failed)} of {len(report.jobs)} jobs did not finish (see the report above)")
+
+
+def log_to_wandb(config: DictConfig, report) -> None:
+    """The report's tables and figures, in a W&B run named ``sweep report`` in the jobs' group."""
+    import wandb  # noqa: PLC0415
+
+    from conf.build import wandb_mode, wandb_naming  # noqa: PLC0415
+
+    w = config.logger.wandb
+    run = wandb.init(project=w.project, entity=w.entity, group=wandb_naming(config, [], str(config.hydra.sweep.dir)).group,
+                     name="sweep report", job_type="sweep_report", dir=str(report.directory), mode=wandb_mode(config))
+    columns = list(dict.fromkeys(k for row in report.job_table for k in row))
+    run.log({
+        "sweep/jobs": wandb.Table(columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]),
+        "sweep/loss_curves": wandb.Image(str(report.files()["sweep_loss_curves.png"])),
+        "sweep/midpoints": wandb.Image(str(report.files()["sweep_midpoints.png"])),
+    })
+    run.finish(exit_code=1 if report.failed else 0)
