@@ -2,10 +2,12 @@
 
 Reads the run directories a sweep wrote (each job's ``.hydra/``, ``status.json``, ``summary.json``,
 ``csv/metrics.csv`` and ``tensors/``), so it works on any finished or half-finished sweep, and on
-any set of run directories given one by one:
+any set of run directories given one by one; given no run directory, it reads W&B offline runs
+(``offline-run-*`` directories, or any directory holding them: e.g. copied from a cluster):
 
     python -m callbacks.sweep_report multirun/2026-11-23/10-00-00
     python -m callbacks.sweep_report outputs/2026-11-23/10-00-00 outputs/2026-11-23/11-00-00
+    python -m callbacks.sweep_report --out report/ wandb_runs/offline-run-*
 
 Writes into the sweep directory (the first one given): ``sweep_jobs.csv`` (a row per job),
 ``sweep_groups.csv`` (per value of the swept parameters: mean and standard deviation over seeds),
@@ -29,6 +31,7 @@ import numpy as np
 import yaml
 
 from callbacks.figure import CSV_RELATIVE_PATH, SUMMARY_NAME, read_series
+from callbacks import wandb_records
 from callbacks.plots import plt
 from callbacks.run_status import FINISHED, read_status
 from callbacks.store import TENSORS_DIR, read_tensor_store
@@ -74,26 +77,82 @@ def read_job(run_dir: Path) -> Job:
     record = read_status(run_dir) or {"status": "unknown", "error": "no status.json (killed outright, or not a train.py run)"}
     config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()) or {}
     job = Job(run_dir, read_overrides(run_dir), record["status"], record.get("error") or "")
-    job.values["seed"] = config.get("seed", "")
     summary_path = run_dir / SUMMARY_NAME
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    csv_path = run_dir / CSV_RELATIVE_PATH
+    fill_values(job, config.get("seed", ""), read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {},
+                json.loads(summary_path.read_text()) if summary_path.is_file() else {})
+    job.values["circuit_pair"] = final_circuit_pair(run_dir)
+    return job
+
+
+def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]], summary: dict) -> None:
+    """The table's numbers from a run's logged series and its end-of-run summary."""
+    job.values["seed"] = seed
     for part in ("onset", "midpoint", "end"):
         job.values[f"phase_change_{part}"] = summary.get(f"phase_change/loss_{part}_step", math.nan)
     job.values["top_induction_score"] = summary.get("final/heads/induction/top", math.nan)
-    csv_path = run_dir / CSV_RELATIVE_PATH
-    series = read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {}
     if "loss/repeated" in series:
         steps, values = series["loss/repeated"]
         job.loss_curve = (steps, values)
         job.values["repeated_loss_start"], job.values["repeated_loss_end"] = float(values[0]), float(values[-1])
-    job.values["circuit_pair"] = final_circuit_pair(run_dir)
     for key in sorted(series):
         if key.startswith("circuit/K/") and not key.endswith(("_minus_baseline", "_rank")):
             job.values[f"K_{key.removeprefix('circuit/K/')}"] = float(series[key][1][-1])
     for key, value in summary.items():
         if key.startswith("validity/") and key.endswith("/final_spearman_loss"):
             job.values[f"spearman_{key.split('/')[1]}"] = value
-    return job
+
+
+WANDB_IGNORED = ("logger.", "trainer.enable_progress_bar", "trainer.progress_every_n_steps", "resume", "_wandb")
+
+
+def read_wandb_jobs(files: list[Path]) -> list[Job]:
+    """Jobs known only by their W&B offline run files (``run-ID.wandb``, e.g. copied from a cluster):
+    the files of one run id (a resumed run has several) make one job. Its overrides are the config
+    values that differ between the runs given; its status comes from the W&B exit code."""
+    by_id: dict[str, list[Path]] = {}
+    for path in sorted(files, key=lambda f: f.parent.name):  # offline-run-DATE_TIME-ID: start order
+        by_id.setdefault(wandb_records.run_id(path), []).append(path)
+    jobs, configs = [], []
+    for run_id, paths in by_id.items():
+        config, rows = {}, []
+        for path in paths:
+            config.update(wandb_records.config(path))
+            rows += wandb_records.history(path)
+        flat = {k: v for k, v in flatten(config).items() if not k.startswith(WANDB_IGNORED)}
+        code = wandb_records.exit_code(paths[-1])
+        status = "running" if code is None else FINISHED if code == 0 else "preempted" if code > 128 else "failed"
+        job = Job(paths[-1].parent, {}, status, "" if code in (0, None) else f"W&B exit code {code}")
+        fill_values(job, flat.get("seed", ""), history_series(rows), wandb_records.summary(paths[-1]))
+        job.values["circuit_pair"] = ""
+        jobs.append(job)
+        configs.append(flat)
+    for job, flat in zip(jobs, configs):
+        job.overrides = {k: str(v) for k, v in flat.items() if len({str(c.get(k)) for c in configs}) > 1}
+    return jobs
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def history_series(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{key: (steps, values)}`` over W&B history rows, stepped by ``trainer/global_step``."""
+    points: dict[str, dict[int, float]] = {}
+    for row in rows:
+        step = row.get("trainer/global_step")
+        if step is None:
+            continue
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and not key.startswith("_"):
+                points.setdefault(key, {})[int(step)] = float(value)
+    return {key: (np.array(sorted(by_step)), np.array([by_step[s] for s in sorted(by_step)])) for key, by_step in points.items()}
 
 
 def final_circuit_pair(run_dir: Path) -> str:
@@ -254,13 +313,18 @@ class SweepReport:
 def sweep_report(paths: list[Path], out_dir: Path | None = None) -> SweepReport:
     """Read the jobs under ``paths`` and write the tables and figures into ``out_dir`` (default: the
     first path). Raises FileNotFoundError when there is no run directory under ``paths``."""
-    dirs = job_dirs([Path(p) for p in paths])
-    if not dirs:
-        raise FileNotFoundError(f"no run directories (with .hydra/overrides.yaml) under {', '.join(map(str, paths))}")
-    jobs = [read_job(d) for d in dirs]
+    paths = [Path(p) for p in paths]
+    jobs = [read_job(d) for d in job_dirs(paths)]
+    if not jobs:  # no train.py run directories: W&B offline runs, then
+        jobs = read_wandb_jobs([f for p in paths for f in (p.glob("run-*.wandb") if p.name.startswith("offline-run-")
+                                                           else p.glob("**/offline-run-*/run-*.wandb"))])
+    if not jobs:
+        raise FileNotFoundError(f"no run directories (with .hydra/overrides.yaml) or W&B offline runs under {', '.join(map(str, paths))}")
     swept = swept_keys(jobs)
     settings = [k for k in swept if k not in SEED_KEYS]
-    report = SweepReport(Path(out_dir or paths[0]), jobs, swept, job_rows(jobs, swept), group_rows(jobs, swept))
+    first = paths[0] if paths[0].is_dir() and not paths[0].name.startswith("offline-run-") else paths[0].parent
+    report = SweepReport(Path(out_dir or first), jobs, swept, job_rows(jobs, swept), group_rows(jobs, swept))
+    report.directory.mkdir(parents=True, exist_ok=True)
     files = report.files()
     write_table(report.job_table, files[JOBS_TABLE])
     write_table(report.group_table, files[GROUPS_TABLE])

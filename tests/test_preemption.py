@@ -16,7 +16,7 @@ import signal
 import pytest
 import torch
 
-from tests import wandb_records
+from callbacks import wandb_records
 from tests.conftest import run_train, run_train_until, train_env
 
 pytestmark = pytest.mark.slow

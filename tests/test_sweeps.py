@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests import wandb_records
+from callbacks import wandb_records
 from tests.conftest import REPO, train_env
 from tests.test_preemption import wandb_history
 from tests.test_slurm import job_field, slurm_is_up, wait_for
@@ -58,6 +58,12 @@ def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
     assert not list((tmp_path / rows[(3e-3, -1)]["job"]).glob("wandb"))  # refused before W&B started
     for name in ("sweep_jobs.csv", "sweep_groups.csv", "sweep_loss_curves.png", "sweep_midpoints.png"):
         assert (tmp_path / name).is_file(), name
+    (report_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # the sweep's summary run, in its group
+    report_run = next(r.run for r in wandb_records.records(report_file) if r.WhichOneof("record_type") == "run")
+    assert report_run.display_name == "sweep report" and report_run.run_group == str(tmp_path)
+    (logged,) = wandb_records.history(report_file)
+    assert logged["sweep/jobs/nrows"] == 4 and "sweep/midpoints/path" in logged
+    assert wandb_records.exit_code(report_file) == 1
 
 
 def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(tmp_path):
@@ -72,6 +78,13 @@ def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(t
         assert wandb_records.exit_code(run_file) == 0
         assert loss_steps(tmp_path / job) == list(range(30))
     assert [row["status"] for row in job_table(tmp_path)] == ["finished", "finished"]
+    # the same sweep read from its W&B offline runs alone (as copied from a cluster) gives the same numbers
+    from callbacks.sweep_report import sweep_report
+
+    from_wandb = sweep_report([tmp_path / job / "wandb" for job in ("0", "1")], out_dir=tmp_path / "from_wandb")
+    from_dirs = sweep_report([tmp_path], out_dir=tmp_path / "from_dirs")
+    by_seed = lambda report: {row["seed"]: (row["repeated_loss_end"], row["K_frobenius"], row["status"]) for row in report.job_table}
+    assert by_seed(from_wandb) == by_seed(from_dirs) and len(by_seed(from_dirs)) == 2
 
 
 def test_submitit_local_runs_a_two_job_sweep(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from callbacks.figure import read_series
-from tests import wandb_records
+from callbacks import wandb_records
 from tests.conftest import REPO, run_train
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from conf.wandb_reach import effective_mode, server_url, sync_command
-from tests import wandb_records
+from callbacks import wandb_records
 from tests.conftest import REPO
 
 

@@ -1,4 +1,6 @@
-"""Read a W&B offline run file (``run-*.wandb``) back, independently of the wandb client.
+"""Read a W&B offline run file (``run-*.wandb``) back, independently of the wandb client (whose
+Python reader went into its Go core). The sweep report reads runs known only by their W&B files
+with it; the tests check with it what a run logged.
 
 The file is a LevelDB-style log (32 KiB blocks; each record chunk has a 7-byte header of
 crc32, length and type FULL/FIRST/MIDDLE/LAST) after a 7-byte ``:W&B`` file header; every
