@@ -69,8 +69,8 @@ def main(cfg: DictConfig) -> float:
 def run_job(cfg: DictConfig, run_dir: Path) -> float:
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        if multirun and not prepare_sweep_job(cfg, run_dir):
-            return 0  # finished by an earlier launch of the same sweep
+        if multirun and not prepare_sweep_job(cfg, run_dir):  # finished by an earlier launch of the same sweep
+            return objective_value(cfg, run_dir) if cfg.objective else 0
         write_status(run_dir, RUNNING)
         train(cfg, run_dir)
     except JobEnded as ended:
@@ -93,7 +93,9 @@ def objective_value(cfg: DictConfig, run_dir: Path) -> float:
     a key of the run's ``summary.json`` (``final/loss/repeated``) or of its config (``model.d_model``).
     NaN (a failed trial, to Optuna) when the key is missing, or when ``objective_cliff_by`` is set and
     the repeated-token loss shows no cliff by that step."""
-    summary_path = run_dir / "summary.json"
+    from callbacks.figure import SUMMARY_NAME
+
+    summary_path = run_dir / SUMMARY_NAME
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     if cfg.objective_cliff_by is not None:
         midpoint = summary.get("phase_change/loss_midpoint_step")
