@@ -82,6 +82,7 @@ class CompositionTracker(L.Callback):
         measures: tuple[str, ...] = ("frobenius",),
         baseline_samples: int = 2000,
         ablation_method: str = "auto",
+        ablation_kind: str = "per_position",
         run_dir: Path | None = None,
         store: bool = True,
         max_pair_keys: int = 300,
@@ -96,7 +97,7 @@ class CompositionTracker(L.Callback):
         self.every_n_steps = self.schedule.every_n_steps
         self.measures = measures
         self.baseline_samples = baseline_samples
-        self.ablation_method = ablation_method
+        self.ablation_method, self.ablation_kind = ablation_method, ablation_kind
         self.store_dir = Path(run_dir) / TENSORS_DIR if (store and run_dir is not None) else None
         self.store: TensorStore | None = None
         self.max_pair_keys, self.top_pairs = max_pair_keys, top_pairs
@@ -173,7 +174,7 @@ class CompositionTracker(L.Callback):
             self.whitenings = {}
         snap = take_snapshot(
             model, self.probe, self.measures, self.baseline_samples,
-            ablate=ablate, ablation_method=self.ablation_method,
+            ablate=ablate, ablation_method=self.ablation_method, ablation_kind=self.ablation_kind,
             empirical=s.due("copying", step, last), matching=s.due("matching", step, last) or ablate,
             whitenings=self.whitenings, dtype=self.dtype, max_chunk_bytes=self.chunk_bytes,
         )

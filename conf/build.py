@@ -184,7 +184,7 @@ def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     )
     return CompositionTracker(
         probe, schedule, measures=tuple(tr.measures), baseline_samples=tr.baseline_samples,
-        ablation_method=str(tr.ablation.method.value), run_dir=run_dir, store=tr.store,
+        ablation_method=str(tr.ablation.method.value), ablation_kind=str(tr.ablation.kind.value), run_dir=run_dir, store=tr.store,
         max_pair_keys=tr.max_pair_keys, top_pairs=tr.top_pairs,
         dtype=torch.float64 if tr.precision == "float64" else None, num_threads=tr.num_threads,
         chunk_bytes=tr.chunk_mb * 2**20, cost_report=tr.cost_report,

@@ -102,6 +102,14 @@ class AblationMethod(str, Enum):
     auto = "auto"  # exact while it is cheap (metrics.ground_truth.attribution), else attribution patching
 
 
+class AblationKind(str, Enum):
+    """What replaces the writer's output (metrics.ground_truth.ablation.replacement_of)."""
+
+    per_position = "per_position"  # its batch mean at each position: the usual mean ablation
+    pooled = "pooled"  # its mean over batch and positions
+    resample = "resample"  # its output on another probe sequence
+
+
 class TrackerPrecision(str, Enum):
     model = "model"  # the model's dtype, at least float32, on the model's device
     float64 = "float64"  # exact; not on MPS
@@ -121,6 +129,7 @@ class AblationConfig(PartSchedule):
 
     every_n_steps: int = 100
     method: AblationMethod = AblationMethod.auto
+    kind: AblationKind = AblationKind.per_position
 
 
 @dataclass

@@ -96,6 +96,7 @@ def take_snapshot(
     ablate: bool = False,
     *,
     ablation_method: str = "exact",
+    ablation_kind: str = "per_position",
     empirical: bool = True,
     matching: bool = True,
     whitenings: dict[str, Whitening] | None = None,
@@ -105,7 +106,8 @@ def take_snapshot(
     """Measure ``model`` on ``probe``; leaves the model's mode and every RNG untouched.
 
     ``ablate``: also run the K-only path ablation of every pair (``ablation_method``: exact,
-    attribution, or auto: exact while cheap) and judge each measure's K-composition, and the
+    attribution, or auto: exact while cheap; ``ablation_kind``: what replaces the writer's output,
+    per_position, pooled or resample) and judge each measure's K-composition, and the
     matching score, against it. ``empirical``, ``matching``: compute the
     empirical copying scores and the matching scores (each can be skipped on cheap steps).
     ``whitenings``: reuse these whitened bases (by basis: ``embedding``, ``residual``) instead of
@@ -125,7 +127,8 @@ def take_snapshot(
         ablation = method = None
         if ablate and shape.n_layers > 1:
             with timer.part("ablation"):
-                ablation, method = ablation_effects(model, probe, ablation_method, (logits, cache), max_chunk_bytes=max_chunk_bytes)
+                ablation, method = ablation_effects(model, probe, ablation_method, (logits, cache), max_chunk_bytes=max_chunk_bytes,
+                                                    kind=ablation_kind)
     finally:
         model.train(was_training)
     with timer.part("head scores"):

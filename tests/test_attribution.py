@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from data.probe import make_probe_batch
-from metrics.ground_truth.ablation import ablation_cost, key_ablation_effects
+from metrics.ground_truth.ablation import ABLATION_KINDS, ablation_cost, key_ablation_effects
 from metrics.ground_truth.attribution import EXACT_MAX_FLOPS, ablation_effects, choose_method, key_attribution_effects
 from metrics.ground_truth.validity import spearman
 from models.transformer import TransformerShape
@@ -24,16 +24,17 @@ def later(effects):
     return effects[~effects.isnan()]
 
 
+@pytest.mark.parametrize("kind", ABLATION_KINDS)
 @pytest.mark.parametrize("normalization", NORMALIZATIONS)
-def test_attribution_is_the_derivative_of_the_scaled_ablation(normalization):
-    """``ΔL(scale) / scale -> attribution`` as ``scale -> 0``: a one-sided step agrees to O(scale),
-    a central difference to O(scale²)."""
+def test_attribution_is_the_derivative_of_the_scaled_ablation(normalization, kind):
+    """``ΔL(scale) / scale -> attribution`` as ``scale -> 0``, for every ablation kind: a one-sided
+    step agrees to O(scale), a central difference to O(scale²)."""
     model = random_model(normalization, n_layers=3, n_heads=3).double().eval()
     probe = make_probe_batch(0, 6, 8, 10)
     eps = 1e-4
-    estimate = later(key_attribution_effects(model, probe).loss_change)
-    forward = later(key_ablation_effects(model, probe, scale=eps).loss_change)
-    backward = later(key_ablation_effects(model, probe, scale=-eps).loss_change)
+    estimate = later(key_attribution_effects(model, probe, kind=kind).loss_change)
+    forward = later(key_ablation_effects(model, probe, scale=eps, kind=kind).loss_change)
+    backward = later(key_ablation_effects(model, probe, scale=-eps, kind=kind).loss_change)
     torch.testing.assert_close(estimate, forward / eps, rtol=1e-3, atol=1e-3 * estimate.abs().max().item())
     torch.testing.assert_close(estimate, (forward - backward) / (2 * eps), rtol=1e-5, atol=0)
     assert estimate.abs().min() > 1e-7  # no pair passes for being zero on both sides
@@ -52,7 +53,8 @@ def test_attribution_ranks_the_hand_built_circuit_first(monkeypatch):
     K-composing pair L0H0 -> L1H0 comes first, far ahead of the distractors, as in the exact ablation."""
     monkeypatch.setattr(hand_built, "SHARP", 3.0)
     model = hand_built.induction_circuit_model()
-    exact, estimate = key_ablation_effects(model, PROBE), key_attribution_effects(model, PROBE)
+    # pooled: with 3 probe sequences a per-position mean keeps a third of the head's own write
+    exact, estimate = key_ablation_effects(model, PROBE, kind="pooled"), key_attribution_effects(model, PROBE, kind="pooled")
     top = lambda effects: int(effects.loss_change.nan_to_num(-float("inf")).flatten().argmax())
     assert top(estimate) == top(exact) == 0 * 8 + 0 * 4 + 1 * 2 + 0  # L0H0 -> L1H0
     others = estimate.loss_change[0, :, 1, :].flatten()[1:]

@@ -1,8 +1,14 @@
 """Causal ground truth for K-composition (docs/measures.md, "Ground truth: ablation").
 
-For writer h1 (layer l1) and reader h2 (layer l2 > l1), on the probe batch: mean-ablate h1's
-output in the input of h2's *keys only* (queries, values and every other head untouched), then
-measure how much h2's attention pattern moves and how much the repeated-token loss rises.
+For writer h1 (layer l1) and reader h2 (layer l2 > l1), on the probe batch: replace h1's output in
+the input of h2's *keys only* (queries, values and every other head untouched), then measure how
+much h2's attention pattern moves and how much the repeated-token loss rises. What replaces it
+(``kind``, :data:`ABLATION_KINDS`):
+
+- ``per_position`` (default): its mean over the probe batch at each position, the usual mean
+  ablation (it keeps what the position alone tells);
+- ``pooled``: its mean over the batch and all positions (this project's definition before 2026-11-23);
+- ``resample``: its output on another probe sequence (the next one, cyclically), a resample ablation.
 
 The result equals running the model once per pair (``per_pair_loop`` in ``tests/test_ablation.py``),
 but costs less, because most of that work is shared or low-rank:
@@ -11,9 +17,9 @@ but costs less, because most of that work is shared or low-rank:
   clean one; only layer l2 and the layers after it are recomputed.
 - **Key change.** h1 writes ``write = z @ W_O^{h1}`` with ``z [b, t, d_head]`` its pattern-weighted
   values. Without normalization the keys are linear in their input, so the ablated keys of
-  every head of layer l2 are ``k + scale·(mean(z) - z) @ (W_O^{h1} @ W_K^{l2})``: a
+  every head of layer l2 are ``k + scale·(z' - z) @ (W_O^{h1} @ W_K^{l2})`` (``z'`` the replacement): a
   ``d_head x (n_heads·d_head)`` product per writer instead of a ``d_model``-wide projection. With
-  LayerNorm/RMSNorm the norm is not linear and ``norm(x + scale·(mean - write)) @ W_K`` is computed
+  LayerNorm/RMSNorm the norm is not linear and ``norm(x + scale·(write' - write)) @ W_K`` is computed
   as it stands.
 - **Reader change.** Only h2's pattern moves, so after layer l2 the stream is the clean one plus
   ``Δz @ W_O^{h2}`` (``Δz = Δpattern @ v``, rank ``d_head``). Without normalization the next read
@@ -23,7 +29,7 @@ but costs less, because most of that work is shared or low-rank:
   each row carrying all ``n_heads`` readers, sized so that a block's intermediates stay under
   ``max_chunk_bytes``. Only the final ``[L, H, L, H]`` results leave the model's device and dtype.
 
-``scale`` (default 1, the mean ablation) moves the key input by ``scale·(mean - write)`` instead,
+``scale`` (default 1, the ablation) moves the key input by ``scale·(write' - write)`` instead,
 so that ``effect / scale`` can be checked, for a small scale, against the first-order estimate of
 :mod:`metrics.ground_truth.attribution`.
 """
@@ -42,6 +48,20 @@ from data.probe import ProbeBatch
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20  # the same budget as the composition engine's chunks
+ABLATION_KINDS = ("per_position", "pooled", "resample")
+
+
+def replacement_of(outputs: Tensor, kind: str = "per_position") -> Tensor:
+    """What replaces each head's output in an ablation of ``kind``: ``outputs [b, H, t, ·]`` ->
+    ``[1, H, t, ·]`` (per_position: the batch mean at each position), ``[1, H, 1, ·]`` (pooled: the
+    mean over batch and positions) or ``[b, H, t, ·]`` (resample: the next sequence's, cyclically)."""
+    if kind == "per_position":
+        return outputs.mean(dim=0, keepdim=True)
+    if kind == "pooled":
+        return outputs.mean(dim=(0, 2), keepdim=True)
+    if kind == "resample":
+        return outputs.roll(-1, dims=0)
+    raise ValueError(f"unknown ablation kind {kind!r}; choose one of {ABLATION_KINDS}")
 
 
 @dataclass(frozen=True)
@@ -68,18 +88,19 @@ def key_ablation_effects(
     *,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     scale: float = 1.0,
+    kind: str = "per_position",
 ) -> KeyAblation:
-    """The K-only mean-ablation effect of every earlier->later head pair on ``probe``.
+    """The K-only ablation effect of every earlier->later head pair on ``probe``.
 
-    h1's write is replaced by its mean over the batch and positions in the residual stream that
-    h2's keys read; h2's queries and values, and every other head, see the clean stream.
+    h1's write is replaced (``kind``: :func:`replacement_of`) in the residual stream that h2's keys
+    read; h2's queries and values, and every other head, see the clean stream.
 
     ``clean_run``: ``model.run_with_cache(probe.tokens)`` in eval mode, if the caller has it already.
     ``max_chunk_bytes``: rough bound on the intermediates alive at once (the clean run's tensors,
     ``O(n_layers · batch · pos · d_model)``, come on top; the smallest block is one writer on one
-    sequence). ``scale``: move the key input by ``scale · (mean - write)`` (1: the mean ablation).
+    sequence). ``scale``: move the key input by ``scale · (replacement - write)`` (1: the ablation).
     """
-    pattern_change, loss_change = _ablate(model, probe, clean_run, max_chunk_bytes, scale, with_loss=True)
+    pattern_change, loss_change = _ablate(model, probe, clean_run, max_chunk_bytes, scale, kind, with_loss=True)
     return KeyAblation(pattern_change, loss_change)
 
 
@@ -91,10 +112,11 @@ def key_pattern_changes(
     *,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     scale: float = 1.0,
+    kind: str = "per_position",
 ) -> Tensor:
     """``pattern_change`` of :func:`key_ablation_effects` alone, ``[L, H, L, H]`` float64 on CPU:
     it needs only the reader's layer, so no layer after it is run."""
-    pattern_change, _ = _ablate(model, probe, clean_run, max_chunk_bytes, scale, with_loss=False)
+    pattern_change, _ = _ablate(model, probe, clean_run, max_chunk_bytes, scale, kind, with_loss=False)
     return pattern_change
 
 
@@ -203,7 +225,7 @@ def _is_linear(model: AttentionOnlyTransformer) -> bool:
 # --- driver --------------------------------------------------------------------------------------
 
 
-def _ablate(model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: float, with_loss: bool) -> tuple[Tensor, Tensor | None]:
+def _ablate(model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: float, kind: str, with_loss: bool) -> tuple[Tensor, Tensor | None]:
     """Both effects (the loss only ``with_loss``) as ``[L, H, L, H]`` float64 CPU tensors."""
     was_training = model.training
     model.eval()
@@ -214,7 +236,7 @@ def _ablate(model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: fl
         pattern_change = torch.full((L * H, L * H), float("nan"), dtype=torch.float64)
         loss_change = pattern_change.clone()
         for l2 in range(1, L):
-            patterns, losses = _reader_layer_effects(model, clean, tokens, probe, l2, scale, max_chunk_bytes, with_loss)
+            patterns, losses = _reader_layer_effects(model, clean, tokens, probe, l2, scale, kind, max_chunk_bytes, with_loss)
             pattern_change[: l2 * H, l2 * H : (l2 + 1) * H] = patterns.cpu().double()
             if with_loss:
                 loss_change[: l2 * H, l2 * H : (l2 + 1) * H] = losses.cpu().double()
@@ -223,7 +245,7 @@ def _ablate(model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: fl
     return pattern_change.reshape(L, H, L, H), loss_change.reshape(L, H, L, H) if with_loss else None
 
 
-def _reader_layer_effects(model, clean: _CleanRun, tokens: Tensor, probe: ProbeBatch, l2: int, scale: float,
+def _reader_layer_effects(model, clean: _CleanRun, tokens: Tensor, probe: ProbeBatch, l2: int, scale: float, kind: str,
                           max_chunk_bytes: int, with_loss: bool) -> tuple[Tensor, Tensor | None]:
     """Both effects of ablating each writer (the ``W = l2 · H`` heads of layers < l2, flat order
     ``l1 · H + h1``) from the keys of each head of layer ``l2``: ``([W, H], [W, H] or None)``.
@@ -233,7 +255,7 @@ def _reader_layer_effects(model, clean: _CleanRun, tokens: Tensor, probe: ProbeB
     H, (b, t, _) = model.shape.n_heads, clean.stream[l2].shape
     n_scored = probe.n - 1
     accumulate = torch.promote_types(clean.q[l2].dtype, torch.float32)
-    keys = _AblatedKeys(model, clean, l2, scale)
+    keys = _AblatedKeys(model, clean, l2, scale, kind)
     after = _LayersAfter(model, clean, l2, tokens, probe) if with_loss else None
     q, v = clean.q[l2], clean.v[l2]
     clean_pattern = _attention(q, clean.k[l2])  # (b, H, t, t)
@@ -294,9 +316,10 @@ def _writer_rows(per_layer: list[Tensor], writers: slice, sequences: slice, n_he
     return torch.stack([per_layer[w // n_heads][sequences, w % n_heads] for w in range(writers.start, writers.stop)])
 
 
-def _writer_means(per_layer: list[Tensor]) -> Tensor:
-    """``[W, ·]``: each writer's mean over batch and positions of per-layer ``[b, H, t, ·]`` tensors."""
-    return torch.cat([x.mean(dim=(0, 2)) for x in per_layer])
+def _writer_replacements(per_layer: list[Tensor], kind: str) -> Tensor:
+    """``[W, b or 1, t or 1, ·]``: each writer's replacement (:func:`replacement_of`) from per-layer
+    ``[b, H, t, ·]`` tensors, in flat writer order."""
+    return torch.cat([replacement_of(x, kind).transpose(0, 1) for x in per_layer])
 
 
 def _project(layer: nn.Module, x: Tensor, weights: Tensor) -> Tensor:
@@ -320,9 +343,9 @@ def _merge_heads(z: Tensor, W_O: Tensor) -> Tensor:
 
 
 class _AblatedKeys:
-    """The keys of reader layer l2's heads with one writer's write moved to ``scale`` of the way to its mean."""
+    """The keys of reader layer l2's heads with one writer's write moved ``scale`` of the way to its replacement."""
 
-    def __init__(self, model, clean: _CleanRun, l2: int, scale: float) -> None:
+    def __init__(self, model, clean: _CleanRun, l2: int, scale: float, kind: str) -> None:
         self.layer, self.clean, self.l2, self.scale = model.layers[l2], clean, l2, scale
         self.n_heads = model.shape.n_heads
         self.n_writers = l2 * self.n_heads
@@ -332,9 +355,13 @@ class _AblatedKeys:
             W_K = self.layer.W_K.permute(1, 0, 2).flatten(1)  # (d, H·e)
             self.write_to_keys = W_O @ W_K  # (W, e, H·e): W_O^{h1} W_K for every reader at once
             self.reaches_keys = self.write_to_keys.unflatten(-1, (self.n_heads, -1)).ne(0).any(dim=-1).any(dim=1)  # (W, H)
-            self.mean = _writer_means(clean.z[:l2])  # (W, e)
+            self.replacement = _writer_replacements(clean.z[:l2], kind)  # (W, b or 1, t or 1, e)
         else:
-            self.mean = _writer_means(clean.writes[:l2])  # (W, d)
+            self.replacement = _writer_replacements(clean.writes[:l2], kind)  # (W, b or 1, t or 1, d)
+
+    def _replacement_rows(self, writers: slice, sequences: slice) -> Tensor:
+        rows = self.replacement[writers]
+        return rows if rows.shape[1] == 1 else rows[:, sequences]
 
     def block(self, writers: slice, sequences: slice) -> tuple[Tensor, Tensor]:
         """Ablated keys ``[w, s, H, t, e]`` for a block, and which (writer, sequence, reader) moved ``[w, s, H]``."""
@@ -345,7 +372,7 @@ class _AblatedKeys:
     def _linear(self, writers: slice, sequences: slice) -> tuple[Tensor, Tensor]:
         z = _writer_rows(self.clean.z, writers, sequences, self.n_heads)  # (w, s, t, e)
         w, s, t, e = z.shape
-        shift = self.scale * (self.mean[writers, None, None] - z)
+        shift = self.scale * (self._replacement_rows(writers, sequences) - z)
         delta = (shift.flatten(1, 2) @ self.write_to_keys[writers]).view(w, s, t, self.n_heads, e).transpose(2, 3)
         moved = shift.ne(0).flatten(-2).any(dim=-1)[..., None] & self.reaches_keys[writers, None]
         keys = torch.empty(w, s, self.n_heads, t, e, dtype=delta.dtype, device=delta.device)  # contiguous: q kᵀ needs no copy
@@ -354,7 +381,7 @@ class _AblatedKeys:
     def _normalized(self, writers: slice, sequences: slice) -> tuple[Tensor, Tensor]:
         writes = _writer_rows(self.clean.writes, writers, sequences, self.n_heads)  # (w, s, t, d)
         w, s, t, d = writes.shape
-        shift = self.scale * (self.mean[writers, None, None] - writes)
+        shift = self.scale * (self._replacement_rows(writers, sequences) - writes)
         x_key = self.clean.stream[self.l2][sequences] + shift
         keys = _project(self.layer, x_key, self.layer.W_K)  # (w, s, H, t, e)
         moved = shift.ne(0).flatten(-2).any(dim=-1)[..., None].expand(w, s, self.n_heads)

@@ -5,10 +5,11 @@ Scale"; Syed, Rager & Conmy 2023, "Attribution Patching Outperforms Automated Ci
 Discovery") replaces each patched forward pass by a linear approximation around the clean run.
 
 Ablating writer w from reader h2's keys moves h2's key input, and nothing else, by
-``Δx_w = mean_w - write_w`` (``[b, t, d_model]``, the mean over batch and positions). To first order
-the repeated-token loss then moves by::
+``Δx_w = write'_w - write_w`` (``[b, t, d_model]``; ``write'`` the replacement of the ablation's
+kind, :func:`~metrics.ground_truth.ablation.replacement_of`). To first order the repeated-token
+loss then moves by::
 
-    ΔL(w -> h2) ≈ Σ_{b,t} ⟨∂L/∂x_key^{h2}[b, t], mean_w - write_w[b, t]⟩
+    ΔL(w -> h2) ≈ Σ_{b,t} ⟨∂L/∂x_key^{h2}[b, t], write'_w[b, t] - write_w[b, t]⟩
 
 where ``x_key^{h2}`` is the residual stream (before the norm) entering reader h2's key projection
 only. One forward pass in which each layer's key input is its own per-head tensor
@@ -45,6 +46,7 @@ from metrics.ground_truth.ablation import (
     ablation_cost,
     key_ablation_effects,
     key_pattern_changes,
+    replacement_of,
 )
 from models.transformer import AttentionOnlyTransformer, TransformerShape, causal_pattern
 
@@ -63,6 +65,7 @@ def key_attribution_effects(
     clean_run: tuple[Tensor, dict] | None = None,
     *,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    kind: str = "per_position",
 ) -> KeyAblation:
     """The K-only ablation of every earlier->later head pair, with ``loss_change`` estimated to
     first order (see the module docstring) and ``pattern_change`` exact.
@@ -79,8 +82,8 @@ def key_attribution_effects(
         if clean_run is None:
             with torch.inference_mode():
                 clean_run = model.run_with_cache(tokens)
-        pattern_change = key_pattern_changes(model, probe, clean_run, max_chunk_bytes=max_chunk_bytes)
-        loss_change = _first_order_loss_changes(model, tokens, probe, clean_run[1]["head_out"])
+        pattern_change = key_pattern_changes(model, probe, clean_run, max_chunk_bytes=max_chunk_bytes, kind=kind)
+        loss_change = _first_order_loss_changes(model, tokens, probe, clean_run[1]["head_out"], kind)
     finally:
         model.train(was_training)
     return KeyAblation(pattern_change, loss_change)
@@ -105,25 +108,27 @@ def ablation_effects(
     *,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     max_exact_flops: float = EXACT_MAX_FLOPS,
+    kind: str = "per_position",
 ) -> tuple[KeyAblation, str]:
     """The K-only ablation effects of every pair and the method that computed them
     (``"exact"`` or ``"attribution"``, see :func:`choose_method`)."""
     b, t = probe.tokens.shape
     used = choose_method(model.shape, b, t, method, max_exact_flops)
     compute = key_ablation_effects if used == "exact" else key_attribution_effects
-    return compute(model, probe, clean_run, max_chunk_bytes=max_chunk_bytes), used
+    return compute(model, probe, clean_run, max_chunk_bytes=max_chunk_bytes, kind=kind), used
 
 
-def _first_order_loss_changes(model: AttentionOnlyTransformer, tokens: Tensor, probe: ProbeBatch, writes: list[Tensor]) -> Tensor:
-    """``[L, H, L, H]`` float64 CPU: ``Σ_{b,t} ⟨∂L/∂x_key^{h2}, mean_w - write_w⟩`` for every pair;
-    ``writes[l]``: the clean run's head outputs ``[b, H, t, d]``."""
+def _first_order_loss_changes(model: AttentionOnlyTransformer, tokens: Tensor, probe: ProbeBatch, writes: list[Tensor],
+                              kind: str = "per_position") -> Tensor:
+    """``[L, H, L, H]`` float64 CPU: ``Σ_{b,t} ⟨∂L/∂x_key^{h2}, write'_w - write_w⟩`` for every pair
+    (``write'``: the replacement of ``kind``); ``writes[l]``: the clean run's head outputs ``[b, H, t, d]``."""
     L, H = model.shape.n_layers, model.shape.n_heads
     dtype = torch.float64 if model.W_E.dtype == torch.float64 else torch.float32
     gradients = _key_input_gradients(model, tokens, probe, dtype)  # [l2 - 1]: (H, b·t·d)
     loss_change = torch.full((L, H, L, H), float("nan"), dtype=torch.float64)
     for l1 in range(L - 1):
         write = writes[l1].to(dtype)  # (b, H, t, d)
-        shift = (write.mean(dim=(0, 2), keepdim=True) - write).transpose(0, 1).flatten(1)  # (H, b·t·d)
+        shift = (replacement_of(write, kind) - write).transpose(0, 1).flatten(1)  # (H, b·t·d)
         for l2 in range(l1 + 1, L):
             loss_change[l1, :, l2] = (shift @ gradients[l2 - 1].T).cpu().double()  # (H writers, H readers)
     return loss_change
