@@ -51,6 +51,7 @@ def build_datamodule(cfg: DictConfig) -> TokenDataModule:
     sampler = make_sampler(
         d.name.value, d.seed, d.seq_len, cfg.model.d_vocab - int(d.bos), d.bos,
         n_min=d.n_min, n_max=d.n_max, n_triggers=d.n_triggers, concentration=d.concentration,
+        max_sentence=d.max_sentence, max_gap=d.max_gap,
     )
     return TokenDataModule(sampler, d.batch_size)
 
@@ -61,7 +62,8 @@ def build_module(cfg: DictConfig) -> InductionLM:
         n_layers=m.n_layers, n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head,
         n_ctx=m.n_ctx, d_vocab=m.d_vocab, normalization=str(m.normalization.value),
     )
-    return InductionLM(shape, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), warmup_steps=o.warmup_steps)
+    return InductionLM(shape, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), warmup_steps=o.warmup_steps,
+                       init_std=m.init_std)
 
 
 def wandb_mode(cfg: DictConfig) -> str:

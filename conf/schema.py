@@ -20,6 +20,7 @@ class Normalization(str, Enum):
 class DataName(str, Enum):
     repeated = "repeated"
     bigram_triggers = "bigram_triggers"
+    sentence_gap_copy = "sentence_gap_copy"
 
 
 class WandbMode(str, Enum):
@@ -37,6 +38,7 @@ class ModelConfig:
     n_ctx: int = 33
     d_vocab: int = 257  # random tokens + BOS
     normalization: Normalization = Normalization.none
+    init_std: Optional[float] = None  # every weight N(0, init_std²) (seed 002: 0.02); None: 1/sqrt(fan-in)
 
 
 @dataclass
@@ -49,7 +51,8 @@ class OptimConfig:
 
 @dataclass
 class DataConfig:
-    """``n_min, n_max`` apply to ``repeated``; ``n_triggers, concentration`` to ``bigram_triggers``."""
+    """``n_min, n_max`` apply to ``repeated``; ``n_triggers, concentration`` to ``bigram_triggers``;
+    ``max_sentence, max_gap`` to ``sentence_gap_copy``."""
 
     name: DataName = DataName.repeated
     seed: int = 0
@@ -60,6 +63,8 @@ class DataConfig:
     n_max: int = 16
     n_triggers: int = 4
     concentration: float = 0.5
+    max_sentence: int = 50
+    max_gap: int = 50
 
 
 @dataclass

@@ -108,6 +108,13 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
                 f"data.seq_len={d.seq_len} leaves no room to repeat a block of data.n_max={d.n_max} tokens"
                 f" (need seq_len > n_max{' + 1 for BOS' if d.bos else ''})"
             )
+    if d.name == "sentence_gap_copy":
+        if not d.bos:
+            problems.append("data.name=sentence_gap_copy needs data.bos=true (every segment starts with BOS)")
+        if d.max_sentence < 1 or d.max_gap < 0:
+            problems.append(f"data.max_sentence={d.max_sentence} must be >= 1 and data.max_gap={d.max_gap} >= 0")
+    if m.init_std is not None and m.init_std <= 0:
+        problems.append(f"model.init_std={m.init_std} must be > 0 (or null: 1/sqrt(fan-in))")
     if d.name == "bigram_triggers" and not 1 <= d.n_triggers < n_random:
         problems.append(f"data.n_triggers={d.n_triggers} must be in [1, {n_random - 1}]")
     if t.max_steps < 1:

@@ -115,7 +115,9 @@ class AttentionOnlyTransformer(nn.Module):
     ``W_E [d_vocab, d_model]``, ``W_pos [n_ctx, d_model]``, ``W_U [d_model, d_vocab]``.
     """
 
-    def __init__(self, shape: TransformerShape) -> None:
+    def __init__(self, shape: TransformerShape, init_std: float | None = None) -> None:
+        """``init_std``: draw every weight matrix from N(0, init_std²) (the old library default of
+        0.02 that seed 002 trained with) instead of 1/sqrt(fan-in); norm gains stay 1."""
         super().__init__()
         self.shape = shape
         d = shape.d_model
@@ -124,6 +126,11 @@ class AttentionOnlyTransformer(nn.Module):
         self.layers = nn.ModuleList(AttentionLayer(shape) for _ in range(shape.n_layers))
         self.final_norm = make_norm(shape.normalization, d)
         self.W_U = nn.Parameter(torch.randn(d, shape.d_vocab) / math.sqrt(d))
+        if init_std is not None:
+            with torch.no_grad():
+                for name, weight in self.named_parameters():
+                    if name.rsplit(".", 1)[-1].startswith("W_"):
+                        weight.normal_(0.0, init_std)
 
     def embed(self, tokens: Tensor) -> Tensor:
         """``[batch, pos]`` token ids -> residual stream ``[batch, pos, d_model]``."""

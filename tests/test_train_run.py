@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,6 +120,21 @@ def test_figure_command_rerenders_a_finished_run(short_run):
     assert (run_dir / "phase_change.png").is_file()
     missing = subprocess.run([sys.executable, "-m", "callbacks.figure", str(run_dir / "nope")], cwd=REPO, capture_output=True, text=True)
     assert missing.returncode == 2 and "no CSV log" in missing.stderr
+
+
+def test_pair_curves_command_draws_every_pairs_raw_composition(short_run, tmp_path):
+    run_dir, _ = short_run
+    result = subprocess.run([sys.executable, "-m", "callbacks.pair_curves", str(run_dir), "--out", str(tmp_path / "pairs.png")],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "pairs.png").is_file() and "L0H1->L1H0" in result.stdout
+    from callbacks.pair_curves import pair_series
+
+    by_measure, pairs = pair_series(run_dir)
+    steps, values = by_measure["frobenius"]
+    logged_steps, logged = curve(run_dir, "comp/K/frobenius/L0H1->L1H0")  # the CSV's own per-pair key
+    assert list(steps) == list(logged_steps)
+    np.testing.assert_allclose(values[:, pairs.index((0, 1, 1, 0))], logged, rtol=1e-6)
 
 
 def curve(run_dir, key):

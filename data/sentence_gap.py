@@ -1,0 +1,52 @@
+"""Sentence, gap, sentence again: the copying data behind seed 002 (aslvrstn, "Composition Measures
+in Transformers", 2022; its training script ``composition/train_tiny_attn_only.py`` in the
+``aslvrstn/mlscratchpad`` repository).
+
+A segment is ``[BOS] s g s``: a "sentence" ``s`` of ``U{1..max_sentence}`` uniform random tokens,
+a "gap" ``g`` of ``U{0..max_gap}`` uniform random tokens, then the sentence again. Segments are
+packed back to back over the flattened batch, so a segment may straddle two rows (and a row need
+not start with BOS), as in the seed's script. Predicting the second copy of a sentence needs an
+induction circuit; nothing else in the stream is predictable.
+
+The seed's ids are BOS = 0 and tokens 1..999; here, as in every generator of this project, random
+tokens are ``0 .. n_random - 1`` and BOS is ``n_random``: the same data up to a relabelling.
+
+Randomness: a batch is one packed stream, so its rows depend on each other; the stream is a pure
+function of ``(seed, first sample id of the batch, batch size)``, which keeps training streams
+resumable (a batch index fixes its ids) and DDP ranks disjoint (they draw disjoint ids).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from data.counter_rng import random_ints
+
+TOKEN_STREAM, SENTENCE_STREAM, GAP_STREAM = 0, 1, 2
+
+
+def sentence_gap_tokens(seed: int, sample_ids: np.ndarray, seq_len: int, n_random: int,
+                        max_sentence: int = 50, max_gap: int = 50) -> Tensor:
+    """Token ids ``[len(sample_ids), seq_len]``: packed ``[BOS] s g s`` segments, read row by row."""
+    if max_sentence < 1 or max_gap < 0:
+        raise ValueError(f"need max_sentence >= 1 and max_gap >= 0, got {max_sentence}, {max_gap}")
+    rows = len(sample_ids)
+    total = rows * seq_len
+    key = np.asarray(sample_ids[:1])
+    n_segments = total // 3 + 1  # a segment has at least 3 tokens (BOS, a 1-token sentence twice)
+    sentences = 1 + random_ints(seed, key, n_segments, max_sentence, SENTENCE_STREAM)[0]
+    gaps = random_ints(seed, key, n_segments, max_gap + 1, GAP_STREAM)[0]
+    fresh = random_ints(seed, key, total, n_random, TOKEN_STREAM)[0]  # consumed in order: each s once, each g
+    stream = np.empty(total + 3 * (max_sentence + max_gap + 1), dtype=np.int64)
+    at = used = 0
+    for s, g in zip(sentences, gaps):
+        if at >= total:
+            break
+        sentence, gap = fresh[used:used + s], fresh[used + s:used + s + g]
+        used += s + g
+        segment = np.concatenate([[n_random], sentence, gap, sentence])
+        stream[at:at + len(segment)] = segment
+        at += len(segment)
+    return torch.from_numpy(stream[:total].reshape(rows, seq_len).copy())
