@@ -32,8 +32,7 @@ from conf.validate import ConfigError, validate
 
 def task_config(config: DictConfig) -> DictConfig:
     """The config ``train.py`` receives: Hydra's node removed."""
-    task = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
-    return task
+    return OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
 
 
 def run_dir_overridden(config: DictConfig) -> bool:
@@ -41,6 +40,8 @@ def run_dir_overridden(config: DictConfig) -> bool:
 
 
 class RunGuard(Callback):
+    """See the module docstring: the checks and choices made before Hydra writes the run directory."""
+
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         release_startup_errors()  # the command line composed: from here on, stderr is the launcher's
 
