@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from data.probe import make_probe_batch
-from metrics.composition.circuits import head_circuits
-from metrics.composition.engine import all_pair_stats, composition_flops, composition_scores, head_spectra
+from metrics.composition.circuits import HeadCircuits, LowRank, head_circuits
+from metrics.composition.engine import all_pair_stats, composition_flops, composition_scores, gram_blocks, gram_frobenius, head_spectra, uses_gram_products
 from metrics.composition.measures import COMPOSITION_MEASURES
 from metrics.composition.scores import composition_of
 from metrics.composition.whitening import embedding_covariance, residual_covariance, symmetric_powers
@@ -53,6 +53,56 @@ def test_chunking_changes_nothing():
             torch.testing.assert_close(one_writer[name][kind], whole[name][kind], rtol=1e-12, atol=0, equal_nan=True)
 
 
+
+@pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
+@pytest.mark.parametrize("max_chunk_bytes", [256 * 2**20, 100_000, 1], ids=["whole", "two-layer-groups", "one-head-chunks"])
+def test_gram_frobenius_equals_the_cosines_path(normalization, max_chunk_bytes):
+    # (d_model 24 is one Gram block; test_gram_blocks_tile_the_upper_triangle covers the cut)
+    """The Gram-matrix Frobenius ratio (the path a Frobenius-only call takes when d_model < d_head²)
+    equals the one computed from the pairs' cosines, every pair and kind, chunked or not; its float32
+    path agrees with float64 within the engine's float32 tolerance."""
+    model = random_model(normalization, n_layers=4, n_heads=3).double()
+    circuits = head_circuits(model)
+    assert uses_gram_products(24, 5)  # random_model's d_model, d_head
+    kinds = ("Q", "K", "V")
+    stats = all_pair_stats(*head_spectra(circuits), 4, 3)
+    want = COMPOSITION_MEASURES["frobenius"].score(stats).reshape(3, 4, 3, 4, 3)
+    got = gram_frobenius(circuits, kinds, max_chunk_bytes).reshape(3, 4, 3, 4, 3)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, equal_nan=True)
+    single = gram_frobenius(head_circuits(model.float()), kinds, max_chunk_bytes).reshape(3, 4, 3, 4, 3)
+    torch.testing.assert_close(single.double(), want, rtol=FLOAT32_TOLERANCE, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("d_model", [64, 200, 768, 1001])
+def test_gram_blocks_tile_the_upper_triangle(d_model):
+    """Counting the off-diagonal blocks twice, the blocks cover every entry of a d x d matrix once."""
+    cover = torch.zeros(d_model, d_model, dtype=torch.int64)
+    for rows, cols in gram_blocks(d_model):
+        cover[rows, cols] += 1
+        if rows != cols:
+            cover[cols, rows] += 1
+    assert (cover == 1).all()
+
+
+def test_gram_frobenius_with_blocks_and_leading_dims_equals_a_dense_reference():
+    """At d_model 400 (two blocks) and two stacked bases, the Gram path equals ‖A B‖ / (‖A‖ ‖B‖)
+    computed from the dense matrices, for every kind of a pair, and is NaN where the layer order forbids."""
+    torch.manual_seed(0)
+    L, H, d, r = 2, 2, 400, 21
+    qk_l, qk_r, ov_l, ov_r = (torch.randn(2, L, H, d, r, dtype=torch.float64) for _ in range(4))
+    circuits = HeadCircuits(LowRank(qk_l, qk_r), LowRank(ov_l, ov_r))
+    got = gram_frobenius(circuits, ("Q", "K", "V"), max_chunk_bytes=1)  # (2, 3, 4, 4), writers re-formed per layer
+    ratio = lambda A, B: torch.linalg.matrix_norm(A @ B) / (torch.linalg.matrix_norm(A) * torch.linalg.matrix_norm(B))
+    for basis in range(2):
+        for w in range(2):
+            A = ov_l[basis, 0, w] @ ov_r[basis, 0, w].T
+            for h in range(2):
+                W_QK, W_OV = qk_l[basis, 1, h] @ qk_r[basis, 1, h].T, ov_l[basis, 1, h] @ ov_r[basis, 1, h].T
+                for k, B in enumerate((W_QK, W_QK.T, W_OV)):
+                    torch.testing.assert_close(got[basis, k, w, 2 + h], ratio(A, B), rtol=1e-10, atol=0)
+    assert got[:, :, 2:, :].isnan().all() and got[:, :, :, :2].isnan().all()
+
+
 def test_pair_stats_are_masked_by_layer_order_and_sum_correctly():
     """Σ_i row_energy_i weighted by σ_A² is ‖A B‖², checked against the dense product for one pair."""
     model = random_model(n_layers=3, n_heads=2).double()
@@ -88,7 +138,13 @@ def test_float32_agrees_with_float64(normalization):
 
 def test_flop_count_is_the_pair_gemms():
     # 2 layers x 2 heads: one reader layer, 2 writers x 2 readers x 3 kinds, each a d_head x d_model x d_head block
-    assert composition_flops(2, 2, 64, 16, ["frobenius"]) == 2 * (2 * 16) * 64 * (3 * 2 * 16)
-    # a whitened basis adds its own pair GEMMs and the whitening of 4 weights per head
+    assert composition_flops(2, 2, 64, 16, ["frobenius", "sv_bound"]) == 2 * (2 * 16) * 64 * (3 * 2 * 16)
+    # Frobenius alone goes through Grams: 2 writers' and 3 kinds x 2 readers' d_model x d_model Grams of
+    # rank d_head (one block at d_model 64), then 2 writers x 6 readers dot products of them
+    grams = 2 * 64 * 64 * 16 * (2 + 3 * 2) + 2 * 64 * 64 * 3 * 2 * 2
+    assert composition_flops(2, 2, 64, 16, ["frobenius"]) == grams
+    # a whitened basis adds its own pair products and the whitening of 4 weights per head
     both = composition_flops(2, 2, 64, 16, ["frobenius", "whitened"])
-    assert both == 2 * composition_flops(2, 2, 64, 16, ["frobenius"]) + 2 * 64 * 64 * 16 * 4 * 4
+    assert both == 2 * grams + 2 * 64 * 64 * 16 * 4 * 4
+    # where d_model >= d_head², cosines are cheaper and Frobenius goes through them too
+    assert composition_flops(2, 2, 64, 8, ["frobenius"]) == 2 * (2 * 8) * 64 * (3 * 2 * 8)
