@@ -40,7 +40,8 @@ class TransformerShape:
 
 
 def make_norm(kind: str, d_model: int) -> nn.Module:
-    """Pre-attention normalization with a gain and no bias, so the gain folds into reading weights."""
+    """Pre-attention normalization with a gain and no bias, so the gain (and LayerNorm's centring)
+    folds into reading weights."""
     if kind == "layernorm":
         return nn.LayerNorm(d_model, bias=False)
     if kind == "rmsnorm":
@@ -51,6 +52,11 @@ def make_norm(kind: str, d_model: int) -> nn.Module:
 def norm_gain(norm: nn.Module) -> Tensor | None:
     """The elementwise gain ``[d_model]`` of a normalization module, or None for no normalization."""
     return None if isinstance(norm, nn.Identity) else norm.weight
+
+
+def norm_centres(norm: nn.Module) -> bool:
+    """Whether a normalization module subtracts the mean over ``d_model`` (LayerNorm; not RMSNorm)."""
+    return isinstance(norm, nn.LayerNorm)
 
 
 class AttentionLayer(nn.Module):

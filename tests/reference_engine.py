@@ -1,7 +1,8 @@
 """The composition engine as it stood before the all-pairs rewrite (commit 6878a2e): per-pair
 ``d_model``-sized stacks, scored measure by measure. Kept verbatim as a reference that the new
 engine (:mod:`metrics.composition.engine`) must equal on random weights; too slow and too big for
-real models (it gathers ``[pairs, d_model, d_head]`` stacks)."""
+real models (it gathers ``[pairs, d_model, d_head]`` stacks). One change since: :func:`head_circuits`
+folds LayerNorm's centring as well as the gain, the convention of ``metrics/composition/circuits.py``."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class HeadCircuits:
 
     ``qk``: ``W_QK = W_Q W_Kᵀ`` (logit of dst i, src j is ``x_i W_QK x_jᵀ / sqrt(d_head)``).
     ``ov``: ``W_OV = W_V W_O`` (a head writes ``x_j W_OV``).
-    Normalization gains are folded into the reading weights ``W_Q, W_K, W_V``.
+    Normalization gains, and LayerNorm's centring, are folded into the reading weights ``W_Q, W_K, W_V``.
     """
 
     qk: LowRank
@@ -104,6 +105,8 @@ def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype = torch.fl
         for layer in model.layers:
             gain = norm_gain(layer.norm)
             fold = (lambda w: w) if gain is None else (lambda w, g=gain: g[None, :, None] * w)
+            if isinstance(layer.norm, torch.nn.LayerNorm):  # centring: subtract the mean over d_model
+                fold = lambda w, f=fold: f(w) - f(w).mean(dim=1, keepdim=True)  # (head, d_model, d_head)
             W_Q.append(fold(layer.W_Q))
             W_K.append(fold(layer.W_K))
             W_V.append(fold(layer.W_V))

@@ -23,6 +23,7 @@ def test_copying_score_matches_dense_full_ov_circuit(normalization):
     W_E = model.W_E.detach().double()
     gain = model.final_norm.weight.detach().double() if normalization != "none" else torch.ones(model.shape.d_model, dtype=torch.float64)
     W_U = gain[:, None] * model.W_U.detach().double()
+    W_U = W_U - W_U.mean(0, keepdim=True) if normalization == "layernorm" else W_U  # LayerNorm's centring
     scores = copying_scores(model, circuits)
     for layer in range(model.shape.n_layers):
         for head in range(model.shape.n_heads):

@@ -22,12 +22,16 @@ def frobenius(model):
 
 
 def dense_weights(model):
-    """Per layer ``(W_Q, W_K, W_V, W_O)`` in float64 with norm gains folded in, by plain indexing."""
+    """Per layer ``(W_Q, W_K, W_V, W_O)`` in float64 with the norm folded in, by plain indexing: the
+    gain, and under LayerNorm the centring matrix ``C = I - 11ᵀ/d_model`` (``C diag(g) W``)."""
     out = []
+    d = model.shape.d_model
     for layer in model.layers:
         gain = getattr(layer.norm, "weight", None)
-        g = torch.ones(model.shape.d_model, dtype=torch.float64) if gain is None else gain.detach().double()
-        fold = lambda w: torch.diag(g) @ w.detach().double()
+        g = torch.ones(d, dtype=torch.float64) if gain is None else gain.detach().double()
+        centres = isinstance(layer.norm, torch.nn.LayerNorm)
+        C = torch.eye(d, dtype=torch.float64) - centres * torch.full((d, d), 1 / d, dtype=torch.float64)
+        fold = lambda w, g=g, C=C: C @ torch.diag(g) @ w.detach().double()
         out.append(([fold(w) for w in layer.W_Q], [fold(w) for w in layer.W_K], [fold(w) for w in layer.W_V], [w.detach().double() for w in layer.W_O]))
     return out
 

@@ -111,13 +111,20 @@ def test_random_subspace_baseline_is_r_over_d():
     assert baseline.mean == pytest.approx(16 / 64, rel=0.02)  # E[tr(P_w P_r)] / r = r / d
 
 
+def hand_fold(norm, W):
+    """A reading weight ``W [d_model, k]`` in float64 with the norm folded in by hand: ``diag(g) W``,
+    then under LayerNorm its mean over d_model subtracted (the centring, TransformerLens-style)."""
+    W = W.detach().double()
+    gain = getattr(norm, "weight", None)
+    W = W if gain is None else gain.detach().double()[:, None] * W
+    return W - W.mean(0, keepdim=True) if isinstance(norm, torch.nn.LayerNorm) else W
+
+
 def dense_reader_factors(model, layer, head, kind):
     """The reader's (read factor, full matrix) for a composition kind, from the raw weights."""
     attn = model.layers[layer]
-    gain = getattr(attn.norm, "weight", None)
-    g = torch.ones(model.shape.d_model, dtype=torch.float64) if gain is None else gain.detach().double()
     W = {n: getattr(attn, n)[head].detach().double() for n in ("W_Q", "W_K", "W_V", "W_O")}
-    Q, K, V = (g[:, None] * W[n] for n in ("W_Q", "W_K", "W_V"))
+    Q, K, V = (hand_fold(attn.norm, W[n]) for n in ("W_Q", "W_K", "W_V"))
     return {"Q": (Q, Q @ K.T), "K": (K, K @ Q.T), "V": (V, V @ W["W_O"])}[kind]
 
 
@@ -129,10 +136,8 @@ def test_new_measures_on_a_model_match_per_pair_dense(normalization, kind):
     scores = {m: composition_scores(circuits, m)[m.name][kind] for m in (singular_value_bound_ratio, subspace_overlap, best_component_ratio, best_component_share)}
     for l1, h1, l2, h2 in (~scores[subspace_overlap].isnan()).nonzero().tolist():
         writer = model.layers[l1]
-        g = getattr(writer.norm, "weight", None)
-        g = torch.ones(model.shape.d_model, dtype=torch.float64) if g is None else g.detach().double()
         W_O = writer.W_O[h1].detach().double()
-        A = (g[:, None] * writer.W_V[h1].detach().double()) @ W_O
+        A = hand_fold(writer.norm, writer.W_V[h1]) @ W_O
         read, B = dense_reader_factors(model, l2, h2, kind)
         want = {
             singular_value_bound_ratio: dense_sv_bound(A, B),

@@ -5,6 +5,12 @@ A ``[d_model, d_model]`` circuit of rank <= d_head is never formed: it is kept a
 ``left @ right.mT`` with ``left, right [..., d_model, d_head]``. Circuits stay on the model's
 device, in the model's dtype (at least float32) unless a dtype is asked for: float64 is the exact
 reference path the tests use.
+
+Normalization is folded into the weights that read the normalized stream (:func:`fold_norm`): the
+gain always, and under LayerNorm also the centring ``x -> x - mean(x)``, a linear map, as
+TransformerLens's ``fold_ln`` with ``center_weights`` does. What is left of the norm is a division
+by one positive scalar per position, not a map of the residual space (docs/measures.md,
+"Folding normalization").
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models.transformer import AttentionOnlyTransformer, norm_gain
+from models.transformer import AttentionOnlyTransformer, norm_centres, norm_gain
 
 
 def triangular_factor(factor: Tensor) -> Tensor:
@@ -59,7 +65,7 @@ class HeadCircuits:
 
     ``qk``: ``W_QK = W_Q W_Kᵀ`` (logit of dst i, src j is ``x_i W_QK x_jᵀ / sqrt(d_head)``).
     ``ov``: ``W_OV = W_V W_O`` (a head writes ``x_j W_OV``).
-    Normalization gains are folded into the reading weights ``W_Q, W_K, W_V``.
+    The layer's normalization is folded into the reading weights ``W_Q, W_K, W_V`` (:func:`fold_norm`).
     """
 
     qk: LowRank
@@ -87,18 +93,32 @@ def weight(tensor: Tensor, dtype: torch.dtype) -> Tensor:
     return tensor.detach().to(dtype)
 
 
+def fold_norm(norm: torch.nn.Module, reading: Tensor, dtype: torch.dtype) -> Tensor:
+    """``reading [..., d_model, k]``, a weight that reads the output of ``norm``, with the norm's
+    linear part folded in: ``C diag(g) W`` in ``dtype``, detached.
+
+    ``g`` is the gain (none without normalization). ``C = I - 11ᵀ/d_model`` is LayerNorm's centring
+    (the identity under RMSNorm or no normalization): symmetric, so ``x C`` for a row ``x`` is
+    ``x - mean(x)``, and ``C W`` subtracts from ``W`` its mean over the ``d_model`` axis. The
+    weight is cast before folding, so the float64 path folds in float64.
+    """
+    reading = weight(reading, dtype)
+    gain = norm_gain(norm)
+    if gain is None:
+        return reading
+    folded = weight(gain, dtype)[:, None] * reading
+    return folded - folded.mean(-2, keepdim=True) if norm_centres(norm) else folded
+
+
 def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> HeadCircuits:
     """The model's QK and OV circuits, detached, on the model's device, in ``metric_dtype(model, dtype)``."""
     dtype = metric_dtype(model, dtype)
     W_Q, W_K, W_V, W_O = [], [], [], []
     with torch.no_grad():
         for layer in model.layers:
-            gain = norm_gain(layer.norm)
-            # cast before folding, so the float64 path folds in float64
-            fold = (lambda w: weight(w, dtype)) if gain is None else (lambda w, g=weight(gain, dtype): g[None, :, None] * weight(w, dtype))
-            W_Q.append(fold(layer.W_Q))
-            W_K.append(fold(layer.W_K))
-            W_V.append(fold(layer.W_V))
+            W_Q.append(fold_norm(layer.norm, layer.W_Q, dtype))
+            W_K.append(fold_norm(layer.norm, layer.W_K, dtype))
+            W_V.append(fold_norm(layer.norm, layer.W_V, dtype))
             W_O.append(weight(layer.W_O, dtype))
         W_Q, W_K, W_V, W_O = (torch.stack(ws) for ws in (W_Q, W_K, W_V, W_O))  # (n_layers, n_heads, ...)
     return HeadCircuits(qk=LowRank(W_Q, W_K), ov=LowRank(W_V, W_O.mT))

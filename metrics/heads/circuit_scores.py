@@ -11,8 +11,8 @@ import math
 import torch
 from torch import Tensor
 
-from metrics.composition.circuits import HeadCircuits, weight
-from models.transformer import AttentionOnlyTransformer, norm_gain
+from metrics.composition.circuits import HeadCircuits, fold_norm, weight
+from models.transformer import AttentionOnlyTransformer
 
 MATCHING = "match"
 """The QK matching score's name where it is judged against the ablation beside the composition measures."""
@@ -25,11 +25,10 @@ def eigenvalue_positivity(matrices: Tensor) -> Tensor:
 
 
 def folded_unembedding(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> Tensor:
-    """``W_U [d_model, d_vocab]`` with the final norm's gain folded in, in ``dtype`` (default the model's)."""
-    dtype = dtype or model.W_U.dtype
-    gain = norm_gain(model.final_norm)
-    W_U = weight(model.W_U, dtype)
-    return W_U if gain is None else weight(gain, dtype)[:, None] * W_U
+    """``W_U [d_model, d_vocab]`` with the final norm folded in as the heads' reading weights are
+    (:func:`~metrics.composition.circuits.fold_norm`: the gain, and LayerNorm's centring), in
+    ``dtype`` (default the model's)."""
+    return fold_norm(model.final_norm, model.W_U, dtype or model.W_U.dtype)
 
 
 def copying_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> Tensor:

@@ -1,16 +1,54 @@
-"""Empirical copying scores of each head on the probe batch (Olsson et al. 2022, "In-context
-Learning and Induction Heads"; docs/measures.md "Copying score, empirical"; seed 004).
+"""Empirical copying scores of each head on a batch of token sequences (docs/measures.md
+"Copying score, empirical"; seed 004).
 
-At each query position, push the head's write to the residual stream through the unembedding
-(direct path, final-norm gain folded in), subtract the mean logit over the vocabulary and keep the
-positive part: the logits the head raises. Two readings of that raise:
+``score``: Olsson et al. 2022's copying evaluator ("In-context Learning and Induction Heads",
+Transformer Circuits Thread, section "Head activation evaluators",
+https://transformer-circuits.pub/2022/in-context-learning-and-induction-heads/index.html):
 
-- ``score`` (docs/measures.md): the share ``s`` in [0, 1] of the raise that lands on the token the head
-  attends to most, rescaled to ``2 s - 1`` in [-1, 1]. With a large vocabulary about half the
-  centred logits are positive, so even a head that raises the attended token most shares it with
-  the many small raises: a trained induction head over 256 tokens scores near -0.96.
-- ``top_rate`` (seed 004, "how often a token increases its own probability more than any other
-  token"): the fraction of positions where the attended token gets the largest raise, in [0, 1].
+    "Compute this head's contribution to the residual stream, then convert that using the
+    unembeddings (i.e. along the "direct path") to impacts on each logit. Logits are transformed
+    by subtracting the mean of the logits and passing through a ReLU, allowing the evaluator to
+    focus on where logits are raised. Compute the ratio of the amount it raises the logits of the
+    token being attended to, to that of all tokens in this sample. This value ranges from 0 (only
+    raises other tokens) to 0.5 (only raises the present token), so we scale it into the range of
+    -1 to 1."
+
+Per head, sequence ``b`` and query position ``q >= first_query``, with ``o`` the head's write at
+``q`` and ``W_U`` the unembedding (the final norm folded in by the caller, ``folded_unembedding``)::
+
+    raise = ReLU(o W_U - mean_v(o W_U))                  # [d_vocab], the logits the head raises
+    tau   = tokens[b, argmax_k pattern[q, k]]            # the token being attended to
+    S_b   = the distinct token ids in sequence b         # "all tokens in this sample"
+    r     = raise[tau] / sum_{t in S_b} raise[t]         # in [0, 1]; 0 when the sum is 0
+    score = mean over b and q of (2 r - 1)               # in [-1, 1]
+
+- A copying head (its write raises the attended token and no other token of the sequence) reads
+  +1; an anti-copying head (it lowers the attended token, so after centring the other tokens are
+  the raised ones) reads -1.
+- A head whose raises are exchangeable across the sequence's tokens (a random head) has
+  E[r] = 1 / |S_b|: it reads about ``2 / |S_b| - 1`` (-0.88 on a probe of 16 distinct random
+  tokens and BOS), near the bottom, because raising the attended token by chance is rare.
+
+Readings of the paper's text, stated because it leaves them open:
+
+- The denominator sums the raise over the token ids present in the sequence (each id once,
+  BOS included), not over the vocabulary. Summing over the whole vocabulary (this module's earlier
+  ``score``, retired) counts the small raises of ~half of all tokens and scores a working
+  induction head near -1 over 256 tokens.
+- "The token being attended to" is the token at the key with the largest attention weight (first
+  such key on ties), as for ``top_rate``.
+- The ratio as defined reaches 1, not 0.5, when only the attended token is raised (the attended
+  token is one of the sample's tokens); the paper's two end points, "only raises other tokens" and
+  "only raises the present token", are mapped to -1 and +1 by ``2 r - 1``.
+- Inputs: the paper scores 10 sequences of 25 random tokens (no repeat, no BOS, its footnote 31),
+  excluding the most and least common tokens. The tracker passes its probe batch (BOS, ``n``
+  uniform random tokens, the same ``n`` again) and scores every query after BOS: the first copy is
+  the paper's setting, the repeat adds the positions where an induction head attends to the token
+  it should copy.
+
+``top_rate`` (seed 004, "how often a token increases its own probability more than any other
+token"): the fraction of query positions where the attended token gets the head's largest raise
+over the whole vocabulary, in [0, 1].
 """
 
 from __future__ import annotations
@@ -25,7 +63,7 @@ from torch import Tensor
 class EmpiricalCopying:
     """Per head ``[n_layers, n_heads]``, means over the batch and the scored query positions."""
 
-    score: Tensor  # 2 s - 1, in [-1, 1]
+    score: Tensor  # Olsson et al. 2022's copying evaluator, 2 r - 1, in [-1, 1]
     top_rate: Tensor  # in [0, 1]
 
 
@@ -36,14 +74,18 @@ def empirical_copying(
 
     ``head_out [L, b, h, t, d_model]`` (each head's write), ``pattern [L, b, h, t, t]``,
     ``tokens [b, t]``, ``unembedding [d_model, d_vocab]``. Computed in ``head_out``'s dtype: the
-    largest product the tracker makes, and a share needs no float64.
+    largest product the tracker makes, and a ratio needs no float64.
     """
     raised = head_out[..., first_query:, :] @ unembedding.to(head_out)  # (L, b, h, t', v)
     raised = (raised - raised.mean(-1, keepdim=True)).relu()
     L, b, h = pattern.shape[:3]
-    key_tokens = tokens.to(pattern.device)[None, :, None, :].expand(L, b, h, tokens.shape[-1])
+    tokens = tokens.to(pattern.device)
+    key_tokens = tokens[None, :, None, :].expand(L, b, h, tokens.shape[-1])
     attended = key_tokens.gather(-1, pattern[..., first_query:, :].argmax(-1))  # (L, b, h, t'): token at the top key
     on_attended = raised.gather(-1, attended[..., None]).squeeze(-1)  # (L, b, h, t')
-    share = on_attended / raised.sum(-1).clamp_min(torch.finfo(raised.dtype).tiny)
+    in_sample = torch.zeros(b, raised.shape[-1], dtype=raised.dtype, device=raised.device)
+    in_sample.scatter_(1, tokens, 1.0)  # (b, v): 1 on the ids present in each sequence
+    on_sample = (raised @ in_sample[None, :, None, :, None]).squeeze(-1)  # (L, b, h, t'): raise summed over the sample's ids
+    ratio = torch.where(on_sample > 0, on_attended / on_sample.clamp_min(torch.finfo(raised.dtype).tiny), 0.0).clamp(max=1.0)
     top = (on_attended > 0) & (on_attended >= raised.max(-1).values)
-    return EmpiricalCopying(score=(2 * share - 1).mean(dim=(1, 3)), top_rate=top.to(raised.dtype).mean(dim=(1, 3)))
+    return EmpiricalCopying(score=(2 * ratio - 1).mean(dim=(1, 3)), top_rate=top.to(raised.dtype).mean(dim=(1, 3)))
