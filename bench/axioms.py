@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         loss = repeated_loss(token_losses(model(probe.tokens), probe.tokens), probe.repeat_start, probe.n).item()
     table = axiom_table(model, probe.tokens, seed=args.seed)
-    print("Axioms 1-3: constructed matrices (d_model 12, rank 3; both whitened ratios there are Frobenius with Σ = I).")
+    print("Axioms 1-3: constructed matrices (d_model 12, rank 3; the whitened and token-space ratios there are Frobenius with Σ = I).")
     print(f"Axiom 4: {SHAPE.n_layers}-layer, {SHAPE.n_heads}-head attention-only model trained {args.steps} steps"
           f" (repeated-token loss {loss:.3f} nats on the probe), scores in float64; invariant = no pair's score"
           f" moves by more than {INVARIANCE_TOLERANCE:g}.")

@@ -406,12 +406,15 @@ def covariance(rows: Tensor) -> Tensor:
 
 
 def whitening_roots(model64: AttentionOnlyTransformer, residual64: list[Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
-    """Σ^(±1/2) for the two whitened measures: Σ of every ``W_E[t] + W_pos[p]`` (all tokens and
-    positions), and Σ of every layer's input on the probe, pooled."""
+    """Σ^(±1/2) for the three whitened measures: Σ of every ``W_E[t] + W_pos[p]`` (all tokens and
+    positions), Σ of every layer's input on the probe, pooled, and the token Gram ``W_Eᵀ W_E / d_vocab``
+    (uncentred, no positions: token space)."""
     d = model64.shape.d_model
     embedded = (model64.W_E[:, None, :] + model64.W_pos[None, :, :]).reshape(-1, d)
     pooled = torch.cat([x.reshape(-1, d) for x in residual64])
-    return {"whitened": symmetric_roots(covariance(embedded)), "whitened_resid": symmetric_roots(covariance(pooled))}
+    gram = model64.W_E.T @ model64.W_E / model64.W_E.shape[0]
+    return {"whitened": symmetric_roots(covariance(embedded)), "whitened_resid": symmetric_roots(covariance(pooled)),
+            "token_space": symmetric_roots(gram)}
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ class TrackerConfig:
     enabled: bool = True
     every_n_steps: int = 10
     measures: List[str] = field(
-        default_factory=lambda: ["frobenius", "sv_bound", "whitened", "whitened_resid", "subspace", "component", "component_share"]
+        default_factory=lambda: ["frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share"]
     )
     ablation: AblationConfig = field(default_factory=AblationConfig)
     copying: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # empirical copying scores

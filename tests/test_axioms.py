@@ -34,7 +34,7 @@ def test_axiom_1_aligned_rank_three_closed_forms():
     assert got["subspace"] == pytest.approx(1.0, rel=1e-12)
     frobenius = ((S_A * S_B).norm() / (S_A.norm() * S_B.norm())).item()
     assert got["frobenius"] == pytest.approx(frobenius, rel=1e-12) and frobenius < 0.8  # never 1 for rank > 1
-    assert got["whitened"] == got["whitened_resid"] == got["frobenius"]  # Σ = I on constructed matrices
+    assert got["whitened"] == got["whitened_resid"] == got["token_space"] == got["frobenius"]  # Σ = I on constructed matrices
     assert got["component"] == pytest.approx((S_B[0] / S_B.norm()).item(), rel=1e-12)
     energy = (S_A * S_B).square()
     assert got["component_share"] == pytest.approx((energy[0] / energy.sum()).item(), rel=1e-12)
@@ -75,7 +75,7 @@ def test_a_jump_or_a_rise_is_caught():
 # what docs/measures.md and the seeds lead one to expect; the table confirms it
 INVARIANT_UNDER = {
     "residual rotation": set(COMPOSITION_MEASURES) | {"match"},
-    "residual GL": {"whitened", "whitened_resid", "match"},
+    "residual GL": {"whitened", "whitened_resid", "token_space", "match"},
     "head GL (V, O)": set(COMPOSITION_MEASURES) | {"match"},
     "head GL (Q, K)": set(COMPOSITION_MEASURES) | {"match"},
 }
@@ -116,7 +116,7 @@ def test_axioms_command_prints_the_table():
     assert result.returncode == 0, result.stderr
     rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line}
     assert set(rows) == {"measure", *COMPOSITION_MEASURES, "match"}
-    assert rows["whitened"].count("invariant") == rows["whitened_resid"].count("invariant") == 4
+    assert rows["whitened"].count("invariant") == rows["whitened_resid"].count("invariant") == rows["token_space"].count("invariant") == 4
     assert "**changes**" in rows["frobenius"].split("|")[7]  # the residual GL column
     bad = subprocess.run([sys.executable, "-m", "bench.axioms", "--steps", "-1"], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "--steps=-1" in bad.stderr

@@ -37,7 +37,7 @@ def test_baselines_match_known_values():
     base = random_baselines(64, 16, 2000, 0)
     assert base["frobenius"].mean == pytest.approx(64**-0.5, rel=0.05)
     assert base["subspace"].mean == pytest.approx(16 / 64, rel=0.02)  # E Σcos²θ / r = r / d
-    assert base["whitened"] == base["frobenius"]  # Gaussian weights are isotropic already
+    assert base["whitened"] == base["token_space"] == base["frobenius"]  # Gaussian weights are isotropic already
     assert all(0 < b.stderr < 0.02 * b.mean for b in base.values())
 
 

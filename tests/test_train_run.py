@@ -25,7 +25,7 @@ TRACKED_KEYS = (
     "comp/K/frobenius/L0H1->L1H0", "comp/Q/frobenius_minus_baseline/L0H0->L1H1", "heads/induction/L1H1",
     "heads/prev_token/top", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius",
     # every default measure, the empirical copying score, the ablation and each measure's agreement with it
-    "comp/V/sv_bound/L0H0->L1H0", "comp/K/whitened/L0H1->L1H1", "comp/Q/whitened_resid/L0H0->L1H1", "comp/Q/subspace/L0H1->L1H0",
+    "comp/V/sv_bound/L0H0->L1H0", "comp/K/whitened/L0H1->L1H1", "comp/V/token_space/L0H1->L1H0", "comp/Q/whitened_resid/L0H0->L1H1", "comp/Q/subspace/L0H1->L1H0",
     "comp/K/component/L0H0->L1H1", "comp/K/component_share/L0H0->L1H1", "heads/copying_empirical/L1H0", "heads/copying_top_rate/L0H1",
     "ablation/loss_change/L0H1->L1H0", "ablation/pattern_change/L0H0->L1H1",
     "validity/loss_change/sv_bound/rank_of_truth", "validity/pattern_change/match/rank_of_truth",
@@ -68,7 +68,7 @@ def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
     figure_rows = [row for row in rows if "images/phase_change/_type" in row]
     assert [row["trainer/global_step"] for row in figure_rows] == [60]
     heatmap_keys = {key.split("/")[2] for row in rows for key in row if key.startswith("images/composition/")}
-    assert heatmap_keys == {"frobenius", "sv_bound", "whitened", "whitened_resid", "subspace", "component", "component_share"}
+    assert heatmap_keys == {"frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share"}
 
 
 def test_validity_table_reaches_wandb_csv_and_console(short_run):
@@ -79,7 +79,7 @@ def test_validity_table_reaches_wandb_csv_and_console(short_run):
     logged = json.loads((wandb_file(run_dir).parent / "files" / tables[0]["validity/table/path"]).read_text())
     with open(run_dir / "validity.csv", newline="") as handle:
         on_disk = list(csv.DictReader(handle))
-    measures = ["frobenius", "sv_bound", "whitened", "whitened_resid", "subspace", "component", "component_share", "match"]
+    measures = ["frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share", "match"]
     assert [row[0] for row in logged["data"]] == [row["measure"] for row in on_disk] == measures
     assert logged["columns"] == list(on_disk[0])
     series = read_series(run_dir / "csv" / "metrics.csv")

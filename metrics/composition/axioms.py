@@ -9,8 +9,9 @@ Axiom 4 on a model: each function-preserving reparametrisation (residual rotatio
 head-internal GL of OV and of QK) must leave the logits unchanged (checked first, in float64);
 then each measure is reported invariant or not, by the largest change of any pair's score.
 
-On constructed matrices the whitened ratios are Frobenius in an isotropic basis (Σ = I); on
-models they whiten as the tracker does (embedding covariance; residual stream on ``tokens``).
+On constructed matrices the whitened ratios (``token_space`` too) are Frobenius in an isotropic basis
+(Σ = I); on models they whiten as the tracker does (embedding covariance; token Gram ``W_Eᵀ W_E``;
+residual stream on ``tokens``).
 """
 
 from __future__ import annotations

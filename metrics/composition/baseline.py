@@ -18,9 +18,9 @@ cosines ``U_Aᵀ V_B`` (:mod:`metrics.composition.measures`), and for Gaussian f
 
 A sample costs ``O(d_head³)`` instead of ``O(d_model d_head²)``. For i.i.d. Gaussian factors Q-, K-
 and V-composition have the same law, so one baseline per measure and shape serves all three; the
-whitened measures share Frobenius's (Gaussian weights are isotropic already). Results are cached
-in-process and on disk (:func:`cache_directory`), keyed by (d_model, d_head, samples, seed, sampler
-version), written atomically so concurrent sweep jobs can share the cache.
+whitened measures (``token_space`` too) share Frobenius's (Gaussian weights are isotropic already).
+Results are cached in-process and on disk (:func:`cache_directory`), keyed by (d_model, d_head,
+samples, seed, sampler version), written atomically so concurrent sweep jobs can share the cache.
 """
 
 from __future__ import annotations

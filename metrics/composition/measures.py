@@ -102,9 +102,10 @@ def best_component_share_score(p: PairStats) -> Tensor:
     return shares.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)
 
 
-BASES = ("raw", "embedding", "residual")
+BASES = ("raw", "embedding", "residual", "token")
 """Residual bases a measure is computed in: as the weights stand, or whitened by the covariance of
-the embeddings or of the residual stream observed on the probe (:mod:`metrics.composition.whitening`)."""
+the embeddings, by that of the residual stream observed on the probe, or by the token embeddings'
+uncentred Gram matrix ``W_Eᵀ W_E`` (token space) (:mod:`metrics.composition.whitening`)."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ COMPOSITION_MEASURES: dict[str, Measure] = {
         Measure("sv_bound", singular_value_bound_score),
         Measure("whitened", frobenius_score, basis="embedding"),
         Measure("whitened_resid", frobenius_score, basis="residual"),
+        Measure("token_space", frobenius_score, basis="token"),
         Measure("subspace", subspace_score, needs_cosine_mass=True),
         Measure("component", best_component_score),
         Measure("component_share", best_component_share_score),

@@ -1,5 +1,5 @@
-"""The whitened (GL-invariant) basis of the residual stream (docs/measures.md measure 4; the way out of
-Snell's Axiom-4 problem in seed 001).
+"""The whitened (GL-invariant) bases of the residual stream (docs/measures.md measures 4 and 7; the ways
+out of Snell's Axiom-4 problem in seed 001).
 
 Without normalization, ``x -> x T`` for any invertible ``T`` (writers ``W -> W T``, readers
 ``W -> T⁻¹ W``, ``W_E, W_pos -> W_E T, W_pos T``) leaves the model's function unchanged but changes
@@ -7,10 +7,14 @@ the Frobenius ratio. With ``Σ`` the covariance of the layer-0 residual input, t
 where that input is isotropic, ``Σ^(-1/2)``, satisfies ``T (Tᵀ Σ T)^(-1/2) = Σ^(-1/2) R`` with R
 orthogonal, so every rotation-invariant score computed there is invariant to every ``T``.
 
-Two choices of ``Σ``, both covariant (``Σ -> Tᵀ Σ T``), so both give invariant scores:
-the embedding covariance (the layer-0 input over every token and position), and the observed
-residual stream on the probe batch, every layer's input pooled (seed 001's "way out" 1). The
-second also sees the directions earlier heads write into, such as a previous-token head's output.
+Three choices of ``Σ``, all covariant (``Σ -> Tᵀ Σ T``), so all give invariant scores:
+the embedding covariance (the layer-0 input over every token and position), the observed
+residual stream on the probe batch, every layer's input pooled (seed 001's "way out" 1), and the
+token Gram matrix ``W_Eᵀ W_E`` (uncentred, tokens only: measure 7, seed 001's "analyse composition
+in the token basis"). The second also sees the directions earlier heads write into, such as a
+previous-token head's output. The third is token space itself: for any form ``X`` on the residual
+stream ``‖W_E X W_Eᵀ‖_F = ‖G^(1/2) X G^(1/2)‖_F`` with ``G = W_Eᵀ W_E``, so a Frobenius ratio
+computed in this basis is the ratio of the ``[d_vocab, d_vocab]`` token-to-token maps.
 
 With LayerNorm or RMSNorm the symmetry shrinks to rotations and a global scale (seed 001), under
 which the plain ratios are already invariant; ``Σ`` is still taken over the raw (pre-norm)
@@ -34,6 +38,18 @@ def embedding_covariance(model: AttentionOnlyTransformer, dtype: torch.dtype | N
     dtype = metric_dtype(model, dtype)
     cov = lambda rows: torch.cov(weight(rows, dtype).T, correction=0)
     return cov(model.W_E) + cov(model.W_pos)
+
+
+def token_gram(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> Tensor:
+    """The token embeddings' uncentred second moment ``W_Eᵀ W_E / d_vocab`` ``[d_model, d_model]``
+    (no positions, no centring), on the model's device: the ``Σ`` of the token basis (measure 7).
+
+    The mean over tokens instead of the sum keeps it on the scale of :func:`embedding_covariance`;
+    a global scale ``c`` of ``Σ`` cancels in every ratio (a QK circuit gains ``c``, in the product and
+    in its own norm alike; an OV circuit nothing), so the token-space ratio is that of ``G = W_Eᵀ W_E``.
+    """
+    W_E = weight(model.W_E, metric_dtype(model, dtype))
+    return W_E.T @ W_E / W_E.shape[0]
 
 
 def residual_covariance(streams: list[Tensor], dtype: torch.dtype | None = None) -> Tensor:
