@@ -225,8 +225,8 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
         fig.savefig(validity_path, dpi=110)
         plt.close(fig)
         for row in rows:
-            for column in ("first_step_ranked_first_loss", "final_spearman_loss"):
-                if not math.isnan(row[column]):  # a measure never first for good has no such step
+            for column in validity.SUMMARY_COLUMNS:
+                if row[column] is not None and not math.isnan(row[column]):  # a measure never first for good has no such step; older runs lack the head levels
                     summary[f"validity/{row['measure']}/{column}"] = row[column]
     (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     because = None

@@ -18,7 +18,10 @@ Always emitted (when the snapshot part is present; a ``None`` part emits no keys
 ``circuit/{writer,reader}_{layer,head}``
     which heads the circuit pair is
 ``validity/{loss_change,pattern_change}/{measure or match}/{rank_of_truth,spearman}``
-    agreement with the ablation (``spearman`` left out when undefined)
+    agreement with the ablation over pairs (``spearman`` left out when undefined)
+``validity/loss_change/{measure or match}/{writer,reader}_{rank_of_truth,spearman}``
+    the same over writers (each summed over its readers) and over readers (summed over writers),
+    for the loss effect only (``HEAD_LEVEL_EFFECTS``)
 ``heads/{induction,prev_token,duplicate,copying,copying_empirical,copying_top_rate}/top``
     the best head's score
 
@@ -53,11 +56,13 @@ Head scores
 
 Counts (M measures, ``top_pairs`` T = 3, 2 ablation effects, 3 kinds)
 ---------------------------------------------------------------------
-summary mode: ``3 + 2M + 12M + 9M + (3M + 4) + 12 + 24 + 4(M + 1)`` = 257 at M = 7, plus the head
-keys: ``6 (L H + 1)`` while per head (at most 198, at 32 heads), else 12. So at most 455 keys for
-any shape with the defaults and seven measures; 269 at 12 × 12.
-per-pair mode: ``P (6M + 3) <= max_pair_keys`` pair keys besides the others: 284 keys in all for the
-default 2 × 2 model with 7 measures and the ablation.
+summary mode: ``3 + 2M + 12M + 9M + (3M + 4) + 12 + 24 + 8(M + 1)`` = 323 at M = 8, plus the head
+keys: ``6 (L H + 1)`` while per head (at most 198, at 32 heads), else 12. So at most 521 keys for
+any shape with the defaults and eight measures; 335 at 12 × 12. The validity keys are
+``8(M + 1)`` (M measures + match): rank and Spearman over pairs for 2 effects, and over writers
+and over readers for the loss effect; an undefined Spearman is one key fewer.
+per-pair mode: ``P (6M + 3) <= max_pair_keys`` pair keys besides the others: 353 keys in all for the
+default 2 × 2 model with 8 measures and the ablation.
 """
 
 from __future__ import annotations
@@ -79,6 +84,10 @@ HEAD_SCORES = {
     "copying_top_rate": "copying_top_rate",
 }
 """Key under ``heads/`` -> the Snapshot attribute holding that ``[L, H]`` score."""
+
+HEAD_LEVEL_EFFECTS = ("loss_change",)
+"""Ablation effects whose writer- and reader-level agreement is logged (the validity table reads
+only these); 4 keys per scorer and effect, so the pattern effect's would cost 4(M + 1) more."""
 
 KINDS_RANKED = "K"
 """The kind whose top pairs are named in summary mode: K-composition is what induction heads use."""
@@ -230,12 +239,21 @@ def composition_metrics(snap: Snapshot, families: PairFamilies) -> dict[str, flo
 
 
 def validity_metrics(snap: Snapshot) -> dict[str, float]:
+    """``validity/{effect}/{measure}/{rank_of_truth,spearman}`` (pair level) and, for the effects in
+    ``HEAD_LEVEL_EFFECTS`` when the agreement carries them, the head levels
+    ``.../{writer,reader}_{rank_of_truth,spearman}``; an undefined (NaN) Spearman is left out."""
     metrics: dict[str, float] = {}
     for effect, by_measure in (snap.validity or {}).items():
         for measure, agreed in by_measure.items():
-            metrics[f"validity/{effect}/{measure}/rank_of_truth"] = float(agreed.rank_of_truth)
-            if agreed.spearman == agreed.spearman:  # undefined (NaN) when a side is constant
-                metrics[f"validity/{effect}/{measure}/spearman"] = agreed.spearman
+            levels = [("", agreed)]
+            if effect in HEAD_LEVEL_EFFECTS:
+                levels += [(f"{level}_", getattr(agreed, level, None)) for level in ("writer", "reader")]
+            for prefix, level in levels:
+                if level is None:
+                    continue
+                metrics[f"validity/{effect}/{measure}/{prefix}rank_of_truth"] = float(level.rank_of_truth)
+                if level.spearman == level.spearman:  # undefined (NaN) when a side is constant
+                    metrics[f"validity/{effect}/{measure}/{prefix}spearman"] = level.spearman
     return metrics
 
 

@@ -4,7 +4,11 @@ be re-rendered (``python -m callbacks.figure RUN_DIR``).
 
 For each measure: the first step from which it ranks the ground-truth pair (the pair whose ablation
 hurts most) first at every later ablation step, against the phase change; its final rank and
-Spearman correlation with the ablation effect, and its mean Spearman after the cliff.
+Spearman correlation with the ablation effect, and its mean Spearman after the cliff. The same four
+at the writer level (writers ranked by their summed loss effect over their readers, the measure
+summed likewise) and at the reader level (readers, summed over their writers): redundant readers
+of one writer (two induction heads reading the same previous-token head) can flip the pair-level
+rank on a 0.001 difference, not the writer-level one (:func:`metrics.ground_truth.validity.head_agreement`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from matplotlib.figure import Figure
 from callbacks.plots import mark_phase_change, plt
 from metrics.dynamics.phase_change import PhaseChange, smooth
 from metrics.snapshot import COMPOSITION_MEASURES, MATCHING
-from metrics.ground_truth.validity import first_step_ranked_first_for_good
+from metrics.ground_truth.validity import LEVELS, first_step_ranked_first_for_good
 
 EFFECTS = {"loss_change": "repeated-token loss", "pattern_change": "attention pattern"}
 TABLE_NAME = "validity.csv"
@@ -33,7 +37,18 @@ COLUMNS = [
     "mean_spearman_after_cliff_loss",
     "first_step_ranked_first_pattern",
     "final_spearman_pattern",
+    *(f"{column}_{level}_loss" for level in LEVELS
+      for column in ("first_step_ranked_first", "final_rank", "final_spearman", "mean_spearman_after_cliff")),
 ]
+"""Pair-level columns first (their order is fixed: the W&B table and tests index them), then the
+writer- and reader-level ones (``first_step_ranked_first_writer_loss``, ...)."""
+HEADERS = ["measure", "first for good (loss)", "- midpoint", "rank", "Spearman", "after cliff",
+           "first for good (pattern)", "Spearman (pattern)",
+           *(f"{name} ({level[0].upper()})" for level in LEVELS for name in ("first for good", "rank", "Spearman", "after cliff"))]
+"""Console headers of ``COLUMNS``; (W) and (R) are the writer and reader levels."""
+SUMMARY_COLUMNS = ("first_step_ranked_first_loss", "final_spearman_loss", "first_step_ranked_first_writer_loss",
+                   "final_rank_writer_loss", "final_spearman_writer_loss")
+"""The columns a run's summary.json keeps per measure (as ``validity/{measure}/{column}``), when defined."""
 
 
 def judged_measures(series) -> list[str]:
@@ -49,33 +64,49 @@ def _last(series, key) -> float:
     return float(series[key][1][-1]) if key in series else math.nan
 
 
-def _first_for_good(series, effect: str, measure: str) -> float:
-    steps, ranks = series[f"validity/{effect}/{measure}/rank_of_truth"]
+def _first_for_good(series, effect: str, measure: str, level: str = "") -> float | None:
+    """NaN when never first for good; None when the level was not logged (a run from before the head levels)."""
+    key = f"validity/{effect}/{measure}/{level}rank_of_truth"
+    if key not in series:
+        return None
+    steps, ranks = series[key]
     first = first_step_ranked_first_for_good(torch.from_numpy(steps), torch.from_numpy(ranks))
     return math.nan if first is None else first
 
 
+def _mean_after(series, key: str, change: PhaseChange | None) -> float:
+    """The mean of ``key`` over the steps from the end of the phase change on."""
+    values = series.get(key)
+    if values is None or change is None:
+        return math.nan
+    later = values[1][values[0] >= change.end_step]
+    return float(later.mean()) if len(later) else math.nan
+
+
 def validity_rows(series, change: PhaseChange | None) -> list[dict[str, object]]:
     """One row per judged measure (see ``COLUMNS``); NaN where a value does not exist (never first
-    for good, no phase change, a Spearman that was undefined)."""
+    for good, no phase change, a Spearman that was undefined); None in the writer and reader
+    "first for good" columns of a run that did not log those levels."""
     rows = []
     for measure in judged_measures(series):
         first = _first_for_good(series, "loss_change", measure)
-        spearman = series.get(f"validity/loss_change/{measure}/spearman")
-        after = math.nan
-        if spearman is not None and change is not None:
-            later = spearman[1][spearman[0] >= change.end_step]
-            after = float(later.mean()) if len(later) else math.nan
-        rows.append({
+        loss = f"validity/loss_change/{measure}"
+        row = {
             "measure": measure,
             "first_step_ranked_first_loss": first,
             "minus_phase_midpoint": first - change.midpoint_step if change is not None else math.nan,
-            "final_rank_loss": _last(series, f"validity/loss_change/{measure}/rank_of_truth"),
-            "final_spearman_loss": _last(series, f"validity/loss_change/{measure}/spearman"),
-            "mean_spearman_after_cliff_loss": after,
+            "final_rank_loss": _last(series, f"{loss}/rank_of_truth"),
+            "final_spearman_loss": _last(series, f"{loss}/spearman"),
+            "mean_spearman_after_cliff_loss": _mean_after(series, f"{loss}/spearman", change),
             "first_step_ranked_first_pattern": _first_for_good(series, "pattern_change", measure),
             "final_spearman_pattern": _last(series, f"validity/pattern_change/{measure}/spearman"),
-        })
+        }
+        for level in LEVELS:
+            row[f"first_step_ranked_first_{level}_loss"] = _first_for_good(series, "loss_change", measure, f"{level}_")
+            row[f"final_rank_{level}_loss"] = _last(series, f"{loss}/{level}_rank_of_truth")
+            row[f"final_spearman_{level}_loss"] = _last(series, f"{loss}/{level}_spearman")
+            row[f"mean_spearman_after_cliff_{level}_loss"] = _mean_after(series, f"{loss}/{level}_spearman", change)
+        rows.append(row)
     return rows
 
 
@@ -87,19 +118,27 @@ def write_table(rows: list[dict[str, object]], path: Path) -> None:
 
 
 def format_table(rows: list[dict[str, object]]) -> str:
-    """A fixed-width text table for the console; ``never`` for a measure that never ranks the truth first for good."""
-    headers = ["measure", "first for good (loss)", "- midpoint", "rank", "Spearman", "after cliff",
-               "first for good (pattern)", "Spearman (pattern)"]
-    cells = []
-    for row in rows:
-        values = [row[c] for c in COLUMNS]
-        cells.append([values[0]] + [_cell(v, c) for v, c in zip(values[1:], COLUMNS[1:])])
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    line = lambda items: "  ".join(item.rjust(w) if i else item.ljust(w) for i, (item, w) in enumerate(zip(items, widths)))
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+    """Fixed-width text tables for the console: the pair level, then (after a blank line) the
+    writer and reader levels, each row led by its measure, and a line saying what (W) and (R) are;
+    ``never`` for a measure that never ranks the truth first for good, ``-`` for a value that does
+    not exist."""
+    pair_level = len(COLUMNS) - 4 * len(LEVELS)
+    blocks = [range(pair_level), [0, *range(pair_level, len(COLUMNS))]]
+    lines = []
+    for block in blocks:
+        columns, headers = [COLUMNS[i] for i in block], [HEADERS[i] for i in block]
+        cells = [[row["measure"]] + [_cell(row[c], c) for c in columns[1:]] for row in rows]
+        widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+        line = lambda items: "  ".join(item.rjust(w) if i else item.ljust(w) for i, (item, w) in enumerate(zip(items, widths)))
+        lines += ([""] if lines else []) + [line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)]
+    lines.append("(W): writers, each ranked by its loss effect summed over its readers and by the measure summed "
+                 "likewise; (R): readers, summed over their writers")
+    return "\n".join(lines)
 
 
 def _cell(value, column: str) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float) and math.isnan(value):
         return "never" if column.startswith("first_step") else "-"
     if column.startswith(("first_step", "minus", "final_rank")):

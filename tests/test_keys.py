@@ -39,7 +39,7 @@ def fake_snapshot(n_layers: int, n_heads: int, measures=ALL_MEASURES, seed: int 
         first_occurrence_loss=5.0, repeated_loss=2.0, icl_score=-1.0,
         circuit=((0, min(1, n_heads - 1)), (1, 0)) if n_layers > 1 else None,
         ablation=KeyAblation(pattern_change=pair_tensor(n_layers, n_heads, g), loss_change=pair_tensor(n_layers, n_heads, g)),
-        validity={effect: {m: Agreement(rank_of_truth=2, spearman=0.5) for m in (*measures, MATCHING)}
+        validity={effect: {m: Agreement(2, 0.5, writer=Agreement(1, 1.0), reader=Agreement(1, 1.0)) for m in (*measures, MATCHING)}
                   for effect in ("loss_change", "pattern_change")},
     )
     fields.update(overrides)
@@ -47,12 +47,13 @@ def fake_snapshot(n_layers: int, n_heads: int, measures=ALL_MEASURES, seed: int 
 
 
 def test_default_shape_keeps_every_per_pair_key():
-    """2 layers x 2 heads, 7 measures, ablation: today's 284 keys, one per pair, and no summary keys."""
+    """2 layers x 2 heads, 8 measures, ablation: today's 353 keys, one per pair, and no summary keys."""
     snap = fake_snapshot(2, 2)
     metrics = snapshot_metrics(snap)
-    # 3 losses + 6 head scores x (4 heads + top) + 7 baselines x 2 + 4 pairs x (7 measures x 3 kinds x 2 + match + 2 effects)
-    # + 7 x 3 circuit/K + 4 circuit heads + 2 effects x 8 scorers x (rank + spearman)
-    assert len(metrics) == 3 + 30 + 14 + 4 * 45 + 25 + 32 == 284
+    # 3 losses + 6 head scores x (4 heads + top) + 8 baselines x 2 + 4 pairs x (8 measures x 3 kinds x 2 + match + 2 effects)
+    # + 8 x 3 circuit/K + 4 circuit heads + 2 effects x 9 scorers x (rank + spearman)
+    # + 9 scorers x (writer, reader) x (rank + spearman) for the loss effect
+    assert len(metrics) == 3 + 30 + 16 + 4 * 51 + 28 + 36 + 36 == 353
     assert metrics["comp/K/frobenius/L0H1->L1H0"] == snap.composition["frobenius"]["K"][0, 1, 1, 0].item()
     assert metrics["comp/Q/subspace_minus_baseline/L0H0->L1H1"] == pytest.approx(
         snap.composition["subspace"]["Q"][0, 0, 1, 1].item() - snap.baselines["subspace"].mean)
@@ -67,13 +68,13 @@ def test_default_shape_keeps_every_per_pair_key():
 def test_any_shape_emits_at_most_a_few_hundred_keys():
     """Beyond 64 pairs: summaries only. 12 x 12 with 7 measures was ~430,000 keys per snapshot."""
     big = snapshot_metrics(fake_snapshot(12, 12))
-    # 3 losses + 14 baselines + 84 comp max/mean + 63 top/K + 25 circuit + 12 match + 24 ablation + 32 validity + 12 heads
-    assert len(big) == 269
+    # 3 losses + 16 baselines + 96 comp max/mean + 72 top/K + 28 circuit + 12 match + 24 ablation + 72 validity + 12 heads
+    assert len(big) == 335
     assert not [k for k in big if "->" in k or PER_HEAD_KEY.search(k)]
     mid = snapshot_metrics(fake_snapshot(4, 8))  # 384 pairs but 32 heads: heads still one key each
-    assert len(mid) == 269 - 12 + 6 * 33 == 455
+    assert len(mid) == 335 - 12 + 6 * 33 == 521
     for n_layers, n_heads in ((3, 5), (6, 6), (8, 16), (16, 4)):
-        assert len(snapshot_metrics(fake_snapshot(n_layers, n_heads))) <= 455, (n_layers, n_heads)
+        assert len(snapshot_metrics(fake_snapshot(n_layers, n_heads))) <= 521, (n_layers, n_heads)
 
 
 def test_mode_switches_on_the_number_of_pair_keys():

@@ -6,23 +6,43 @@ ablation (:mod:`metrics.ground_truth.ablation`) says which pair the model really
 reported at each ablation step: the rank, under the measure, of the pair the ablation hurts most
 (1 = the measure puts it first), and the Spearman correlation between measure and effect over
 all pairs.
+
+The same two are also read at the level of heads (:func:`head_agreement`): each writer's total
+over its readers, of the effect and of the measure alike, and each reader's total over its
+writers. Redundant heads make the pair level fragile: when two induction heads read the same
+previous-token head, the two pairs' effects can differ by 0.001 and which one the measure ranks
+first is a coin flip, while both effects add into the total of the writer they share. So a near-tie
+between redundant readers cannot flip the writer level, nor one between redundant writers the
+reader level (each level is still as fragile as the pair level to redundancy on its own side).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 
+LEVELS = ("writer", "reader")
+"""The head-level readings beside the pair level, in the order they are logged."""
+
+
 @dataclass(frozen=True)
 class Agreement:
-    """``rank_of_truth``: 1 + how many pairs the measure scores strictly above the ground-truth pair.
-    ``spearman``: rank correlation over pairs in [-1, 1]; NaN when either side is constant."""
+    """``rank_of_truth``: 1 + how many items (pairs, or heads at a head level) the measure scores
+    strictly above the ground-truth one. ``spearman``: rank correlation over them in [-1, 1]; NaN
+    when either side is constant (or there is one item).
+
+    ``writer``, ``reader``: the same two at the head levels (:func:`head_agreement`), attached by
+    :func:`agreement` to the pair-level result when the pair tensors split into writer and reader
+    axes; None at a head level itself."""
 
     rank_of_truth: int
     spearman: float
+    writer: Agreement | None = None
+    reader: Agreement | None = None
 
 
 def average_ranks(values: Tensor) -> Tensor:
@@ -46,10 +66,56 @@ def spearman(x: Tensor, y: Tensor) -> float:
 def agreement(scores: Tensor, effects: Tensor) -> Agreement:
     """How well ``scores`` predicts ``effects``; both have the same shape, NaN where a pair is masked.
 
-    The ground-truth pair is the one with the largest effect (the ablation hurts it most).
+    The ground-truth pair is the one with the largest effect (the ablation hurts it most). With an
+    even number of axes (``[L, H, L, H]``: writer axes, then reader axes) the writer- and
+    reader-level agreements (:func:`head_agreement`) are attached as ``writer`` and ``reader``;
+    the pair-level fields do not depend on them.
     """
     valid = ~(scores.isnan() | effects.isnan())
     s, e = scores[valid], effects[valid]
+    if len(s) == 0:
+        raise ValueError("no scored pair: the model needs at least two layers")
+    truth = int(e.argmax())
+    levels = {level: head_agreement(scores, effects, level) for level in LEVELS} if scores.dim() % 2 == 0 else {}
+    return Agreement(rank_of_truth=1 + int((s > s[truth]).sum()), spearman=spearman(s, e), **levels)
+
+
+def head_totals(scores: Tensor, effects: Tensor, level: str) -> tuple[Tensor, Tensor]:
+    """Each head's total score and total effect at ``level`` (``"writer"`` or ``"reader"``),
+    float64, over the pairs where both are defined; heads with no such pair are left out.
+
+    ``scores, effects``: the same shape with an even number of axes, the first half indexing the
+    writer (``[L, H, L, H]``: writer layer and head, reader layer and head). A writer's totals sum
+    over its readers, a reader's over its writers. Returns ``(score_totals [n], effect_totals [n])``
+    for the ``n`` heads kept, in flat head order (``layer * n_heads + head``).
+    """
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if scores.shape != effects.shape or scores.dim() % 2:
+        raise ValueError(f"need two tensors of one shape with writer and reader axes, got {tuple(scores.shape)}, {tuple(effects.shape)}")
+    split = scores.dim() // 2
+    n_writers = math.prod(scores.shape[:split])
+    s, e = scores.reshape(n_writers, -1).double(), effects.reshape(n_writers, -1).double()
+    if level == "reader":
+        s, e = s.T, e.T
+    valid = ~(s.isnan() | e.isnan())
+    kept = valid.any(1)
+    total = lambda values: values.masked_fill(~valid, 0.0).sum(1)[kept]
+    return total(s), total(e)
+
+
+def head_agreement(scores: Tensor, effects: Tensor, level: str) -> Agreement:
+    """:func:`agreement` over heads instead of pairs: ``"writer"`` ranks the writers by their
+    summed effect over all their readers, ``"reader"`` the readers by their summed effect over
+    all their writers (:func:`head_totals`; pairs masked on either side are left out of both sums).
+
+    The measure is summed the same way, not maxed: the ground truth is a sum, so like is compared
+    with like, and a measure that equals the effect on every pair agrees perfectly at every level
+    (a max would rank a writer with one strong reader above one with several slightly weaker ones,
+    where the summed ablation does the opposite). The ground-truth head is the one with the largest
+    total effect; ``rank_of_truth`` is 1 + the number of heads whose total score is strictly higher.
+    """
+    s, e = head_totals(scores, effects, level)
     if len(s) == 0:
         raise ValueError("no scored pair: the model needs at least two layers")
     truth = int(e.argmax())
