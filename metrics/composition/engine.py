@@ -184,49 +184,52 @@ def gram_frobenius(circuits: HeadCircuits, kinds: tuple[str, ...], max_chunk_byt
     """
     *lead, L, H, d, r = circuits.qk.left.shape
     n, K = L * H, len(kinds)
-    flat = lambda t: t.reshape(-1, n, d, r)  # (batch, L H, d, r): leading dims and heads flattened
-    gram = lambda f: f.mT @ f  # (..., r, r)
     blocks = gram_blocks(d)
     block_sizes = [(rows.stop - rows.start) * (cols.stop - cols.start) for rows, cols in blocks]
+    factors = {(c, side): getattr(getattr(circuits, c), side).reshape(-1, n, d, r) for c in ("qk", "ov") for side in ("left", "right")}
+    small_grams = {key: f.mT @ f for key, f in factors.items()}  # (batch, n, r, r): W_Qᵀ W_Q, ... once each
 
-    def block_grams(inner: Tensor, outer: Tensor, into: list[Tensor] | None = None, off_diagonal: float = 1.0) -> list[Tensor]:
-        """``inner (outerᵀ outer) innerᵀ`` of a stack of heads ``[batch, h, d, r]``, block by block,
-        each ``[batch, h, block]``, into the buffers ``into`` when given (fresh pages cost more than the GEMM)."""
-        left = inner @ gram(outer)  # (batch, h, d, r)
-        out = into or [inner.new_empty(*inner.shape[:2], size) for size in block_sizes]
+    def block_grams(inner: str, outer: str, heads: slice, into: list[Tensor] | None = None, off_diagonal: float = 1.0) -> list[Tensor]:
+        """``inner (outerᵀ outer) innerᵀ`` of the heads ``heads`` (factors named by ``(circuit, side)``),
+        block by block, each ``[batch, h, block]``, into the buffers ``into`` when given."""
+        inner_factor = factors[inner][:, heads]
+        left = inner_factor @ small_grams[outer][:, heads]  # (batch, h, d, r)
+        shape = inner_factor.shape[:2]
+        out = into or [left.new_empty(*shape, size) for size in block_sizes]
         for (rows, cols), buffer in zip(blocks, out):
-            scaled = left[..., rows, :] if rows == cols else off_diagonal * left[..., rows, :]
-            torch.matmul(scaled, inner[..., cols, :].mT, out=buffer.view(*inner.shape[:2], rows.stop - rows.start, cols.stop - cols.start))
+            scaled = left[..., rows, :] if rows == cols or off_diagonal == 1.0 else off_diagonal * left[..., rows, :]
+            torch.matmul(scaled, inner_factor[..., cols, :].mT, out=buffer.view(*shape, rows.stop - rows.start, cols.stop - cols.start))
         return out
 
-    a, b = flat(circuits.ov.left), flat(circuits.ov.right)  # W_V, W_Oᵀ
-    batch, element = a.shape[0], a.element_size()
-    writer_norm = (gram(a) * gram(b)).sum((-1, -2))  # (batch, n): ‖A‖_F²
-    reader_factors = [tuple(flat(getattr(getattr(circuits, c), side)) for side in sides) for c, *sides in map(READER_FACTORS.get, kinds)]
-    reader_norm = torch.stack([(gram(c) * gram(e)).sum((-1, -2)) for c, e in reader_factors], dim=1)  # (batch, K, n)
+    writer = (("ov", "right"), ("ov", "left"))  # A = W_V W_O: AᵀA = W_Oᵀ (W_Vᵀ W_V) W_O
+    readers_of = [((c, inner), (c, outer)) for c, inner, outer in map(READER_FACTORS.get, kinds)]
+    norm = lambda x, y: (small_grams[x] * small_grams[y]).sum((-1, -2))  # tr(xᵀx yᵀy) = ‖x yᵀ‖_F²
+    writer_norm = norm(*writer)  # (batch, n)
+    reader_norm = torch.stack([norm(*pair) for pair in readers_of], dim=1)  # (batch, K, n)
+    batch, element = writer_norm.shape[0], factors[writer[0]].element_size()
     bytes_per_head = sum(block_sizes) * batch * element
     writers_fit = (n - H) * bytes_per_head <= max_chunk_bytes
-    all_writers = block_grams(b[:, : n - H], a[:, : n - H]) if writers_fit else None
+    all_writers = block_grams(*writer, slice(0, n - H)) if writers_fit else None
     writers_per_chunk = n if writers_fit else max(1, max_chunk_bytes // (2 * bytes_per_head))
-    layers_per_group = max(1, min(L - 1, max_chunk_bytes // (K * H * bytes_per_head)))
-    readers = [a.new_empty(batch, layers_per_group * K * H, size) for size in block_sizes]  # (batch, (layer, kind, head), block)
-    energy = a.new_full((batch, K, n, n), math.nan)
+    # two groups at least: a group is scored against every writer before its last layer, so halving
+    # it saves a quarter of the products (at 12 layers) while its GEMMs stay large
+    layers_per_group = max(1, min(math.ceil((L - 1) / 2), max_chunk_bytes // (K * H * bytes_per_head)))
+    readers = [writer_norm.new_empty(batch, K * layers_per_group * H, size) for size in block_sizes]  # (batch, (kind, layer, head), block)
+    energy = writer_norm.new_full((batch, K, n, n), math.nan)
     for first in range(1, L, layers_per_group):
         layers = range(first, min(L, first + layers_per_group))
-        group = [buffer[:, : len(layers) * K * H] for buffer in readers]
-        for i, l2 in enumerate(layers):
-            heads = slice(l2 * H, (l2 + 1) * H)
-            for k, (c, e) in enumerate(reader_factors):
-                at = slice((i * K + k) * H, (i * K + k + 1) * H)
-                block_grams(c[:, heads], e[:, heads], [buffer[:, at] for buffer in group], off_diagonal=2.0)
+        heads, g = slice(first * H, (layers[-1] + 1) * H), len(layers) * H  # the group's heads, contiguous
+        group = [buffer[:, : K * g] for buffer in readers]
+        for k, pair in enumerate(readers_of):
+            block_grams(*pair, heads, [buffer[:, k * g:(k + 1) * g] for buffer in group], off_diagonal=2.0)
         for w0 in range(0, layers[-1] * H, writers_per_chunk):
             w1 = min(layers[-1] * H, w0 + writers_per_chunk)
-            writers = [w[:, w0:w1] for w in all_writers] if writers_fit else block_grams(b[:, w0:w1], a[:, w0:w1])
-            products = sum(w @ q.mT for w, q in zip(writers, group)).unflatten(-1, (len(layers), K, H))  # (batch, w, g, K, H)
+            writers = [w[:, w0:w1] for w in all_writers] if writers_fit else block_grams(*writer, slice(w0, w1))
+            products = sum(w @ q.mT for w, q in zip(writers, group)).unflatten(-1, (K, len(layers), H))  # (batch, w, K, g, H)
             for i, l2 in enumerate(layers):
                 if w0 < l2 * H:
                     end = min(w1, l2 * H)
-                    energy[:, :, w0:end, l2 * H:(l2 + 1) * H] = products[:, : end - w0, i].movedim(-2, -3)  # (batch, K, w, H)
+                    energy[:, :, w0:end, l2 * H:(l2 + 1) * H] = products[:, : end - w0, :, i].movedim(-2, -3)  # (batch, K, w, H)
     ratio = (energy.clamp_min(0) / (writer_norm[:, None, :, None] * reader_norm[:, :, None, :])).sqrt()
     return ratio.reshape(*lead, K, n, n)
 
