@@ -7,11 +7,11 @@ n_ctx 33, d_vocab 257, no normalization, random weights, seed 0): small 2x2x64x1
 large 12x12x768x64. For each shape it prints:
 
 - **ours**: ``metrics.snapshot.composition_of`` on the float32 model, seconds per measure (Q, K and V
-  together), all seven measures in one call, and Frobenius K alone;
+  together), all measures in one call, and Frobenius K alone;
 - **TransformerLens**: ``all_composition_scores(mode)`` on the same weights copied into a TL model
   (``TransformerBridge.boot_native`` on TL >= 4, ``HookedTransformer`` before), float32: K alone and
   Q+K+V (the sum of the per-mode medians); the speed-up of our Frobenius K over TL's K;
-- **peak extra memory** of ours (all seven measures) and of TL (Q, K, V), each in a fresh subprocess:
+- **peak extra memory** of ours (all measures) and of TL (Q, K, V), each in a fresh subprocess:
   the peak RSS during the call minus the RSS just before it (``/proc/self/status`` VmHWM after
   resetting it through ``/proc/self/clear_refs``; ``ru_maxrss`` where that is not possible);
 - **agreement** in float64: our Frobenius against TL's on every scored pair, max relative error
@@ -23,7 +23,7 @@ large 12x12x768x64. For each shape it prints:
 - **FLOPs**: ``metrics.composition.engine.composition_flops`` (n/a if absent), this machine's fp32
   GEMM rate (best of a ``[8192, 768] x [768, 768]`` matmul), and our achieved share of it.
 
-Then the targets at 12x12x768x64: Frobenius K >= 20x faster than TL's K, all seven measures (Q, K,
+Then the targets at 12x12x768x64: Frobenius K >= 20x faster than TL's K, all measures (Q, K,
 V) <= 10 s, our peak extra memory <= 1.5 GB (GB = 1e9 bytes). Timings are medians over
 ``--repeats``, interleaved (ours, TL, ours, TL, ...) after one warm-up on the small shape; both sides
 run under ``torch.no_grad()``, as TL's tutorials do. TL's measurement runs in its own subprocess
@@ -321,7 +321,7 @@ def reset_peak_rss() -> bool:
 
 def peak_extra_memory_job(side: str, shape_name: str, threads: int | None) -> dict:
     """Run in a fresh process: build the model (and TL's), warm up, then the peak RSS of the side's
-    work (ours: all seven measures; TL: Q, K, V) minus the RSS just before it."""
+    work (ours: all measures; TL: Q, K, V) minus the RSS just before it."""
     set_threads(threads)
     warm_up()
     model = build_model(SHAPES[shape_name])
@@ -526,7 +526,7 @@ def _seconds(job: Callable[[], object]) -> float:
 
 
 def time_both_sides(shape: Shape, model, residual, tl, repeats: int, threads: int | None) -> dict:
-    """Float32 seconds: ours per measure (Q, K, V), all seven, Frobenius K alone; TL per mode.
+    """Float32 seconds: ours per measure (Q, K, V), all measures, Frobenius K alone; TL per mode.
     TL runs in-process, interleaved with ours, unless its call needs more than ``IN_PROCESS_TL_BYTES``."""
     k_alone, k_path = frobenius_k_alone(model)
     jobs = {"all": lambda: ours_composition(model, MEASURES, residual)}
@@ -637,7 +637,7 @@ def report_shape(r: dict, gemm_rate: float) -> list[str]:
              f"float64 {_e(r['logit_error_float64'])}",
              f"ours, float32 model (composition_of returns {r['ours_dtype']}), seconds for Q, K and V together:"]
     lines += [f"  {m:<17}{_s(ours[m])}" for m in MEASURES]
-    lines += [f"  {'all seven':<17}{_s(ours['all'])}",
+    lines += [f"  {'all measures':<17}{_s(ours['all'])}",
               f"frobenius K alone, ours: {_s(ours['frobenius_K'])} via {r['frobenius_K_path']}",
               f"TL all_composition_scores, float32 ({r['tl_where']}): K {_s(tl['K'])}, Q+K+V {_s(tl['QKV'])}",
               f"speed-up, our frobenius K over TL's K: {_x(r['speedup_frobenius_K'])}"]
@@ -645,7 +645,7 @@ def report_shape(r: dict, gemm_rate: float) -> list[str]:
         lines.append(f"  ! {name}: {why}")
     if r["memory"]:
         mem = r["memory"]
-        lines.append(f"peak extra memory (fresh subprocess, {mem['ours']['method']}): ours, seven measures Q+K+V "
+        lines.append(f"peak extra memory (fresh subprocess, {mem['ours']['method']}): ours, all measures Q+K+V "
                      f"{_gb(mem['ours']['bytes'])}; TL, Q+K+V {_gb(mem['tl']['bytes'])}")
     if "error" in r:
         lines.append(f"agreement: n/a, {r['error']}")
@@ -663,7 +663,7 @@ def report_shape(r: dict, gemm_rate: float) -> list[str]:
                      f"machine GEMM rate {gemm_rate / 1e9:.1f} GFLOP/s")
     else:
         achieved = flops / ours["all"] if ours["all"] else None
-        lines.append(f"fp32 GEMM FLOPs of our work (seven measures, Q+K+V): {flops:.3e}; achieved "
+        lines.append(f"fp32 GEMM FLOPs of our work (all measures, Q+K+V): {flops:.3e}; achieved "
                      f"{_e(achieved)} FLOP/s = {'n/a' if achieved is None else f'{achieved / gemm_rate:.1%}'} of this "
                      f"machine's GEMM rate {gemm_rate / 1e9:.1f} GFLOP/s")
     return lines
@@ -676,7 +676,7 @@ def targets(r: dict) -> list[tuple[str, bool | None]]:
     return [
         (f"frobenius K >= {TARGET_SPEEDUP:g}x faster than TL's K (float32): {_x(speedup)}",
          None if speedup is None else speedup >= TARGET_SPEEDUP),
-        (f"all seven measures, Q+K+V <= {TARGET_SECONDS:g} s: {_s(seconds)}", None if seconds is None else seconds <= TARGET_SECONDS),
+        (f"all measures, Q+K+V <= {TARGET_SECONDS:g} s: {_s(seconds)}", None if seconds is None else seconds <= TARGET_SECONDS),
         (f"our peak extra memory <= {TARGET_BYTES / 1e9:g} GB: {_gb(memory)}", None if memory is None else memory <= TARGET_BYTES),
     ]
 

@@ -122,20 +122,23 @@ def composition_scores(
     measures: Measure | tuple[Measure, ...],
     kinds: tuple[str, ...] = COMPOSITION_KINDS,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    allow_gram: bool = True,
 ) -> dict[str, dict[str, Tensor]]:
     """``{measure name: {kind: [..., n_layers, n_heads, n_layers, n_heads]}}`` for every head pair.
 
     Entry ``[l1, h1, l2, h2]`` scores writer ``L{l1}H{h1}`` into reader ``L{l2}H{h2}``; pairs with
     ``l2 <= l1`` are NaN, never scored. The measures are scored on ``circuits`` as given (leading
     dims batched): a caller whitens the circuits first for a whitened basis
-    (:func:`metrics.composition.whitening.whiten`).
+    (:func:`metrics.composition.whitening.whiten`). ``allow_gram``: Frobenius-only calls may take
+    :func:`gram_frobenius` (its sums lose ``eps·κ`` to rounding when the factors' scales spread by κ:
+    a caller with ill-conditioned factors passes False).
     """
     measures = (measures,) if isinstance(measures, Measure) else tuple(measures)
     unknown = set(kinds) - set(COMPOSITION_KINDS)
     if unknown:
         raise ValueError(f"composition kinds must be in {COMPOSITION_KINDS}, got {sorted(unknown)}")
     *lead, L, H, d, r = circuits.qk.left.shape
-    if all(m.score is frobenius_score for m in measures) and uses_gram_products(d, r):
+    if allow_gram and all(m.score is frobenius_score for m in measures) and uses_gram_products(d, r):
         ratio = gram_frobenius(circuits, kinds, max_chunk_bytes).reshape(*lead, len(kinds), L, H, L, H)
         return {m.name: {kind: ratio[..., i, :, :, :, :] for i, kind in enumerate(kinds)} for m in measures}
     writer, readers = head_spectra(circuits)

@@ -15,8 +15,10 @@ def residual_transform(model: AttentionOnlyTransformer, T: Tensor) -> AttentionO
     """``x -> x T`` on the residual stream (``T [d_model, d_model]`` invertible): writers ``W -> W T``
     (``W_E, W_pos, W_O``), readers ``W -> T⁻¹ W`` (``W_Q, W_K, W_V, W_U``).
 
-    Function-preserving for ``normalization: none`` with any invertible T; with LayerNorm or
-    RMSNorm only for orthogonal T (up to a global scale), as seed 001 notes.
+    Function-preserving for ``normalization: none`` with any invertible T. With a norm, only where
+    the norm commutes with T: RMSNorm with unit gains for orthogonal T (up to a global scale, seed
+    001); LayerNorm additionally needs T to fix the all-ones direction it centres along. With
+    non-unit gains a rotation changes the logits (measured: by up to 2.6 under LayerNorm).
     """
     new = copy.deepcopy(model)
     T = T.to(model.W_E.dtype)

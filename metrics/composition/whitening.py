@@ -92,6 +92,12 @@ class Whitening:
     def of(cls, covariance: Tensor) -> Whitening:
         return cls(*symmetric_powers(covariance))
 
+    def condition(self) -> float:
+        """``κ(Σ) = λ_max / λ_min`` of the (regularised) covariance: how much the whitened weights'
+        scales spread, which bounds the rounding error of sums over them."""
+        roots = torch.linalg.eigvalsh(self.half.double())
+        return float((roots.max() / roots.min().clamp_min(torch.finfo(torch.float64).tiny)) ** 2)
+
 
 def whiten(circuits: HeadCircuits, covariance: Tensor | Whitening) -> HeadCircuits:
     """Express every circuit in the whitened basis ``x̃ = x Σ^(-1/2)``.
