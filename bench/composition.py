@@ -494,7 +494,7 @@ def spot_check(model64: AttentionOnlyTransformer, residual64: list[Tensor], ours
 # ---------------------------------------------------------------- FLOPs
 
 
-def engine_flops(shape: Shape, measures: tuple[str, ...], kinds: tuple[str, ...]) -> float | None:
+def engine_flops(shape: Shape, measures: tuple[str, ...], kinds: tuple[str, ...], conditioned: bool = True) -> float | None:
     """fp32 GEMM FLOPs of our work from ``metrics.composition.engine.composition_flops``, None if absent.
     Takes either ``(shape, measures, kinds)`` or ``(n_layers, n_heads, d_model, d_head, measures, n_kinds)``."""
     try:
@@ -504,6 +504,8 @@ def engine_flops(shape: Shape, measures: tuple[str, ...], kinds: tuple[str, ...]
     params = inspect.signature(composition_flops).parameters
     if "n_layers" in params:
         s = shape
+        if "well_conditioned" in params:
+            return float(composition_flops(s.n_layers, s.n_heads, s.d_model, s.d_head, measures, len(kinds), well_conditioned=conditioned))
         return float(composition_flops(s.n_layers, s.n_heads, s.d_model, s.d_head, measures, len(kinds)))
     return float(composition_flops(shape.transformer_shape(), measures, kinds))
 
@@ -595,8 +597,20 @@ def measure_shape(shape: Shape, repeats: int = 3, threads: int | None = None, me
     del tl
     result["memory"] = {side: _memory(side, shape, threads) for side in ("ours", "tl")} if memory else None
     result |= agreement(shape, model)
-    result["flops"] = engine_flops(shape, MEASURES, KINDS)
+    result["flops"] = engine_flops(shape, MEASURES, KINDS, well_conditioned(model, residual))
     return result
+
+
+def well_conditioned(model: AttentionOnlyTransformer, residual: list[Tensor]) -> bool:
+    """Whether every whitened basis of ``model`` is conditioned well enough for the engine's Gram path
+    (``metrics.composition.scores.GRAM_ROUNDING``), as ``composition_of`` decides; True if unknown."""
+    try:
+        from metrics.composition.scores import GRAM_ROUNDING, basis_whitening
+    except ImportError:
+        return True
+    bases = {COMPOSITION_MEASURES[m].basis for m in MEASURES} - {"raw"}
+    eps = torch.finfo(model.W_E.dtype).eps
+    return all(basis_whitening(model, b, residual, None).condition() * eps <= GRAM_ROUNDING for b in bases)
 
 
 def _memory(side: str, shape: Shape, threads: int | None) -> dict:

@@ -159,5 +159,10 @@ def test_flop_count_is_the_pair_gemms():
     # a whitened basis adds its own pair products and the whitening of 4 weights per head
     both = composition_flops(2, 2, 64, 16, ["frobenius", "whitened"])
     assert both == 2 * grams + 2 * 64 * 64 * 16 * 4 * 4
+    # stacked with a measure that needs the cosines, both bases go through the cosines
+    mixed = composition_flops(2, 2, 64, 16, ["sv_bound", "whitened"])
+    assert mixed == 2 * composition_flops(2, 2, 64, 16, ["sv_bound"]) + 2 * 64 * 64 * 16 * 4 * 4
+    # an ill-conditioned whitened basis goes through the cosines; the raw one keeps the Grams
+    assert composition_flops(2, 2, 64, 16, ["whitened"], well_conditioned=False) == mixed - composition_flops(2, 2, 64, 16, ["sv_bound"])
     # where d_model >= d_head², cosines are cheaper and Frobenius goes through them too
     assert composition_flops(2, 2, 64, 8, ["frobenius"]) == 2 * (2 * 8) * 64 * (3 * 2 * 8)

@@ -243,12 +243,15 @@ def layer_order_pairs(n_layers: int, n_heads: int) -> tuple[Tensor, Tensor]:
     return writers, readers
 
 
-def composition_flops(n_layers: int, n_heads: int, d_model: int, d_head: int, measures, kinds: int = 3) -> float:
-    """fp32 GEMM FLOPs of :func:`composition_scores` for ``measures`` (names or :class:`Measure`), per
-    residual basis: the pair products (cosines: one GEMM per reader layer; a Frobenius-only basis
-    scored through Grams: the writers' and readers' Gram blocks, then their products) plus,
-    per whitened basis, the whitening of every head's four weights. QRs, ``d_head``-sized SVDs and
-    factorisations and elementwise work are not counted."""
+def composition_flops(n_layers: int, n_heads: int, d_model: int, d_head: int, measures, kinds: int = 3,
+                      well_conditioned: bool = True, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES, itemsize: int = 4) -> float:
+    """fp32 GEMM FLOPs of :func:`metrics.composition.scores.composition_of` for ``measures`` (names or
+    :class:`Measure`), following its choices: the residual bases are scored together on small models
+    and one at a time on large ones (``basis_groups``), and a group whose measures are all Frobenius
+    ratios takes the Gram path where it is cheaper (its whitened bases only when
+    ``well_conditioned``). Per basis: the pair products (cosines: one GEMM per reader layer; Grams: the
+    writers' and readers' Gram blocks, then their products) plus, for a whitened basis, the whitening
+    of every head's four weights. QRs, ``d_head``-sized factorisations and elementwise work are not counted."""
     from metrics.composition.measures import COMPOSITION_MEASURES
 
     by_basis: dict[str, list[Measure]] = {}
@@ -261,8 +264,12 @@ def composition_flops(n_layers: int, n_heads: int, d_model: int, d_head: int, me
     gram_entries = sum((rows.stop - rows.start) * (cols.stop - cols.start) for rows, cols in gram_blocks(d_model))
     grams = 2.0 * gram_entries * d_head * (1 + kinds) * (n - n_heads) + 2.0 * gram_entries * kinds * n_heads * n_heads * layer_pairs
     whitening = 2.0 * d_model * d_model * d_head * 4 * n
+    per_basis_bytes = 12 * n * d_model * d_head * itemsize  # as metrics.composition.scores.basis_groups counts
+    stacked = len(by_basis) * per_basis_bytes <= max_chunk_bytes // 4
+    groups = [list(by_basis)] if stacked else [[b] for b in by_basis]
     total = 0.0
-    for basis, group in by_basis.items():
-        gram_path = all(m.score is frobenius_score for m in group) and uses_gram_products(d_model, d_head)
-        total += (grams if gram_path else cosines) + (whitening if basis != "raw" else 0.0)
+    for group in groups:
+        gram_path = (all(m.score is frobenius_score for b in group for m in by_basis[b]) and uses_gram_products(d_model, d_head)
+                     and (well_conditioned or group == ["raw"]))
+        total += len(group) * (grams if gram_path else cosines) + sum(b != "raw" for b in group) * whitening
     return total
