@@ -6,7 +6,7 @@ Axioms 1-3 on constructed writer/reader matrices in ``d_model = 12`` with rank 3
 3. smooth and monotone as A's write subspace rotates from aligned (θ = 0) to orthogonal (θ = π/2).
 
 Axiom 4 on a model: each function-preserving reparametrisation (residual rotation, residual GL,
-head-internal GL of OV and of QK) must leave the logits unchanged (checked first, in float64);
+head-internal GL of OV and of QK, a shift of the embeddings between tokens and positions) must leave the logits unchanged (checked first, in float64);
 then each measure is reported invariant or not, by the largest change of any pair's score.
 
 On constructed matrices the whitened ratios (``token_space`` too) are Frobenius in an isotropic basis
@@ -26,7 +26,7 @@ from torch import Tensor
 from metrics.heads.circuit_scores import matching_scores
 from metrics.composition.circuits import LowRank, head_circuits
 from metrics.composition.measures import COMPOSITION_MEASURES, Measure
-from metrics.composition.reparametrize import query_key_transform, residual_transform, value_output_transform
+from metrics.composition.reparametrize import embedding_shift, query_key_transform, residual_transform, value_output_transform
 from metrics.composition.scores import composition_of
 from metrics.heads.circuit_scores import MATCHING
 from models.transformer import AttentionOnlyTransformer
@@ -105,6 +105,7 @@ def reparametrisations(model: AttentionOnlyTransformer, seed: int = 0) -> dict[s
         "residual GL": residual_transform(model, general),
         "head GL (V, O)": value_output_transform(model, per_head()),
         "head GL (Q, K)": query_key_transform(model, per_head()),
+        "embedding shift": embedding_shift(model, 2 * gaussian(s.d_model) * model.W_E.detach().std()),
     }
 
 

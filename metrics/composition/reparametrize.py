@@ -56,3 +56,16 @@ def query_key_transform(model: AttentionOnlyTransformer, A: Tensor) -> Attention
     """Head-internal GL(d_head) of the QK circuit: ``W_Q -> W_Q A``, ``W_K -> W_K A⁻ᵀ`` per head.
     ``W_QK = W_Q W_Kᵀ`` is unchanged, and so is the model's function."""
     return _per_head_transform(model, A, "W_Q", "W_K", lambda a, w: w @ torch.linalg.inv(a).mT)
+
+
+def embedding_shift(model: AttentionOnlyTransformer, v: Tensor) -> AttentionOnlyTransformer:
+    """``W_E -> W_E + v``, ``W_pos -> W_pos - v`` (``v [d_model]``, every row): the residual stream
+    ``W_E[t] + W_pos[p]`` is unchanged, so is the model's function, under any normalization. What moves
+    is how the stream splits between tokens and positions: a score built on ``W_E`` alone (token
+    space) sees it, one built on the stream's covariance does not."""
+    new = copy.deepcopy(model)
+    v = v.to(model.W_E.dtype)
+    with torch.no_grad():
+        new.W_E.copy_(model.W_E + v)
+        new.W_pos.copy_(model.W_pos - v)
+    return new
