@@ -610,7 +610,7 @@ def well_conditioned(model: AttentionOnlyTransformer, residual: list[Tensor]) ->
         return True
     bases = {COMPOSITION_MEASURES[m].basis for m in MEASURES} - {"raw"}
     eps = torch.finfo(model.W_E.dtype).eps
-    return all(basis_whitening(model, b, residual, None).condition() * eps <= GRAM_ROUNDING for b in bases)
+    return all(basis_whitening(model, b, residual, None).condition * eps <= GRAM_ROUNDING for b in bases)
 
 
 def _memory(side: str, shape: Shape, threads: int | None) -> dict:

@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from metrics.composition.circuits import HeadCircuits, LowRank, head_circuits
-from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_scores
-from metrics.composition.measures import COMPOSITION_MEASURES
+from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_scores, uses_gram_products
+from metrics.composition.measures import COMPOSITION_MEASURES, frobenius_score
 from metrics.composition.whitening import Whitening, embedding_covariance, residual_covariance, token_gram, whiten
 from models.transformer import AttentionOnlyTransformer
 
@@ -75,10 +75,11 @@ def composition_of(
             ov=LowRank(*(torch.stack([getattr(bases[b].ov, side) for b in group]) for side in ("left", "right"))),
         )
         names = tuple(m for b in group for m in by_basis[b])
+        measures_ = tuple(COMPOSITION_MEASURES[m] for m in names)
         # the Gram path sums products of whitened weights: accurate while the basis is well conditioned
-        well_conditioned = all(b == "raw" or whitenings[b].condition() * torch.finfo(dtype).eps <= GRAM_ROUNDING for b in group)
-        by_measure = composition_scores(stacked, tuple(COMPOSITION_MEASURES[m] for m in names), max_chunk_bytes=max_chunk_bytes,
-                                        allow_gram=well_conditioned)
+        gram_path = all(m.score is frobenius_score for m in measures_) and uses_gram_products(*circuits.qk.left.shape[-2:])
+        well_conditioned = gram_path and all(b == "raw" or whitenings[b].condition * torch.finfo(dtype).eps <= GRAM_ROUNDING for b in group)
+        by_measure = composition_scores(stacked, measures_, max_chunk_bytes=max_chunk_bytes, allow_gram=well_conditioned)
         for m in names:
             index = group.index(COMPOSITION_MEASURES[m].basis)
             scores[m] = {kind: values[index] for kind, values in by_measure[m].items()}

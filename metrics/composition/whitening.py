@@ -23,6 +23,7 @@ stream, so the whitened ratio there is one more basis choice, not a fix of a sym
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +93,7 @@ class Whitening:
     def of(cls, covariance: Tensor) -> Whitening:
         return cls(*symmetric_powers(covariance))
 
+    @functools.cached_property
     def condition(self) -> float:
         """``κ(Σ) = λ_max / λ_min`` of the (regularised) covariance: how much the whitened weights'
         scales spread, which bounds the rounding error of sums over them."""
