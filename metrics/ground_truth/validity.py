@@ -72,11 +72,15 @@ def agreement(scores: Tensor, effects: Tensor) -> Agreement:
     the pair-level fields do not depend on them.
     """
     valid = ~(scores.isnan() | effects.isnan())
-    s, e = scores[valid], effects[valid]
+    levels = {level: head_agreement(scores, effects, level) for level in LEVELS} if scores.dim() % 2 == 0 else {}
+    return ranked_agreement(scores[valid], effects[valid], **levels)
+
+
+def ranked_agreement(s: Tensor, e: Tensor, **levels: Agreement) -> Agreement:
+    """:class:`Agreement` of scores ``s [n]`` with effects ``e [n]`` (no NaN): the truth is ``e``'s largest."""
     if len(s) == 0:
         raise ValueError("no scored pair: the model needs at least two layers")
     truth = int(e.argmax())
-    levels = {level: head_agreement(scores, effects, level) for level in LEVELS} if scores.dim() % 2 == 0 else {}
     return Agreement(rank_of_truth=1 + int((s > s[truth]).sum()), spearman=spearman(s, e), **levels)
 
 
@@ -115,11 +119,7 @@ def head_agreement(scores: Tensor, effects: Tensor, level: str) -> Agreement:
     where the summed ablation does the opposite). The ground-truth head is the one with the largest
     total effect; ``rank_of_truth`` is 1 + the number of heads whose total score is strictly higher.
     """
-    s, e = head_totals(scores, effects, level)
-    if len(s) == 0:
-        raise ValueError("no scored pair: the model needs at least two layers")
-    truth = int(e.argmax())
-    return Agreement(rank_of_truth=1 + int((s > s[truth]).sum()), spearman=spearman(s, e))
+    return ranked_agreement(*head_totals(scores, effects, level))
 
 
 def first_step_ranked_first_for_good(steps: Tensor, ranks: Tensor) -> float | None:
