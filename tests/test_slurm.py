@@ -28,6 +28,9 @@ def slurm_is_up() -> bool:
     return result.returncode == 0 and any(state in result.stdout for state in ("idle", "mix", "alloc"))
 
 
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -64,12 +67,17 @@ exec {sys.executable} {REPO / 'train.py'} trainer.max_steps=120 tracker.enabled=
         wait_for(lambda: log.is_file() and "step 15/" in log.read_text(), 180, "the job to reach step 15")
         subprocess.run(["scancel", "-b", "--signal=USR1", job], check=True)  # what --signal=USR1@T sends before the time limit
         wait_for(lambda: job_field(job, "Restarts") == "1", 120, "SLURM to requeue the job")
-        # a requeued job waits two minutes before it may start again; let it start now
+        # A requeued job waits two minutes before it may start again; let it start sooner, but not
+        # within the second of the requeue: slurmd revokes the first launch's credential with a
+        # one-second timestamp and refuses (the job then FAILS) a relaunch whose credential is as old.
+        time.sleep(2.0)
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
-        wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 300, "the requeued job to complete")
+        state = wait_for(lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"), 300,
+                         "the requeued job to finish")
     finally:
         subprocess.run(["scancel", job], capture_output=True)
     printed = log.read_text()
+    assert state == "COMPLETED", f"the requeued job ended {state} ({job_field(job, 'Reason')}):\n{printed[-3000:]}"
     assert job_field(job, "Restarts") == "1", printed[-3000:]
     assert "stopped by SIGUSR1 at step" in printed and f"SLURM job {job} requeued" in printed
     (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/checkpoints")]  # one run directory, continued
