@@ -123,7 +123,7 @@ def take_snapshot(
     try:
         tokens = probe.tokens.to(model.W_E.device)
         with timer.part("probe"):
-            logits, cache = model.run_with_cache(tokens)
+            logits, cache = model.run_with_cache(tokens, head_out=empirical or ablate)  # the heads' writes only for those
         ablation = method = None
         if ablate and shape.n_layers > 1:
             with timer.part("ablation"):

@@ -155,21 +155,24 @@ class AttentionOnlyTransformer(nn.Module):
             x = layer(x)
         return self.unembed(x)
 
-    def run_with_cache(self, tokens: Tensor) -> tuple[Tensor, dict[str, list[Tensor]]]:
+    def run_with_cache(self, tokens: Tensor, head_out: bool = True) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Logits plus what the metrics read, computed with explicit attention patterns.
 
         Returns ``(logits [b, t, d_vocab], cache)`` where ``cache["resid_pre"][l]`` is layer l's
-        input ``[b, t, d_model]``, ``cache["pattern"][l]`` its attention ``[b, h, t, t]`` and
-        ``cache["head_out"][l]`` each head's write ``[b, h, t, d_model]``.
+        input ``[b, t, d_model]``, ``cache["pattern"][l]`` its attention ``[b, h, t, t]`` and, with
+        ``head_out``, ``cache["head_out"][l]`` each head's write ``[b, h, t, d_model]``. The stream
+        itself adds the heads' writes as one GEMM over ``(head, d_head)``: without ``head_out`` the
+        pass costs about a forward pass, with it (``h`` times the write's memory) up to twice that.
         """
-        cache: dict[str, list[Tensor]] = {"resid_pre": [], "pattern": [], "head_out": []}
+        cache: dict[str, list[Tensor]] = {"resid_pre": [], "pattern": [], **({"head_out": []} if head_out else {})}
         x = self.embed(tokens)
         for layer in self.layers:
             q, k, v = layer.qkv(x)  # (b, h, t, e) each
             pattern = causal_pattern(q, k)  # (b, h, t, t)
-            head_out = (pattern @ v) @ layer.W_O[None]  # (b, h, t, d_model)
+            z = pattern @ v  # (b, h, t, e)
             cache["resid_pre"].append(x)
             cache["pattern"].append(pattern)
-            cache["head_out"].append(head_out)
-            x = x + head_out.sum(dim=1)
+            if head_out:
+                cache["head_out"].append(z @ layer.W_O[None])  # (b, h, t, d_model)
+            x = x + einsum(z, layer.W_O, "b h t e, h e d -> b t d")
         return self.unembed(x), cache

@@ -22,6 +22,21 @@ def test_sdpa_path_equals_explicit_patterns(normalization):
     assert pattern.triu(1).abs().max() == 0  # causal
 
 
+@pytest.mark.parametrize("normalization", ["none", "layernorm"])
+def test_the_probe_pass_without_head_writes_reads_the_same_stream(normalization):
+    """``head_out=False`` (the tracker's cheap snapshots) skips the per-head writes only: logits,
+    streams and patterns are bitwise those of the full pass, and the writes sum to each layer's update."""
+    model = random_model(normalization).double()
+    tokens = torch.randint(0, 11, (3, 17))
+    logits, cache = model.run_with_cache(tokens)
+    lean_logits, lean = model.run_with_cache(tokens, head_out=False)
+    assert "head_out" not in lean and torch.equal(logits, lean_logits)
+    for key in ("resid_pre", "pattern"):
+        assert all(torch.equal(a, b) for a, b in zip(cache[key], lean[key]))
+    for l in range(len(model.layers) - 1):
+        torch.testing.assert_close(cache["resid_pre"][l] + cache["head_out"][l].sum(1), cache["resid_pre"][l + 1], rtol=1e-12, atol=1e-12)
+
+
 def test_weight_layout_is_transformerlens():
     shape = TransformerShape(n_layers=2, n_heads=3, d_model=20, d_head=4, n_ctx=8, d_vocab=13)
     model = AttentionOnlyTransformer(shape)
