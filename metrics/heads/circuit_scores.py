@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from metrics.composition.circuits import HeadCircuits, fold_norm, weight
+from metrics.parallel import over_threads
 from models.transformer import AttentionOnlyTransformer
 
 MATCHING = "match"
@@ -20,7 +21,7 @@ MATCHING = "match"
 
 def eigenvalue_positivity(matrices: Tensor) -> Tensor:
     """``Σ Re λ / Σ |λ|`` of each ``[..., r, r]`` matrix -> ``[...]``."""
-    eigenvalues = torch.linalg.eigvals(matrices)
+    eigenvalues = over_threads(torch.linalg.eigvals, matrices)
     return eigenvalues.real.sum(-1) / eigenvalues.abs().sum(-1)
 
 
