@@ -5,8 +5,8 @@ matrix after another on a single thread, whatever ``torch.get_num_threads()`` sa
 32 × 32 took 35 ms with one torch thread and with two, 384 eigenvalue problems of 32 × 32 57 and
 50 ms (measured on this project's 2-core machine). Torch releases the GIL inside an operator, so
 the batch cut into one slice per thread and decomposed on a small thread pool runs those loops side
-by side, each on one LAPACK thread: 17 and 24-31 ms there. Every matrix still goes through the same LAPACK routine on its own, so
-the result is bitwise the unsplit call's.
+by side, each on one LAPACK thread: 17 and 24-31 ms there. Every matrix still goes through the
+same LAPACK routine on its own, so the result is bitwise the unsplit call's.
 
 Used by the snapshot's SVDs (:mod:`metrics.composition.engine`) and eigenvalue scores
 (:mod:`metrics.heads.circuit_scores`), where paper-scale models decompose thousands of
@@ -15,7 +15,7 @@ Used by the snapshot's SVDs (:mod:`metrics.composition.engine`) and eigenvalue s
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable
 
 import torch
@@ -23,16 +23,13 @@ from torch import Tensor
 
 MIN_MATRICES_PER_THREAD = 32  # below this, waking a thread costs about what it saves
 
-_pool: ThreadPoolExecutor | None = None
+_pools: dict[int, ThreadPoolExecutor] = {}  # by number of workers, started on first use
 
 
 def _thread_pool(workers: int) -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None or _pool._max_workers != workers:
-        if _pool is not None:
-            _pool.shutdown(wait=True)
-        _pool = ThreadPoolExecutor(workers, thread_name_prefix="linalg")
-    return _pool
+    if workers not in _pools:
+        _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="linalg")
+    return _pools[workers]
 
 
 def over_threads(decompose: Callable[[Tensor], Tensor | tuple[Tensor, ...]], matrices: Tensor) -> Tensor | tuple[Tensor, ...]:
@@ -56,10 +53,13 @@ def over_threads(decompose: Callable[[Tensor], Tensor | tuple[Tensor, ...]], mat
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
             return decompose(part)
 
+    pool = _thread_pool(threads)
+    futures = [pool.submit(run, part) for part in matrices.reshape(count, m, n).chunk(threads)]
     try:
-        parts = list(_thread_pool(threads).map(run, matrices.reshape(count, m, n).chunk(threads)))
+        wait(futures)  # every slice, failed or not, before the count is given back: none may set it after
     finally:
         torch.set_num_threads(threads_before)  # the setting is process-wide: give the caller its own back
+    parts = [future.result() for future in futures]  # re-raises a slice's error (e.g. LinAlgError) here
     if isinstance(parts[0], Tensor):
         return torch.cat(parts).reshape(*lead, *parts[0].shape[1:])
     return tuple(torch.cat(outputs).reshape(*lead, *outputs[0].shape[1:]) for outputs in zip(*parts))
