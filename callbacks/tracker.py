@@ -226,9 +226,9 @@ class CompositionTracker(L.Callback):
         print(self.cost_lines(step_seconds))
         self._reported = True
 
-    def amortised_seconds_per_step(self) -> dict[str, float]:
-        """Each part's cost per training step: its last measured seconds over its period."""
-        s, last = self.schedule, self.ledger.last
+    def amortised_seconds_per_step(self, seconds: dict[str, float] | None = None) -> dict[str, float]:
+        """Each part's cost per training step: its seconds per run (default: the last run's) over its period."""
+        s, last = self.schedule, self.ledger.last if seconds is None else seconds
         base = sum(last.get(p, 0.0) for p in ("probe", "head scores", "composition", "logging"))
         per_step = {"snapshot": base / s.every_n_steps}
         for part, every in (("ablation", s.ablation), ("validity", s.ablation), ("empirical copying", s.copying),

@@ -1,0 +1,25 @@
+"""``python -m bench.throughput``: the documented overhead benchmark runs, and its steady-state line
+charges each part at its own period."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.throughput import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_benchmark_runs_and_its_steady_state_charges_each_part_at_its_period(tmp_path, capsys):
+    out = tmp_path / "results.json"
+    results = main(["--steps", "20", "--repeats", "1", "--out", str(out), "tracker.copying.every_n_steps=20"])
+    printed = capsys.readouterr().out
+    assert "tracker overhead" in printed and "steady state" in printed
+    assert json.loads(out.read_text())["tracker_overhead_steady_state"] == pytest.approx(results["tracker_overhead_steady_state"])
+    ms = results["tracker_part_ms"]
+    per_10_steps = ms["probe"] + ms["head scores"] + ms["composition"] + ms["logging"] + ms["matching"]  # every 10 steps
+    per_step = per_10_steps / 10 + (ms["ablation"] + ms["validity"]) / 100 + ms["empirical copying"] / 20
+    step_ms = 1000 * results["median_seconds"]["lightning"] / 20
+    assert results["tracker_overhead_steady_state"] == pytest.approx(per_step / step_ms, rel=1e-9)
