@@ -177,14 +177,14 @@ def main(argv: list[str] | None = None) -> dict:
     for name in SETUPS:  # untimed: first-call costs are no part of steady throughput
         run_setup(name, cfg, WARMUP_ROUND_STEPS)
     seconds: dict[str, list[float]] = {name: [] for name in SETUPS}
-    ledgers, trackers = [], []
+    trackers = []
     for _ in range(args.repeats):
         for name in SETUPS:
             elapsed, tracker = run_setup(name, cfg, args.steps)
             seconds[name].append(elapsed)
             if tracker is not None:
-                ledgers.append(tracker.ledger)
                 trackers.append(tracker)
+    ledgers = [tracker.ledger for tracker in trackers]
 
     median_s = {name: statistics.median(s) for name, s in seconds.items()}
     tokens_per_s = {name: args.steps * tokens_per_step / s for name, s in median_s.items()}
