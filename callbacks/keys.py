@@ -111,11 +111,14 @@ def pair_key_count(n_pairs: int, n_measures: int) -> int:
     return n_pairs * (6 * n_measures + 3)
 
 
-def snapshot_metrics(snap: Snapshot, max_pair_keys: int = 300, top_pairs: int = 3, max_head_keys: int = 32) -> dict[str, float]:
+def snapshot_metrics(snap: Snapshot, max_pair_keys: int = 300, top_pairs: int = 3, max_head_keys: int = 32,
+                     n_measures: int | None = None) -> dict[str, float]:
     """Every key of ``snap`` (see the module docstring): one key per pair while those keys number at
     most ``max_pair_keys`` (:func:`pair_key_count`), else per-family max/mean, the ``top_pairs`` best pairs and the
     circuit pair. Per-head keys while the model has at most ``max_head_keys`` heads. Masked (NaN)
-    pairs are never emitted; ``None`` parts of the snapshot emit nothing."""
+    pairs are never emitted; ``None`` parts of the snapshot emit nothing. ``n_measures``: the measures
+    a run tracks (default: those in ``snap``), so that a snapshot scoring only some of them (the
+    whitened ones have their own schedule) keeps the run's mode, per pair or summary."""
     metrics: dict[str, float] = {}
     for key, value in (("loss/first_occurrence", snap.first_occurrence_loss), ("loss/repeated", snap.repeated_loss),
                        ("loss/icl_score", snap.icl_score)):
@@ -127,7 +130,8 @@ def snapshot_metrics(snap: Snapshot, max_pair_keys: int = 300, top_pairs: int = 
             metrics.update(head_metrics(f"heads/{key}", _numpy(scores), max_head_keys))
     shape = _pair_shape(snap)
     if shape is not None:
-        per_pair = pair_key_count(scored_pair_count(*shape), len(snap.composition)) <= max_pair_keys
+        n_measures = len(snap.composition) if n_measures is None else n_measures
+        per_pair = pair_key_count(scored_pair_count(*shape), n_measures) <= max_pair_keys
         families = PairFamilies(per_pair, top_pairs, snap.circuit)
         metrics.update(composition_metrics(snap, families))
         if snap.matching is not None:

@@ -182,7 +182,8 @@ def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     probe = make_probe_batch(tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(cfg.data.bos), cfg.data.bos)
     schedule = Schedule(
         every_n_steps=tr.every_n_steps, ablation=tr.ablation.every_n_steps, copying=tr.copying.every_n_steps,
-        matching=tr.matching.every_n_steps, images=tr.images.every_n_steps, whitening=tr.whitening.every_n_steps,
+        matching=tr.matching.every_n_steps, images=tr.images.every_n_steps, whitened=tr.whitened.every_n_steps,
+        whitening=tr.whitening.every_n_steps,
     )
     return CompositionTracker(
         probe, schedule, measures=tuple(tr.measures), baseline_samples=tr.baseline_samples,

@@ -145,9 +145,10 @@ class TrackerConfig:
         default_factory=lambda: ["frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share"]
     )
     ablation: AblationConfig = field(default_factory=AblationConfig)
-    copying: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # empirical copying scores
-    matching: PartSchedule = field(default_factory=lambda: PartSchedule(10))  # QK matching scores (and at every ablation)
+    copying: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # empirical copying scores
+    matching: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # QK matching scores (and at every ablation)
     images: PartSchedule = field(default_factory=lambda: PartSchedule(250))  # heatmaps (W&B only)
+    whitened: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # the measures in a whitened basis (and at every ablation); 0: every snapshot
     whitening: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # the whitened bases (covariances, Σ^±½), reused between
     max_pair_keys: int = 300  # per-pair W&B/CSV keys while they number at most this (6 M + 3 per pair); summaries beyond
     top_pairs: int = 3  # pairs logged per measure beyond max_pair_keys

@@ -161,8 +161,13 @@ TRACKER_PARTS = {
     "copying": "copying is scored",
     "matching": "matching is scored",
     "images": "images are drawn",
+    "whitened": "the measures in a whitened basis are scored",
     "whitening": "the whitened bases are refreshed",
 }
+"""Each expensive part of the tracker and what happens at its steps; every_n_steps=0 turns it off,
+except ``whitened`` and ``whitening``, where 0 means at every snapshot."""
+
+EVERY_SNAPSHOT_AT_ZERO = ("whitened", "whitening")
 
 
 def tracker_problems(cfg: DictConfig) -> list[str]:
@@ -174,7 +179,8 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
     for part, what in TRACKER_PARTS.items():
         every = tr[part].every_n_steps
         if every < 0:
-            problems.append(f"tracker.{part}.every_n_steps={every} must be >= 0 (0 disables)")
+            zero = "at every snapshot" if part in EVERY_SNAPSHOT_AT_ZERO else "disables"
+            problems.append(f"tracker.{part}.every_n_steps={every} must be >= 0 (0 {zero})")
         elif every and tr.every_n_steps >= 1 and every % tr.every_n_steps:
             problems.append(
                 f"tracker.{part}.every_n_steps={every} must be a multiple of"

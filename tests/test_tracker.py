@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 
 import lightning as L
+import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from callbacks.figure import read_series
-from callbacks.tracker import CompositionTracker, Schedule
+from callbacks.tracker import WITH_WHITENED, CompositionTracker, Schedule
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
@@ -95,6 +96,37 @@ def test_ablation_and_validity_are_logged_at_every_ablation_step(tmp_path):
     assert "ablation/loss_change/L1H0->L0H0" not in series  # masked pairs never logged
     ranks = series["validity/pattern_change/frobenius/rank_of_truth"][1]
     assert set(ranks.tolist()) <= {1.0, 2.0, 3.0, 4.0}  # 4 pairs
+
+
+def test_whitened_measures_run_on_their_own_schedule(tmp_path):
+    """The measures in a whitened basis are scored at their own steps, at every ablation step (the
+    ground truth judges every measure) and at the last step; the raw-basis ones at every snapshot.
+    The ledger books the two kinds of composition apart, and the cost model charges the whitened
+    measures' extra seconds at their own period."""
+    L.seed_everything(0, verbose=False)
+    schedule = Schedule(every_n_steps=5, ablation=15, copying=0, matching=0, images=0, whitened=10, whitening=10)
+    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100,
+                                 measures=("frobenius", "whitened", "whitened_resid"), cost_report=False,
+                                 max_pair_keys=50)  # 4 pairs: 36 keys for frobenius alone, 84 for all three
+    trainer = L.Trainer(max_steps=27, accelerator="cpu", logger=CSVLogger(tmp_path, name="csv", version=""), callbacks=[tracker],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=5)
+    trainer.fit(InductionLM(SHAPE, lr=3e-3), datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    trainer.loggers[0].save()
+    series = read_series(tmp_path / "csv" / "metrics.csv")
+    assert series["comp/K/frobenius/max"][0].tolist() == [0, 5, 10, 15, 20, 25, 27]
+    for measure in ("whitened", "whitened_resid"):
+        assert series[f"comp/K/{measure}/max"][0].tolist() == [0, 10, 15, 20, 27], measure
+        assert series[f"validity/loss_change/{measure}/rank_of_truth"][0].tolist() == [0, 15, 27], measure
+    # the run's three measures decide the mode at every step, also where frobenius alone would fit per pair
+    assert not any("->" in key for key in series if key.startswith("comp/"))
+    ledger = tracker.ledger
+    assert ledger.runs["composition"] == 2 and ledger.runs[WITH_WHITENED] == 5  # steps 5, 25; 0, 10, 15, 20, 27
+    seconds = {"probe": 0.004, "head scores": 0.001, "logging": 0.001, "composition": 0.002, WITH_WHITENED: 0.007}
+    per_step = tracker.amortised_seconds_per_step(seconds)
+    assert per_step["snapshot"] == pytest.approx(0.008 / 5) and per_step["whitened measures"] == pytest.approx(0.005 / 10)
+    tracker.schedule.whitened = 0  # at every snapshot: the whole composition is charged to each one
+    assert tracker.amortised_seconds_per_step(seconds)["snapshot"] == pytest.approx(0.013 / 5)
+    assert "whitened measures" not in tracker.amortised_seconds_per_step(seconds)
 
 
 def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):

@@ -54,6 +54,8 @@ def composition_of(
     unknown = set(measures) - set(COMPOSITION_MEASURES)
     if unknown:
         raise ValueError(f"unknown composition measures {sorted(unknown)}; known: {sorted(COMPOSITION_MEASURES)}")
+    if not measures:
+        return {}
     circuits = head_circuits(model, dtype) if circuits is None else circuits
     dtype = circuits.qk.left.dtype
     by_basis: dict[str, list[str]] = {}
