@@ -15,7 +15,7 @@ import torch
 from callbacks.keys import validity_metrics
 from callbacks.validity import COLUMNS, format_table, validity_rows
 from metrics.dynamics.phase_change import PhaseChange
-from metrics.ground_truth.validity import (Agreement, agreement, average_ranks, first_step_ranked_first_for_good,
+from metrics.ground_truth.validity import (Agreement, agreement, agreements, average_ranks, first_step_ranked_first_for_good,
                                            head_agreement, head_totals, spearman)
 
 NAN = float("nan")
@@ -263,3 +263,25 @@ def test_validity_table_has_writer_and_reader_columns():
     assert frobenius_line.split() == ["frobenius", "100", "1", "+1.00", "+1.00", "never", "2", "-", "-"]
     assert match_line.split() == ["match"] + ["-"] * 8
     assert legend.startswith("(W): writers")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_agreements_equal_one_by_one(seed):
+    """``agreements`` (batched over the measures, as a snapshot judges them) equals ``agreement``
+    called per measure, ties and masked pairs included; a scorer with its own NaN mask falls back."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (3, 2, 3, 2)
+    later = torch.zeros(shape, dtype=torch.bool)
+    for l1 in range(3):
+        later[l1, :, l1 + 1:, :] = True
+    masked = lambda t: t.masked_fill(~later, math.nan)
+    effects = masked(torch.randn(shape, generator=generator, dtype=torch.float64))
+    scorers = {f"m{i}": masked(torch.randn(shape, generator=generator, dtype=torch.float64)) for i in range(4)}
+    scorers["ties"] = masked(torch.randint(0, 3, shape, generator=generator).double())
+    scorers["truth"] = effects.clone()
+    got = agreements(scorers, effects)
+    assert got == {name: agreement(scores, effects) for name, scores in scorers.items()}
+    assert got["truth"].rank_of_truth == 1 and got["truth"].spearman == pytest.approx(1.0)
+    scorers["own mask"] = scorers["m0"].clone()
+    scorers["own mask"][0, 0, 1, 0] = math.nan
+    assert agreements(scorers, effects) == {name: agreement(scores, effects) for name, scores in scorers.items()}

@@ -46,21 +46,27 @@ class Agreement:
 
 
 def average_ranks(values: Tensor) -> Tensor:
-    """Ranks ``1..n`` of ``values [n]`` (ascending), ties given their average rank, float64.
+    """Ranks ``1..n`` of ``values [..., n]`` (ascending, along the last axis), ties given their
+    average rank, float64.
 
     Rank of v = (number of values below v) + (number equal to v, itself included, + 1) / 2.
     """
-    below = (values[None, :] < values[:, None]).sum(1)
-    equal = (values[None, :] == values[:, None]).sum(1)
+    below = (values[..., None, :] < values[..., :, None]).sum(-1)
+    equal = (values[..., None, :] == values[..., :, None]).sum(-1)
     return below.double() + (equal.double() + 1) / 2
 
 
 def spearman(x: Tensor, y: Tensor) -> float:
     """Spearman's rank correlation of two ``[n]`` series: Pearson's r of their average ranks."""
+    return float(spearmans(x[None], y)[0])
+
+
+def spearmans(x: Tensor, y: Tensor) -> Tensor:
+    """:func:`spearman` of each row of ``x [m, n]`` with ``y [n]`` -> ``[m]`` float64 (NaN where a side is constant)."""
     rx, ry = average_ranks(x.double()), average_ranks(y.double())
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denominator = (rx.square().sum() * ry.square().sum()).sqrt()
-    return float("nan") if denominator == 0 else float((rx * ry).sum() / denominator)
+    rx, ry = rx - rx.mean(-1, keepdim=True), ry - ry.mean()
+    denominator = (rx.square().sum(-1) * ry.square().sum()).sqrt()
+    return torch.where(denominator == 0, math.nan, (rx * ry).sum(-1) / denominator)
 
 
 def agreement(scores: Tensor, effects: Tensor) -> Agreement:
@@ -74,6 +80,31 @@ def agreement(scores: Tensor, effects: Tensor) -> Agreement:
     valid = ~(scores.isnan() | effects.isnan())
     levels = {level: head_agreement(scores, effects, level) for level in LEVELS} if scores.dim() % 2 == 0 else {}
     return ranked_agreement(scores[valid], effects[valid], **levels)
+
+
+def agreements(scorers: dict[str, Tensor], effects: Tensor) -> dict[str, Agreement]:
+    """:func:`agreement` of every scorer with the same ``effects``, batched over the scorers: one
+    snapshot judges ~10 measures against each effect, and on small models the per-call cost of the
+    ranking ops, not their arithmetic, is what it pays. Scorers whose NaN masks differ from the
+    first's are judged one by one (the same result)."""
+    names = list(scorers)
+    if not names:
+        return {}
+    stack = torch.stack([scorers[name] for name in names])  # (m, *shape)
+    valid = ~(stack.isnan() | effects.isnan())
+    if effects.dim() % 2 or not bool((valid == valid[0]).all()) or not bool(valid[0].any()):
+        return {name: agreement(scorers[name], effects) for name in names}
+    pair = ranked_agreements(stack[:, valid[0]], effects[valid[0]])
+    levels = {level: ranked_agreements(*batched_head_totals(stack, effects, level)) for level in LEVELS}
+    return {name: Agreement(pair[i].rank_of_truth, pair[i].spearman, **{level: levels[level][i] for level in LEVELS})
+            for i, name in enumerate(names)}
+
+
+def ranked_agreements(s: Tensor, e: Tensor) -> list[Agreement]:
+    """:func:`ranked_agreement` of each row of ``s [m, n]`` with ``e [n]`` (no NaN)."""
+    truth = int(e.argmax())
+    ranks = 1 + (s > s[:, truth, None]).sum(-1)
+    return [Agreement(int(rank), float(rho)) for rank, rho in zip(ranks.tolist(), spearmans(s, e).tolist())]
 
 
 def ranked_agreement(s: Tensor, e: Tensor, **levels: Agreement) -> Agreement:
@@ -106,6 +137,19 @@ def head_totals(scores: Tensor, effects: Tensor, level: str) -> tuple[Tensor, Te
     kept = valid.any(1)
     total = lambda values: values.masked_fill(~valid, 0.0).sum(1)[kept]
     return total(s), total(e)
+
+
+def batched_head_totals(scores: Tensor, effects: Tensor, level: str) -> tuple[Tensor, Tensor]:
+    """:func:`head_totals` of each of ``scores [m, *shape]`` with ``effects [*shape]``, all with one NaN
+    mask: ``(score_totals [m, n], effect_totals [n])``."""
+    split = effects.dim() // 2
+    n_writers = math.prod(effects.shape[:split])
+    s, e = scores.reshape(len(scores), n_writers, -1).double(), effects.reshape(n_writers, -1).double()
+    if level == "reader":
+        s, e = s.mT, e.T
+    valid = ~(s[0].isnan() | e.isnan())
+    kept = valid.any(1)
+    return s.masked_fill(~valid, 0.0).sum(-1)[:, kept], e.masked_fill(~valid, 0.0).sum(-1)[kept]
 
 
 def head_agreement(scores: Tensor, effects: Tensor, level: str) -> Agreement:

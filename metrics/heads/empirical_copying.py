@@ -76,16 +76,18 @@ def empirical_copying(
     ``tokens [b, t]``, ``unembedding [d_model, d_vocab]``. Computed in ``head_out``'s dtype: the
     largest product the tracker makes, and a ratio needs no float64.
     """
-    raised = head_out[..., first_query:, :] @ unembedding.to(head_out)  # (L, b, h, t', v)
-    raised = (raised - raised.mean(-1, keepdim=True)).relu()
-    L, b, h = pattern.shape[:3]
+    unembedding = unembedding.to(head_out)
+    centred = unembedding - unembedding.mean(-1, keepdim=True)  # o W_U - mean_v(o W_U) = o (W_U - mean_v W_U)
+    logits = head_out[..., first_query:, :] @ centred  # (L, b, h, t', v): the raise before its ReLU
+    L, b, h, queries = logits.shape[:4]
     tokens = tokens.to(pattern.device)
-    key_tokens = tokens[None, :, None, :].expand(L, b, h, tokens.shape[-1])
-    attended = key_tokens.gather(-1, pattern[..., first_query:, :].argmax(-1))  # (L, b, h, t'): token at the top key
-    on_attended = raised.gather(-1, attended[..., None]).squeeze(-1)  # (L, b, h, t')
-    in_sample = torch.zeros(b, raised.shape[-1], dtype=raised.dtype, device=raised.device)
-    in_sample.scatter_(1, tokens, 1.0)  # (b, v): 1 on the ids present in each sequence
-    on_sample = (raised @ in_sample[None, :, None, :, None]).squeeze(-1)  # (L, b, h, t'): raise summed over the sample's ids
-    ratio = torch.where(on_sample > 0, on_attended / on_sample.clamp_min(torch.finfo(raised.dtype).tiny), 0.0).clamp(max=1.0)
-    top = (on_attended > 0) & (on_attended >= raised.max(-1).values)
-    return EmpiricalCopying(score=(2 * ratio - 1).mean(dim=(1, 3)), top_rate=top.to(raised.dtype).mean(dim=(1, 3)))
+    keys = tokens.shape[-1]
+    # the raise is only read on the sample's own ids (and its largest over the vocabulary, for top_rate)
+    on_keys = logits.gather(-1, tokens[None, :, None, None, :].expand(L, b, h, queries, keys)).relu_()  # (L, b, h, t', t)
+    repeats = (tokens[:, :, None] == tokens[:, None, :]).tril(-1).any(-1)  # (b, t): the id already occurs earlier
+    on_sample = on_keys.masked_fill(repeats[None, :, None, None, :], 0.0).sum(-1)  # (L, b, h, t'): summed over distinct ids
+    top_key = pattern[..., first_query:, :].argmax(-1)  # (L, b, h, t'): the key attended to most
+    on_attended = on_keys.gather(-1, top_key[..., None]).squeeze(-1)  # (L, b, h, t'): the raise of the attended token
+    ratio = torch.where(on_sample > 0, on_attended / on_sample.clamp_min(torch.finfo(logits.dtype).tiny), 0.0).clamp(max=1.0)
+    top = (on_attended > 0) & (on_attended >= logits.amax(-1))  # max of the ReLU = ReLU of the max
+    return EmpiricalCopying(score=(2 * ratio - 1).mean(dim=(1, 3)), top_rate=top.to(logits.dtype).mean(dim=(1, 3)))
