@@ -1,7 +1,8 @@
 """The composition tracker: every N optimizer steps, measure the model and log to every logger.
 
-The cheap parts run at every measured step; each expensive part (the ablation, empirical copying,
-matching, heatmaps, the measures in a whitened basis and the bases themselves) on its own schedule. Early in the run
+The cheap parts (the probe pass, head scores, loss views and the dense measures, Frobenius by
+default) run at every measured step; each expensive part (every other measure, the ablation,
+copying scores, matching, heatmaps and the whitened bases) on its own schedule. Early in the run
 the tracker prints what one snapshot costs, part by part, and the overhead that implies; at the end,
 how long it spent measuring and drawing.
 """
@@ -21,14 +22,15 @@ from callbacks.plots import heatmap_image
 from callbacks.store import TENSORS_DIR, TensorStore, snapshot_tensors
 from data.probe import ProbeBatch
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_flops
-from metrics.composition.measures import COMPOSITION_MEASURES
 from metrics.composition.whitening import Whitening
 from metrics.snapshot import Snapshot, take_snapshot
 
-WITH_WHITENED = "composition with the whitened measures"
-"""The ledger's name for the composition of a snapshot that also scores the measures in a whitened basis."""
+WITH_ALL = "composition of every measure"
+"""The ledger's name for the composition of a snapshot that scores every tracked measure, not only the dense ones."""
 
-PARTS = ("ablation", "copying", "matching", "images", "whitened", "whitening")
+DENSE_MEASURES = ("frobenius",)
+"""The measures scored at every snapshot by default: the cheapest (Gram products, no factorisation)
+and the one the papers plot. The others are scored every ``Schedule.all_measures`` steps."""
 SMALL_SNAPSHOT_FLOPS = 1e9  # below this, a snapshot is many small ops: one thread is faster than two
 
 
@@ -44,26 +46,21 @@ def auto_threads(shape, measures: tuple[str, ...]) -> int:
 class Schedule:
     """Steps between runs of each part (0: never); every one a multiple of ``every_n_steps``.
 
-    ``whitened``: the measures in a whitened basis (``whitened``, ``whitened_resid``,
-    ``token_space``), scored at these steps and at every ablation step (0: at every snapshot).
-    ``whitening``: their bases recomputed, reused in between (0: recomputed whenever scored)."""
+    ``all_measures``: every tracked measure, not only the dense ones, scored at these steps and at
+    every ablation step (0: at every snapshot). ``whitening``: the whitened bases (of ``whitened``,
+    ``whitened_resid``, ``token_space``) recomputed, reused in between (0: recomputed whenever scored)."""
 
     every_n_steps: int = 10
     ablation: int = 0
     copying: int = 100
-    matching: int = 50
-    images: int = 250
-    whitened: int = 50
-    whitening: int = 50
+    matching: int = 100
+    images: int = 200
+    all_measures: int = 100
+    whitening: int = 100
 
     def due(self, part: str, step: int, last: bool) -> bool:
         every = getattr(self, part)
         return bool(every) and (step % every == 0 or last)
-
-
-def in_whitened_basis(measure: str) -> bool:
-    """Whether ``measure`` is computed in a whitened basis (its own schedule, ``Schedule.whitened``)."""
-    return COMPOSITION_MEASURES[measure].basis != "raw"
 
 
 @dataclass
@@ -94,6 +91,7 @@ class CompositionTracker(L.Callback):
         probe: ProbeBatch,
         schedule: Schedule | None = None,
         measures: tuple[str, ...] = ("frobenius",),
+        dense_measures: tuple[str, ...] = DENSE_MEASURES,
         baseline_samples: int = 2000,
         ablation_method: str = "auto",
         ablation_kind: str = "per_position",
@@ -110,7 +108,7 @@ class CompositionTracker(L.Callback):
         self.schedule = schedule or Schedule()
         self.every_n_steps = self.schedule.every_n_steps
         self.measures = measures
-        self.raw_measures = tuple(m for m in measures if not in_whitened_basis(m))
+        self.dense_measures = tuple(m for m in measures if m in dense_measures)  # scored at every snapshot
         self.baseline_samples = baseline_samples
         self.ablation_method, self.ablation_kind = ablation_method, ablation_kind
         self.store_dir = Path(run_dir) / TENSORS_DIR if (store and run_dir is not None) else None
@@ -185,21 +183,21 @@ class CompositionTracker(L.Callback):
         start = time.perf_counter()
         s = self.schedule
         ablate = s.due("ablation", step, last)
-        whitened = ablate or not s.whitened or s.due("whitened", step, last)  # the ablation judges every measure
-        measures = tuple(m for m in self.measures if whitened or not in_whitened_basis(m))
+        every_measure = ablate or not s.all_measures or s.due("all_measures", step, last)  # the ablation judges every measure
+        measures = self.measures if every_measure else self.dense_measures
         if s.due("whitening", step, last) or not s.whitening:
             self.whitenings = {}
         snap = take_snapshot(
             model, self.probe, measures, self.baseline_samples,
             ablate=ablate, ablation_method=self.ablation_method, ablation_kind=self.ablation_kind,
-            empirical=s.due("copying", step, last), matching=s.due("matching", step, last) or ablate,
+            copying=s.due("copying", step, last), matching=s.due("matching", step, last) or ablate,
             whitenings=self.whitenings, dtype=self.dtype, max_chunk_bytes=self.chunk_bytes,
         )
         self.whitenings = snap.whitenings
         self.ablation_used = snap.ablation_method or self.ablation_used
         for part, seconds in snap.seconds.items():
-            # a snapshot that scores the whitened measures too is booked apart: they run on their own schedule
-            self.ledger.add(WITH_WHITENED if part == "composition" and measures != self.raw_measures else part, seconds)
+            # a snapshot that scores every measure is booked apart: the others run on their own schedule
+            self.ledger.add(WITH_ALL if part == "composition" and measures != self.dense_measures else part, seconds)
         logging_start = time.perf_counter()
         metrics = snapshot_metrics(snap, self.max_pair_keys, self.top_pairs, n_measures=len(self.measures))
         self.last_keys = list(metrics)
@@ -245,29 +243,34 @@ class CompositionTracker(L.Callback):
         self._reported = True
 
     def amortised_seconds_per_step(self, seconds: dict[str, float] | None = None) -> dict[str, float]:
-        """Each part's cost per training step: its seconds per run (default: the last run's) over its period."""
+        """Each part's cost per training step: its seconds per run (default: the last run's) over its
+        period. Heatmaps drawn only once so far are left out: the first drawing pays W&B's one-time set-up."""
         s, last = self.schedule, self.ledger.last if seconds is None else seconds
-        composition, whitened = self.composition_seconds(last)
+        composition, others = self.composition_seconds(last)
         base = composition + sum(last.get(p, 0.0) for p in ("probe", "head scores", "logging"))
         per_step = {"snapshot": base / s.every_n_steps}
-        if whitened:
-            per_step["whitened measures"] = whitened / s.whitened
-        for part, every in (("ablation", s.ablation), ("validity", s.ablation), ("empirical copying", s.copying),
+        if others:
+            per_step["other measures"] = others / s.all_measures
+        for part, every in (("ablation", s.ablation), ("validity", s.ablation), ("copying", s.copying),
                             ("matching", s.matching), ("images", s.images)):
-            if every and part in last:
+            if every and part in last and not (part == "images" and seconds is None and self.first_heatmaps_only):
                 per_step[part] = last[part] / every
         return per_step
 
+    @property
+    def first_heatmaps_only(self) -> bool:
+        return self.ledger.runs.get("images", 0) == 1
+
     def composition_seconds(self, last: dict[str, float]) -> tuple[float, float]:
-        """Seconds of a snapshot's composition at every snapshot, and the extra seconds of the
-        whitened measures where they run on their own schedule (0 where they run at every snapshot
-        or are not tracked)."""
-        raw, full = last.get("composition"), last.get(WITH_WHITENED)
+        """Seconds of a snapshot's composition at every snapshot (the dense measures), and the extra
+        seconds of every other measure where they run on their own schedule (0 where they run at
+        every snapshot or none is tracked)."""
+        dense, full = last.get("composition"), last.get(WITH_ALL)
         if full is None:
-            return raw or 0.0, 0.0
-        if raw is None or not self.schedule.whitened:
+            return dense or 0.0, 0.0
+        if dense is None or not self.schedule.all_measures:
             return full, 0.0
-        return raw, max(full - raw, 0.0)
+        return dense, max(full - dense, 0.0)
 
     def cost_lines(self, step_seconds: float) -> str:
         """The cost report: a snapshot's parts and their schedules, and the expected overhead."""
@@ -276,15 +279,18 @@ class CompositionTracker(L.Callback):
         per_step = self.amortised_seconds_per_step()
         overhead = sum(per_step.values()) / step_seconds
         ablation = f"{ms('ablation')} ({self.ablation_used})" if self.ablation_used else ms("ablation")
-        composition, whitened = self.composition_seconds(last)
-        scored = len(self.raw_measures) if whitened else len(self.measures)
+        heatmaps = f"heatmaps {ms('images')} every {s.images or 'never'}"
+        if self.first_heatmaps_only:
+            heatmaps = f"heatmaps every {s.images} (the first took {ms('images')} with W&B's one-time set-up; not in the estimate)"
+        composition, others = self.composition_seconds(last)
+        scored = len(self.dense_measures) if others else len(self.measures)
         lines = [
             f"tracker cost: a snapshot every {s.every_n_steps} steps costs"
             f" {1000 * (last.get('probe', 0) + last.get('head scores', 0) + composition + last.get('logging', 0)):.1f} ms"
-            f" (probe {ms('probe')}, composition {1000 * composition:.1f} ms for {scored} measures, logging {ms('logging')});",
-            *([f"  the {len(self.measures) - scored} measures in a whitened basis {1000 * whitened:.1f} ms more every {s.whitened}"] if whitened else []),
+            f" (probe {ms('probe')}, composition {1000 * composition:.1f} ms for {scored} measure{'s' * (scored != 1)}, logging {ms('logging')});",
+            *([f"  the {len(self.measures) - scored} other measures {1000 * others:.1f} ms more every {s.all_measures}"] if others else []),
             f"  ablation {ablation} every {s.ablation or 'never'}, matching {ms('matching')} every {s.matching or 'never'},"
-            f" empirical copying {ms('empirical copying')} every {s.copying or 'never'}, heatmaps {ms('images')} every {s.images or 'never'}",
+            f" copying scores {ms('copying')} every {s.copying or 'never'}, {heatmaps}",
             f"  training {1000 * step_seconds:.1f} ms/step -> expected tracker overhead {overhead:.1%}"
             + ("" if overhead < 0.25 else " (high: raise tracker.every_n_steps or the expensive parts' every_n_steps)"),
         ]
@@ -294,4 +300,4 @@ class CompositionTracker(L.Callback):
         seconds, runs = self.ledger.seconds, self.ledger.runs
         images = f", heatmaps {seconds['images']:.1f} s ({runs['images']} times)" if "images" in seconds else ""
         return (f"tracker: {runs.get('snapshot', 0)} snapshots in {seconds.get('snapshot', 0):.1f} s"
-                f" (composition {seconds.get('composition', 0) + seconds.get(WITH_WHITENED, 0):.1f} s, ablation {seconds.get('ablation', 0):.1f} s){images}")
+                f" (composition {seconds.get('composition', 0) + seconds.get(WITH_ALL, 0):.1f} s, ablation {seconds.get('ablation', 0):.1f} s){images}")

@@ -144,12 +144,13 @@ class TrackerConfig:
     measures: List[str] = field(
         default_factory=lambda: ["frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share"]
     )
+    dense_measures: List[str] = field(default_factory=lambda: ["frobenius"])  # those of `measures` scored at every snapshot
     ablation: AblationConfig = field(default_factory=AblationConfig)
-    copying: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # empirical copying scores
-    matching: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # QK matching scores (and at every ablation)
-    images: PartSchedule = field(default_factory=lambda: PartSchedule(250))  # heatmaps (W&B only)
-    whitened: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # the measures in a whitened basis (and at every ablation); 0: every snapshot
-    whitening: PartSchedule = field(default_factory=lambda: PartSchedule(50))  # the whitened bases (covariances, Σ^±½), reused between
+    copying: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # copying scores (weight and empirical)
+    matching: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # QK matching scores (and at every ablation)
+    images: PartSchedule = field(default_factory=lambda: PartSchedule(200))  # heatmaps (W&B only)
+    all_measures: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # every measure, not only the dense ones (and at every ablation); 0: every snapshot
+    whitening: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # the whitened bases (covariances, Σ^±½), reused between
     max_pair_keys: int = 300  # per-pair W&B/CSV keys while they number at most this (6 M + 3 per pair); summaries beyond
     top_pairs: int = 3  # pairs logged per measure beyond max_pair_keys
     store: bool = True  # every snapshot's full per-pair tensors to RUN_DIR/tensors
@@ -158,7 +159,7 @@ class TrackerConfig:
     chunk_mb: int = 256  # memory bound of one all-pairs product block
     cost_report: bool = True  # print what a snapshot costs and the expected overhead, once, early
     baseline_samples: int = 2000
-    probe_batch_size: int = 32
+    probe_batch_size: int = 16
     probe_n: int = 16
     probe_seed: int = 0
     smoothing_window: int = 5  # points, for phase-change detection

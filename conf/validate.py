@@ -161,13 +161,13 @@ TRACKER_PARTS = {
     "copying": "copying is scored",
     "matching": "matching is scored",
     "images": "images are drawn",
-    "whitened": "the measures in a whitened basis are scored",
+    "all_measures": "every measure is scored",
     "whitening": "the whitened bases are refreshed",
 }
 """Each expensive part of the tracker and what happens at its steps; every_n_steps=0 turns it off,
-except ``whitened`` and ``whitening``, where 0 means at every snapshot."""
+except ``all_measures`` and ``whitening``, where 0 means at every snapshot."""
 
-EVERY_SNAPSHOT_AT_ZERO = ("whitened", "whitening")
+EVERY_SNAPSHOT_AT_ZERO = ("all_measures", "whitening")
 
 
 def tracker_problems(cfg: DictConfig) -> list[str]:
@@ -189,6 +189,9 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
     unknown = sorted(set(tr.measures) - set(COMPOSITION_MEASURES))
     if unknown:
         problems.append(f"tracker.measures has unknown {unknown}; known: {sorted(COMPOSITION_MEASURES)}")
+    unknown_dense = sorted(set(tr.dense_measures) - set(COMPOSITION_MEASURES))
+    if unknown_dense:
+        problems.append(f"tracker.dense_measures has unknown {unknown_dense}; known: {sorted(COMPOSITION_MEASURES)}")
     if not tr.measures:
         problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
     probe_len = 2 * tr.probe_n + int(d.bos)

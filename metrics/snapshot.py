@@ -24,7 +24,7 @@ from metrics.composition.whitening import Whitening
 from metrics.dynamics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
 from metrics.ground_truth.ablation import KeyAblation
 from metrics.ground_truth.attribution import ablation_effects
-from metrics.ground_truth.validity import Agreement, agreement
+from metrics.ground_truth.validity import Agreement, agreements
 from metrics.heads.attention_scores import duplicate_token_score, induction_score, previous_token_score
 from metrics.heads.circuit_pair import circuit_pair
 from metrics.heads.circuit_scores import MATCHING, copying_scores, folded_unembedding, matching_scores
@@ -47,7 +47,7 @@ class Snapshot:
     previous_token: Tensor
     induction: Tensor
     duplicate_token: Tensor
-    copying: Tensor  # weight copying score per head (Elhage et al. 2021)
+    copying: Tensor | None  # weight copying score per head (Elhage et al. 2021)
     empirical_copying: Tensor | None  # Olsson et al. 2022's copying evaluator on the probe batch per head, 2 r - 1 (r: share of the raise over the sequence's tokens)
     copying_top_rate: Tensor | None  # how often a head raises the token it attends to most (seed 004)
     matching: Tensor | None  # QK matching score per pair (Olsson et al. 2022), [L, H, L, H]
@@ -97,7 +97,7 @@ def take_snapshot(
     *,
     ablation_method: str = "exact",
     ablation_kind: str = "per_position",
-    empirical: bool = True,
+    copying: bool = True,
     matching: bool = True,
     whitenings: dict[str, Whitening] | None = None,
     dtype: torch.dtype | None = None,
@@ -108,8 +108,9 @@ def take_snapshot(
     ``ablate``: also run the K-only path ablation of every pair (``ablation_method``: exact,
     attribution, or auto: exact while cheap; ``ablation_kind``: what replaces the writer's output,
     per_position, pooled or resample) and judge each measure's K-composition, and the
-    matching score, against it. ``empirical``, ``matching``: compute the
-    empirical copying scores and the matching scores (each can be skipped on cheap steps).
+    matching score, against it. ``copying``, ``matching``: compute the copying scores (of the
+    OV circuits' eigenvalues and Olsson's empirical evaluator on the probe) and the matching scores
+    (each can be skipped on cheap steps).
     ``whitenings``: reuse these whitened bases (by basis: ``embedding``, ``residual``) instead of
     computing them from this step's weights and probe pass.
     """
@@ -123,7 +124,7 @@ def take_snapshot(
     try:
         tokens = probe.tokens.to(model.W_E.device)
         with timer.part("probe"):
-            logits, cache = model.run_with_cache(tokens, head_out=empirical or ablate)  # the heads' writes only for those
+            logits, cache = model.run_with_cache(tokens, head_out=copying or ablate)  # the heads' writes only for those
         ablation = method = None
         if ablate and shape.n_layers > 1:
             with timer.part("ablation"):
@@ -143,25 +144,23 @@ def take_snapshot(
         composition = composition_of(model, measures, circuits, residual=cache["resid_pre"], whitenings=whitenings, max_chunk_bytes=max_chunk_bytes)
         composition = {m: {kind: scores.cpu() for kind, scores in by_kind.items()} for m, by_kind in composition.items()}
         baselines = {m: b for m, b in random_baselines(shape.d_model, shape.d_head, baseline_samples).items() if m in measures}
-        weight_copying = copying_scores(model, circuits).cpu()
     matching_scores_ = None
     if matching and shape.n_layers > 1:
         with timer.part("matching"):
             matching_scores_ = matching_scores(model, circuits).cpu()
-    copying = None
-    if empirical:
-        with timer.part("empirical copying"):
-            copying = empirical_copying(torch.stack(cache["head_out"]), patterns, tokens, folded_unembedding(model), probe.first_start)
+    weight_copying = empirical = None
+    if copying:
+        with timer.part("copying"):
+            weight_copying = copying_scores(model, circuits).cpu()
+            empirical = empirical_copying(torch.stack(cache["head_out"]), patterns, tokens, folded_unembedding(model), probe.first_start)
     validity = None
     if ablation is not None:
         with timer.part("validity"):
             scorers = {m: composition[m]["K"] for m in measures}
             if matching_scores_ is not None:
                 scorers[MATCHING] = matching_scores_
-            validity = {
-                effect: {name: agreement(scores.double(), truth) for name, scores in scorers.items()}
-                for effect, truth in ablation.effects().items()
-            }
+            validity = {effect: agreements({name: scores.double() for name, scores in scorers.items()}, truth)
+                        for effect, truth in ablation.effects().items()}
     return Snapshot(
         composition=composition,
         baselines=baselines,
@@ -169,8 +168,8 @@ def take_snapshot(
         induction=induction,
         duplicate_token=duplicate,
         copying=weight_copying,
-        empirical_copying=None if copying is None else copying.score.double().cpu(),
-        copying_top_rate=None if copying is None else copying.top_rate.double().cpu(),
+        empirical_copying=None if empirical is None else empirical.score.double().cpu(),
+        copying_top_rate=None if empirical is None else empirical.top_rate.double().cpu(),
         matching=matching_scores_,
         first_occurrence_loss=first_occurrence_loss(losses, probe.first_start, probe.n).item(),
         repeated_loss=repeated_loss(losses, probe.repeat_start, probe.n).item(),

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from callbacks.figure import read_series
-from callbacks.tracker import WITH_WHITENED, CompositionTracker, Schedule
+from callbacks.tracker import WITH_ALL, CompositionTracker, Schedule
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
@@ -98,35 +98,41 @@ def test_ablation_and_validity_are_logged_at_every_ablation_step(tmp_path):
     assert set(ranks.tolist()) <= {1.0, 2.0, 3.0, 4.0}  # 4 pairs
 
 
-def test_whitened_measures_run_on_their_own_schedule(tmp_path):
-    """The measures in a whitened basis are scored at their own steps, at every ablation step (the
-    ground truth judges every measure) and at the last step; the raw-basis ones at every snapshot.
-    The ledger books the two kinds of composition apart, and the cost model charges the whitened
-    measures' extra seconds at their own period."""
+def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_path):
+    """The dense measures are scored at every snapshot; every other tracked measure at the
+    ``all_measures`` steps, at every ablation step (the ground truth judges every measure) and at
+    the last step. The copying scores (weight and empirical) run on their own steps. The ledger
+    books the two kinds of composition apart, and the cost model charges the other measures' extra
+    seconds at their own period."""
     L.seed_everything(0, verbose=False)
-    schedule = Schedule(every_n_steps=5, ablation=15, copying=0, matching=0, images=0, whitened=10, whitening=10)
+    schedule = Schedule(every_n_steps=5, ablation=15, copying=10, matching=0, images=0, all_measures=10, whitening=10)
     tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100,
-                                 measures=("frobenius", "whitened", "whitened_resid"), cost_report=False,
-                                 max_pair_keys=50)  # 4 pairs: 36 keys for frobenius alone, 84 for all three
+                                 measures=("frobenius", "sv_bound", "whitened", "whitened_resid"), dense_measures=("frobenius", "subspace"),
+                                 cost_report=False, max_pair_keys=50)  # 4 pairs: 36 keys for frobenius alone, 108 for all four
     trainer = L.Trainer(max_steps=27, accelerator="cpu", logger=CSVLogger(tmp_path, name="csv", version=""), callbacks=[tracker],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=5)
     trainer.fit(InductionLM(SHAPE, lr=3e-3), datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
     trainer.loggers[0].save()
     series = read_series(tmp_path / "csv" / "metrics.csv")
+    assert tracker.dense_measures == ("frobenius",)  # a dense measure the run does not track is not scored
     assert series["comp/K/frobenius/max"][0].tolist() == [0, 5, 10, 15, 20, 25, 27]
-    for measure in ("whitened", "whitened_resid"):
+    for measure in ("sv_bound", "whitened", "whitened_resid"):
         assert series[f"comp/K/{measure}/max"][0].tolist() == [0, 10, 15, 20, 27], measure
         assert series[f"validity/loss_change/{measure}/rank_of_truth"][0].tolist() == [0, 15, 27], measure
-    # the run's three measures decide the mode at every step, also where frobenius alone would fit per pair
+    assert not any(key.startswith("comp/") and "subspace" in key for key in series)
+    for key in ("heads/copying/L0H0", "heads/copying_empirical/L0H0"):
+        assert series[key][0].tolist() == [0, 10, 20, 27], key
+    # the run's four measures decide the mode at every step, also where frobenius alone would fit per pair
     assert not any("->" in key for key in series if key.startswith("comp/"))
     ledger = tracker.ledger
-    assert ledger.runs["composition"] == 2 and ledger.runs[WITH_WHITENED] == 5  # steps 5, 25; 0, 10, 15, 20, 27
-    seconds = {"probe": 0.004, "head scores": 0.001, "logging": 0.001, "composition": 0.002, WITH_WHITENED: 0.007}
+    assert ledger.runs["composition"] == 2 and ledger.runs[WITH_ALL] == 5  # steps 5, 25; 0, 10, 15, 20, 27
+    seconds = {"probe": 0.004, "head scores": 0.001, "logging": 0.001, "composition": 0.002, WITH_ALL: 0.007, "copying": 0.003}
     per_step = tracker.amortised_seconds_per_step(seconds)
-    assert per_step["snapshot"] == pytest.approx(0.008 / 5) and per_step["whitened measures"] == pytest.approx(0.005 / 10)
-    tracker.schedule.whitened = 0  # at every snapshot: the whole composition is charged to each one
+    assert per_step["snapshot"] == pytest.approx(0.008 / 5) and per_step["other measures"] == pytest.approx(0.005 / 10)
+    assert per_step["copying"] == pytest.approx(0.003 / 10)
+    tracker.schedule.all_measures = 0  # at every snapshot: the whole composition is charged to each one
     assert tracker.amortised_seconds_per_step(seconds)["snapshot"] == pytest.approx(0.013 / 5)
-    assert "whitened measures" not in tracker.amortised_seconds_per_step(seconds)
+    assert "other measures" not in tracker.amortised_seconds_per_step(seconds)
 
 
 def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
@@ -147,6 +153,22 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
     assert 0.05 < step_ms < per_step_upper, line
     assert 0 < overhead < 1000, line
     assert "tracker: " in report and "snapshots in" in report  # the totals at the end
+
+
+def test_cost_report_leaves_out_the_first_heatmaps_until_drawn_again():
+    """The first heatmaps pay W&B's one-time set-up (476 ms once, ~40 ms after, in a real run): the
+    estimate charges heatmaps only from their second drawing, and the report says so meanwhile."""
+    schedule = Schedule(every_n_steps=10, ablation=0, copying=0, matching=0, images=200, all_measures=0)
+    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, measures=("frobenius",), cost_report=False)
+    for part, seconds in (("probe", 0.002), ("head scores", 0.001), ("composition", 0.001), ("logging", 0.001), ("images", 0.4)):
+        tracker.ledger.add(part, seconds)
+    assert tracker.amortised_seconds_per_step() == {"snapshot": pytest.approx(0.005 / 10)}
+    lines = tracker.cost_lines(step_seconds=0.01)
+    assert "the first took 400.0 ms with W&B's one-time set-up; not in the estimate" in lines
+    assert "expected tracker overhead 5.0%" in lines
+    tracker.ledger.add("images", 0.04)
+    assert tracker.amortised_seconds_per_step()["images"] == pytest.approx(0.04 / 200)
+    assert "heatmaps 40.0 ms every 200" in tracker.cost_lines(step_seconds=0.01)
 
 
 class PoisonWeights(L.Callback):
