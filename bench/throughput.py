@@ -10,9 +10,9 @@ A  bare               AttentionOnlyTransformer, AdamW (+ the config's linear war
                       next_token_loss, batches from the training TokenStream; timed after a few warm-up steps.
 B  lightning          conf.build's module and datamodule in an L.Trainer set up as build_trainer sets it up,
                       but with no logger, checkpointing, progress bar or tracker; trainer.fit timed end to end.
-C  lightning+tracker  B plus CompositionTracker as configured (default: the raw-basis measures every 10 steps,
-                      the whitened-basis ones and the other expensive parts on their own schedules; the
-                      snapshot's keys are built but, with no logger, not written; no tensor store, no images).
+C  lightning+tracker  B plus CompositionTracker as configured (default: Frobenius every 10 steps, every
+                      other measure and the expensive parts every 100; the snapshot's keys are built but,
+                      with no logger, not written; no tensor store, no images).
 
 Setups run interleaved (A, B, C, A, B, C, ...) after one untimed round that pays one-time costs
 (lazy imports, the tracker's cached random baseline); tokens/s = steps * batch_size * seq_len / seconds,

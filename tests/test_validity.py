@@ -285,3 +285,14 @@ def test_batched_agreements_equal_one_by_one(seed):
     scorers["own mask"] = scorers["m0"].clone()
     scorers["own mask"][0, 0, 1, 0] = math.nan
     assert agreements(scorers, effects) == {name: agreement(scores, effects) for name, scores in scorers.items()}
+
+
+def test_average_ranks_by_sorting_equal_the_pairwise_count():
+    """Ranks by sorting (O(n) memory: the pairwise count took ~0.8 GB per measure at 12 × 12 heads)
+    equal the definition, (values below) + (values equal, itself included, + 1) / 2, row by row, ties included."""
+    generator = torch.Generator().manual_seed(0)
+    for high in (3, 50, 10**6):
+        values = torch.randint(0, high, (4, 60), generator=generator).double()
+        below = (values[..., None, :] < values[..., :, None]).sum(-1)
+        equal = (values[..., None, :] == values[..., :, None]).sum(-1)
+        assert torch.equal(average_ranks(values), below.double() + (equal.double() + 1) / 2)

@@ -49,11 +49,21 @@ def average_ranks(values: Tensor) -> Tensor:
     """Ranks ``1..n`` of ``values [..., n]`` (ascending, along the last axis), ties given their
     average rank, float64.
 
-    Rank of v = (number of values below v) + (number equal to v, itself included, + 1) / 2.
+    Rank of v = (number of values below v) + (number equal to v, itself included, + 1) / 2: for a
+    run of ties at sorted positions ``first..last`` (from 0), ``(first + last) / 2 + 1``. By sorting,
+    in ``O(n log n)`` time and ``O(n)`` memory (all pairs at 12 × 12 heads are ~10⁴, so a pairwise
+    comparison would take ~10⁸ bytes per row).
     """
-    below = (values[..., None, :] < values[..., :, None]).sum(-1)
-    equal = (values[..., None, :] == values[..., :, None]).sum(-1)
-    return below.double() + (equal.double() + 1) / 2
+    ordered, order = values.sort(-1)
+    n = values.shape[-1]
+    starts = torch.ones_like(ordered, dtype=torch.bool)
+    starts[..., 1:] = ordered[..., 1:] != ordered[..., :-1]
+    run = starts.cumsum(-1) - 1  # (..., n): which run of ties each sorted position is in
+    position = torch.arange(n, device=values.device).expand_as(run)
+    first = torch.full_like(run, n).scatter_reduce(-1, run, position, "amin")
+    last = torch.zeros_like(run).scatter_reduce(-1, run, position, "amax")
+    sorted_ranks = (first.gather(-1, run) + last.gather(-1, run)).double() / 2 + 1
+    return torch.empty_like(sorted_ranks).scatter_(-1, order, sorted_ranks)
 
 
 def spearman(x: Tensor, y: Tensor) -> float:
