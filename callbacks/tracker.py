@@ -259,6 +259,7 @@ class CompositionTracker(L.Callback):
 
     @property
     def first_heatmaps_only(self) -> bool:
+        """Whether the heatmaps have been drawn once only (their seconds include W&B's one-time set-up)."""
         return self.ledger.runs.get("images", 0) == 1
 
     def composition_seconds(self, last: dict[str, float]) -> tuple[float, float]:

@@ -138,15 +138,8 @@ def head_totals(scores: Tensor, effects: Tensor, level: str) -> tuple[Tensor, Te
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     if scores.shape != effects.shape or scores.dim() % 2:
         raise ValueError(f"need two tensors of one shape with writer and reader axes, got {tuple(scores.shape)}, {tuple(effects.shape)}")
-    split = scores.dim() // 2
-    n_writers = math.prod(scores.shape[:split])
-    s, e = scores.reshape(n_writers, -1).double(), effects.reshape(n_writers, -1).double()
-    if level == "reader":
-        s, e = s.T, e.T
-    valid = ~(s.isnan() | e.isnan())
-    kept = valid.any(1)
-    total = lambda values: values.masked_fill(~valid, 0.0).sum(1)[kept]
-    return total(s), total(e)
+    totals, effect_totals = batched_head_totals(scores[None], effects, level)
+    return totals[0], effect_totals
 
 
 def batched_head_totals(scores: Tensor, effects: Tensor, level: str) -> tuple[Tensor, Tensor]:
