@@ -2,7 +2,7 @@
 
     python -m bench.composition [--shapes small mid large] [--repeats 3] [--threads N] [--out results.json]
 
-Needs TransformerLens (``pip install -e '.[bench]'``). Shapes (n_layers x n_heads x d_model x d_head;
+Needs TransformerLens (``pip install -e '.[tl]'``). Shapes (n_layers x n_heads x d_model x d_head;
 n_ctx 33, d_vocab 257, no normalization, random weights, seed 0): small 2x2x64x16, mid 4x8x256x32,
 large 12x12x768x64. For each shape it prints:
 
@@ -56,6 +56,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from analysis.export import hooked_transformer
 from data.probe import make_probe_batch
 from metrics.snapshot import COMPOSITION_MEASURES, composition_of
 from models.transformer import AttentionOnlyTransformer, TransformerShape
@@ -69,7 +70,7 @@ IN_PROCESS_TL_BYTES = 1 << 30  # TL's float32 timing goes to a subprocess above 
 FULL_CALL_BYTES = 2 << 30  # TL's float64 reference goes per layer pair above this estimate
 EIGEN_FLOOR = 1e-10  # whitening: eigenvalues of Σ below this times λ_max are raised to it (as metrics/)
 TARGET_SPEEDUP, TARGET_SECONDS, TARGET_BYTES = 20.0, 10.0, 1.5e9
-INSTALL_HINT = "pip install -e '.[bench]'"
+INSTALL_HINT = "pip install -e '.[tl]'"
 
 
 @dataclass(frozen=True)
@@ -139,25 +140,10 @@ def build_tl_model(model: AttentionOnlyTransformer) -> torch.nn.Module:
     TL >= 4 removed ``HookedTransformer``; its ``TransformerBridge.boot_native`` builds the same
     attention-only model from a config, with ``nn.Linear`` projections underneath."""
     try:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
+        from transformer_lens import HookedTransformer  # noqa: F401
     except ImportError:
         return _bridge_with_weights(model)
-    s, dtype = model.shape, model.W_E.dtype
-    cfg = HookedTransformerConfig(
-        n_layers=s.n_layers, d_model=s.d_model, n_ctx=s.n_ctx, d_head=s.d_head, n_heads=s.n_heads, d_vocab=s.d_vocab,
-        attn_only=True, normalization_type=None, act_fn=None, positional_embedding_type="standard", dtype=dtype,
-    )
-    tl = HookedTransformer(cfg).eval()
-    for name, tensor in tl.state_dict().items():
-        if re.search(r"\.b_\w+$", name):
-            tensor.zero_()
-    tl.embed.W_E.copy_(model.W_E)
-    tl.pos_embed.W_pos.copy_(model.W_pos)
-    tl.unembed.W_U.copy_(model.W_U)
-    for block, layer in zip(tl.blocks, model.layers):
-        for name in ("W_Q", "W_K", "W_V", "W_O"):
-            getattr(block.attn, name).copy_(getattr(layer, name))
-    return tl
+    return hooked_transformer(model.state_dict(), model.shape, model.W_E.dtype)
 
 
 def _bridge_with_weights(model: AttentionOnlyTransformer) -> torch.nn.Module:

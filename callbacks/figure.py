@@ -31,6 +31,7 @@ from callbacks.plots import composition_report, plt, training_curves
 from callbacks.store import TENSORS_DIR, read_tensor_store
 from metrics.dynamics.phase_change import PhaseChange, detect_phase_change
 from metrics.snapshot import COMPOSITION_MEASURES
+from models.trajectory import Trajectory, TrajectoryError
 
 FIGURE_NAME = "phase_change.png"
 COMPOSITION_FIGURE_NAME = "composition.png"
@@ -228,12 +229,31 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
             for column in validity.SUMMARY_COLUMNS:
                 if row[column] is not None and not math.isnan(row[column]):  # a measure never first for good has no such step; older runs lack the head levels
                     summary[f"validity/{row['measure']}/{column}"] = row[column]
+    summary.update(trajectory_summary(run_dir, series, change))
     (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     because = None
     if not rows:
         because = ("the ablation was off (tracker.ablation.every_n_steps=0)" if has_pairs(series, final)
                    else "the model has no earlier->later head pairs (one layer)")
     return RunReport(figure_path, summary, validity_path, rows or None, because, composition_path)
+
+
+def trajectory_summary(run_dir: Path, series, change: PhaseChange | None) -> dict[str, float]:
+    """What the run's weight trajectory kept: its steps (all and adaptive), its size, and whether
+    every tracker step from the phase change's onset to its end is among them (1 or 0)."""
+    try:
+        trajectory = Trajectory(run_dir)
+    except TrajectoryError:
+        return {}
+    entries = trajectory.entries
+    summary = {"trajectory/steps": len(entries),
+               "trajectory/adaptive_steps": sum("adaptive" in e["reasons"] for e in entries.values()),
+               "trajectory/megabytes": sum(e["bytes"] for e in entries.values()) / 2**20}
+    if change is not None:
+        tracked = series["loss/repeated"][0]
+        inside = [int(s) for s in tracked if change.onset_step <= s <= change.end_step]
+        summary["trajectory/phase_change_covered"] = float(all(s in entries for s in inside))
+    return summary
 
 
 def has_pairs(series, final) -> bool:
@@ -266,28 +286,33 @@ class PhaseChangeFigure(L.Callback):
         self.smoothing_window = smoothing_window
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.is_global_zero:
-            return
-        for logger in trainer.loggers:
-            if isinstance(logger, CSVLogger):
-                logger.save()  # flush rows still buffered
-        try:
-            report = render(self.run_dir, self.smoothing_window)
-        except (FileNotFoundError, ValueError) as error:
-            print(f"no figure: {error}")
-            return
-        step = trainer.global_step
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.log_image(key="images/phase_change", images=[str(report.figure)], step=step)
-                if report.composition_figure is not None:
-                    logger.log_image(key="images/composition_final", images=[str(report.composition_figure)], step=step)
-                if report.validity_rows:
-                    logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
-                    logger.log_table(key="validity/table", columns=validity.COLUMNS,
-                                     data=validity.table_as_lists(report.validity_rows), step=step)
-                logger.experiment.summary.update(report.summary)
-        print_report(report)
+        if trainer.is_global_zero:
+            publish_report(self.run_dir, trainer.loggers, trainer.global_step, self.smoothing_window)
+
+
+def publish_report(run_dir: Path, loggers: list, step: int, window: int = 5) -> RunReport | None:
+    """Flush the CSV, render the report of ``run_dir``, log its figures, validity table and summary
+    to every W&B logger at ``step``, and print it (None, said why, when there is nothing to draw)."""
+    for logger in loggers:
+        if isinstance(logger, CSVLogger):
+            logger.save()  # flush rows still buffered
+    try:
+        report = render(run_dir, window)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"no figure: {error}")
+        return None
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.log_image(key="images/phase_change", images=[str(report.figure)], step=step)
+            if report.composition_figure is not None:
+                logger.log_image(key="images/composition_final", images=[str(report.composition_figure)], step=step)
+            if report.validity_rows:
+                logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
+                logger.log_table(key="validity/table", columns=validity.COLUMNS,
+                                 data=validity.table_as_lists(report.validity_rows), step=step)
+            logger.experiment.summary.update(report.summary)
+    print_report(report)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ Writes into the sweep directory (the first one given): ``sweep_jobs.csv`` (a row
 ``sweep_groups.csv`` (per value of the swept parameters: mean and standard deviation over seeds),
 ``sweep_loss_curves.png`` (every job's repeated-token loss, coloured by the swept parameter) and
 ``sweep_midpoints.png`` (the phase-change midpoint against each swept parameter, error bars over
-seeds); prints both tables. At the end of a multirun, ``conf/sweep_callback.py`` runs it and logs
+seeds) and ``sweep_aligned.png`` (every job's curves against the step relative to its own midpoint);
+prints both tables. At the end of a multirun, ``conf/sweep_callback.py`` runs it and logs
 the tables and figures to a W&B summary run of the sweep's group.
 """
 
@@ -38,7 +39,7 @@ from callbacks.store import TENSORS_DIR, read_tensor_store
 from metrics.heads.circuit_pair import circuit_pair
 
 JOBS_TABLE, GROUPS_TABLE = "sweep_jobs.csv", "sweep_groups.csv"
-CURVES_FIGURE, MIDPOINTS_FIGURE = "sweep_loss_curves.png", "sweep_midpoints.png"
+CURVES_FIGURE, MIDPOINTS_FIGURE, ALIGNED_FIGURE = "sweep_loss_curves.png", "sweep_midpoints.png", "sweep_aligned.png"
 SEED_KEYS = ("seed", "data.seed")  # what varies between repeats, not between settings
 
 
@@ -52,6 +53,7 @@ class Job:
     error: str = ""  # why it did not finish, from its status.json
     values: dict[str, float | str] = field(default_factory=dict)
     loss_curve: tuple[np.ndarray, np.ndarray] | None = None  # (steps, repeated-token loss)
+    induction_curve: tuple[np.ndarray, np.ndarray] | None = None  # (steps, top induction score)
 
 
 def job_dirs(paths: list[Path]) -> list[Path]:
@@ -72,16 +74,18 @@ def read_overrides(run_dir: Path) -> dict[str, str]:
     return dict(o.lstrip("+~").split("=", 1) for o in listed if "=" in o and not o.startswith(("hydra.", "resume")))
 
 
-def read_job(run_dir: Path) -> Job:
-    """Everything the tables and figures need from one run directory; what is missing stays missing."""
+def read_job(run_dir: Path, analysis: str | None = None) -> Job:
+    """Everything the tables and figures need from one run directory; what is missing stays missing.
+    ``analysis``: the numbers come from the run's re-scoring ``analysis/NAME/`` (:mod:`analysis.rescore`)."""
     record = read_status(run_dir) or {"status": "unknown", "error": "no status.json (killed outright, or not a train.py run)"}
     config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()) or {}
     job = Job(run_dir, read_overrides(run_dir), record["status"], record.get("error") or "")
-    summary_path = run_dir / SUMMARY_NAME
-    csv_path = run_dir / CSV_RELATIVE_PATH
+    results = run_dir / "analysis" / analysis if analysis else run_dir
+    summary_path = results / SUMMARY_NAME
+    csv_path = results / CSV_RELATIVE_PATH
     fill_values(job, config.get("seed", ""), read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {},
                 json.loads(summary_path.read_text()) if summary_path.is_file() else {})
-    job.values["circuit_pair"] = final_circuit_pair(run_dir)
+    job.values["circuit_pair"] = final_circuit_pair(results)
     return job
 
 
@@ -95,6 +99,8 @@ def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]]
         steps, values = series["loss/repeated"]
         job.loss_curve = (steps, values)
         job.values["repeated_loss_start"], job.values["repeated_loss_end"] = float(values[0]), float(values[-1])
+    if "heads/induction/top" in series:
+        job.induction_curve = series["heads/induction/top"]
     for key in sorted(series):
         if key.startswith("circuit/K/") and not key.endswith(("_minus_baseline", "_rank")):
             job.values[f"K_{key.removeprefix('circuit/K/')}"] = float(series[key][1][-1])
@@ -254,6 +260,38 @@ def draw_loss_curves(jobs: list[Job], colour_by: str | None, path: Path) -> None
     plt.close(fig)
 
 
+def draw_aligned(jobs: list[Job], colour_by: str | None, path: Path) -> None:
+    """Every job's repeated-token loss and top induction score against the step relative to its own
+    phase-change midpoint, so that the shape of the change can be compared across seeds, not only its timing."""
+    fig, (ax_loss, ax_induction) = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    values = sorted({job.overrides.get(colour_by, "") for job in jobs}, key=_numeric_first) if colour_by else [""]
+    colours = plt.get_cmap("viridis")(np.linspace(0.05, 0.9, max(len(values), 1)))
+    drawn, labelled = 0, set()
+    for job in jobs:
+        midpoint = job.values.get("phase_change_midpoint", math.nan)
+        if job.loss_curve is None or not isinstance(midpoint, (int, float)) or not math.isfinite(midpoint):
+            continue
+        value = job.overrides.get(colour_by, "") if colour_by else ""
+        label = f"{colour_by}={value}" if colour_by and value not in labelled else None
+        labelled.add(value)
+        style = {"color": colours[values.index(value)], "lw": 1.2, "alpha": 0.85, "ls": "-" if job.status == FINISHED else ":"}
+        ax_loss.plot(job.loss_curve[0] - midpoint, job.loss_curve[1], label=label, **style)
+        if job.induction_curve is not None:
+            ax_induction.plot(job.induction_curve[0] - midpoint, job.induction_curve[1], **style)
+        drawn += 1
+    for ax, ylabel in ((ax_loss, "loss on repeated tokens"), (ax_induction, "top induction score")):
+        ax.axvline(0, color="k", lw=0.6, ls="--")
+        ax.set_xlabel("step - the job's phase-change midpoint")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    if labelled - {""}:
+        ax_loss.legend(fontsize=8)
+    fig.suptitle(f"{drawn} of {len(jobs)} jobs aligned on their own midpoint (the others show no phase change)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def draw_midpoints(jobs: list[Job], settings: list[str], path: Path) -> None:
     """The phase-change midpoint against each swept setting: mean and standard deviation over seeds."""
     fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(4.5 * max(len(settings), 1), 3.8), squeeze=False)
@@ -307,14 +345,15 @@ class SweepReport:
         return [job for job in self.jobs if job.status != FINISHED]
 
     def files(self) -> dict[str, Path]:
-        return {name: self.directory / name for name in (JOBS_TABLE, GROUPS_TABLE, CURVES_FIGURE, MIDPOINTS_FIGURE)}
+        return {name: self.directory / name for name in (JOBS_TABLE, GROUPS_TABLE, CURVES_FIGURE, MIDPOINTS_FIGURE, ALIGNED_FIGURE)}
 
 
-def sweep_report(paths: list[Path], out_dir: Path | None = None) -> SweepReport:
+def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str | None = None) -> SweepReport:
     """Read the jobs under ``paths`` and write the tables and figures into ``out_dir`` (default: the
-    first path). Raises FileNotFoundError when there is no run directory under ``paths``."""
+    first path); ``analysis``: from each job's re-scoring of that name. Raises FileNotFoundError when
+    there is no run directory under ``paths``."""
     paths = [Path(p) for p in paths]
-    jobs = [read_job(d) for d in job_dirs(paths)]
+    jobs = [read_job(d, analysis) for d in job_dirs(paths)]
     if not jobs:  # no train.py run directories: W&B offline runs, then
         jobs = read_wandb_jobs([f for p in paths for f in (p.glob("run-*.wandb") if p.name.startswith("offline-run-")
                                                            else p.glob("**/offline-run-*/run-*.wandb"))])
@@ -328,7 +367,9 @@ def sweep_report(paths: list[Path], out_dir: Path | None = None) -> SweepReport:
     files = report.files()
     write_table(report.job_table, files[JOBS_TABLE])
     write_table(report.group_table, files[GROUPS_TABLE])
-    draw_loss_curves(jobs, settings[0] if settings else (swept[0] if swept else None), files[CURVES_FIGURE])
+    colour_by = settings[0] if settings else (swept[0] if swept else None)
+    draw_loss_curves(jobs, colour_by, files[CURVES_FIGURE])
+    draw_aligned(jobs, colour_by, files[ALIGNED_FIGURE])
     draw_midpoints(jobs, settings, files[MIDPOINTS_FIGURE])
     return report
 
@@ -343,7 +384,7 @@ def print_sweep_report(report: SweepReport) -> None:
                      "repeated_loss_end_mean", "repeated_loss_end_sd", "top_induction_score_mean"]
     print(f"\nover seeds ({report.files()[GROUPS_TABLE]}):")
     print(format_table(report.group_table, [c for c in group_columns if any(c in row for row in report.group_table)]))
-    print(f"figures: {report.files()[CURVES_FIGURE]}, {report.files()[MIDPOINTS_FIGURE]}")
+    print(f"figures: {', '.join(str(report.files()[name]) for name in (CURVES_FIGURE, MIDPOINTS_FIGURE, ALIGNED_FIGURE))}")
     for job in report.failed:
         print(f"not finished: job {job.run_dir.name} ({' '.join(f'{k}={v}' for k, v in job.overrides.items())}): {job.status}"
               + (f": {job.error}" if job.error else ""))

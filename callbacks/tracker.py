@@ -15,7 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import Logger, WandbLogger
 
 from callbacks.keys import snapshot_metrics
 from callbacks.plots import heatmap_image
@@ -61,6 +61,13 @@ class Schedule:
     def due(self, part: str, step: int, last: bool) -> bool:
         every = getattr(self, part)
         return bool(every) and (step % every == 0 or last)
+
+    def at_every_step(self) -> Schedule:
+        """For chosen steps (a re-scoring of saved weights): every part that is on runs at each one,
+        every measure is scored and the whitened bases come from that step; heatmaps keep their period."""
+        on = lambda every: 1 if every else 0
+        return Schedule(every_n_steps=1, ablation=on(self.ablation), copying=on(self.copying), matching=on(self.matching),
+                        images=self.images, all_measures=0, whitening=0)
 
 
 @dataclass
@@ -119,6 +126,7 @@ class CompositionTracker(L.Callback):
         self.ledger = CostLedger()
         self.last_step: int | None = None
         self.last_keys: list[str] = []  # the keys of the last snapshot: an unmeasurable one logs NaN under them
+        self.latest: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the last snapshot, for other callbacks
         self.whitenings: dict = {}  # the whitened bases (embedding, residual), reused between refreshes
         self.ablation_used: str | None = None
         self._clock: tuple[int, float, float] | None = None  # (step, time, tracker seconds so far) when the clock started
@@ -133,20 +141,25 @@ class CompositionTracker(L.Callback):
         self.whitenings = {basis: Whitening(**w) for basis, w in state_dict.get("whitenings", {}).items()}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.num_threads is None:
-            self.num_threads = auto_threads(pl_module.model.shape, self.measures)
-        if self.store_dir is not None and trainer.is_global_zero:
-            self.store = TensorStore(self.store_dir)
-            self.store.truncate_after(trainer.global_step - 1)  # a resumed run measures its first step again
+        if trainer.is_global_zero:
+            self.open(pl_module.model, trainer.global_step)
         self.maybe_measure(trainer, pl_module)
+
+    def open(self, model, first_step: int) -> None:
+        """Get ready to measure ``model`` from ``first_step`` on: the snapshot's threads, and the
+        tensor store, cut back to before ``first_step`` (a resumed run measures its first step again)."""
+        if self.num_threads is None:
+            self.num_threads = auto_threads(model.shape, self.measures)
+        if self.store_dir is not None:
+            self.store = TensorStore(self.store_dir)
+            self.store.truncate_after(first_step - 1)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.maybe_measure(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.maybe_measure(trainer, pl_module, force=True)  # the final weights, whatever max_steps is
-        if self.store is not None:
-            self.store.close()
+        self.close()
         if trainer.is_global_zero and self.cost_report and self.ledger.runs:
             print(self.totals_line())
 
@@ -157,29 +170,40 @@ class CompositionTracker(L.Callback):
         if not due or step == self.last_step or not trainer.is_global_zero:
             return  # gradient accumulation calls us several times per optimizer step
         self.last_step = step
+        self.snapshot(trainer.loggers, pl_module.model, step, last)
+
+    def snapshot(self, loggers: list[Logger], model, step: int, last: bool) -> None:
+        """Measure ``model`` at ``step`` on the tracker's threads (see :meth:`measure`); weights that
+        cannot be measured are logged as NaN, with the reason printed."""
         threads = torch.get_num_threads()
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         try:
-            if not all(bool(p.detach().isfinite().all()) for p in pl_module.model.parameters()):
-                self.log_unmeasurable(trainer, step, "the weights are not finite")
+            if not all(bool(p.detach().isfinite().all()) for p in model.parameters()):
+                self.log_unmeasurable(loggers, step, "the weights are not finite")
             else:
                 try:
-                    self.measure(trainer, pl_module.model, step, last)
+                    self.measure(loggers, model, step, last)
                 except torch.linalg.LinAlgError as error:  # finite but extreme weights: no decomposition converges
-                    self.log_unmeasurable(trainer, step, f"a decomposition failed ({str(error).splitlines()[0][:120]})")
+                    self.log_unmeasurable(loggers, step, f"a decomposition failed ({str(error).splitlines()[0][:120]})")
         finally:
             torch.set_num_threads(threads)
 
-    def log_unmeasurable(self, trainer: L.Trainer, step: int, why: str) -> None:
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def log_unmeasurable(self, loggers: list[Logger], step: int, why: str) -> None:
         """A snapshot that cannot be taken is logged as NaN under the last snapshot's keys, and said why."""
         print(f"tracker: step {step} not measured, logged as NaN: {why}")
         metrics = {key: float("nan") for key in self.last_keys}
         metrics["tracker/unmeasurable"] = 1.0
-        for logger in trainer.loggers:
+        for logger in loggers:
             logger.log_metrics(metrics, step=step)
 
-    def measure(self, trainer: L.Trainer, model, step: int, last: bool) -> None:
+    def measure(self, loggers: list[Logger], model, step: int, last: bool) -> Snapshot:
+        """Take the snapshot due at ``step`` (``last``: every part), log it to ``loggers`` and the
+        store. The one code path of every snapshot: in training, and when re-scoring saved weights."""
         start = time.perf_counter()
         s = self.schedule
         ablate = s.due("ablation", step, last)
@@ -201,19 +225,21 @@ class CompositionTracker(L.Callback):
         logging_start = time.perf_counter()
         metrics = snapshot_metrics(snap, self.max_pair_keys, self.top_pairs, n_measures=len(self.measures))
         self.last_keys = list(metrics)
-        for logger in trainer.loggers:
+        self.latest = (step, metrics)
+        for logger in loggers:
             logger.log_metrics(metrics, step=step)
         if self.store is not None:
             self.store.append(step, snapshot_tensors(snap))
         self.ledger.add("logging", time.perf_counter() - logging_start)
         self.ledger.add("snapshot", time.perf_counter() - start)
         if s.due("images", step, last):
-            self.log_heatmaps(trainer, snap, step)
+            self.log_heatmaps(loggers, snap, step)
         if self.cost_report:
             self.maybe_report(step)
+        return snap
 
-    def log_heatmaps(self, trainer: L.Trainer, snap: Snapshot, step: int) -> None:
-        wandb_loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+    def log_heatmaps(self, loggers: list[Logger], snap: Snapshot, step: int) -> None:
+        wandb_loggers = [lg for lg in loggers if isinstance(lg, WandbLogger)]
         if not wandb_loggers or snap.circuit is None:
             return  # only W&B shows images; one layer has no pairs to draw
         start = time.perf_counter()

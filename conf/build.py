@@ -22,11 +22,13 @@ from callbacks.progress import ProgressLines
 from callbacks.resumable_csv import ResumableCSVLogger
 from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker, Schedule
+from callbacks.trajectory import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
 from conf.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint, resumed_run_dir
 from conf.wandb_reach import effective_mode
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
+from models.trajectory import TRAJECTORY_DIR
 from models.transformer import TransformerShape
 
 
@@ -157,9 +159,10 @@ def build_loggers(cfg: DictConfig, run_dir: Path, continuation: Continuation, wa
     return loggers
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path, wandb_id: str | None) -> list[L.Callback]:
+def build_callbacks(cfg: DictConfig, run_dir: Path, wandb_id: str | None, naming: WandbNaming = WandbNaming()) -> list[L.Callback]:
     last = run_dir / CHECKPOINTS / LAST_CHECKPOINT
-    record = {RUN_KEY: {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "wandb_id": wandb_id}}
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    record = {RUN_KEY: {"config": config, "wandb_id": wandb_id}}
     callbacks: list[L.Callback] = [
         DivergenceGuard(),  # first: a diverged step is neither measured nor checkpointed
         RunRecord(record, last),
@@ -170,10 +173,26 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, wandb_id: str | None) -> lis
         StopOnSignal(last),  # a Checkpoint too: Lightning runs both after the tracker
     ]
     tr = cfg.tracker
-    if tr.enabled:
-        callbacks.append(build_tracker(cfg, run_dir))
+    tracker = build_tracker(cfg, run_dir) if tr.enabled else None
+    if tracker is not None:
+        callbacks.append(tracker)
+    if cfg.trajectory.enabled:  # after the tracker: it reads the tracker's snapshot of the same step
+        run = {"wandb_id": wandb_id, "wandb_group": naming.group, "wandb_name": naming.name}
+        callbacks.append(build_trajectory(cfg, run_dir, config, run, tracker))
+    if tracker is not None:
         callbacks.append(PhaseChangeFigure(run_dir, smoothing_window=tr.smoothing_window))
     return callbacks
+
+
+def build_trajectory(cfg: DictConfig, run_dir: Path, config: dict, run: dict, tracker: CompositionTracker | None) -> TrajectoryRecorder:
+    """The weight trajectory as ``cfg.trajectory`` configures it; no adaptive part without a tracker."""
+    t = cfg.trajectory
+    trigger = None
+    if tracker is not None and t.trigger.value != "none":
+        _, falling = TRIGGER_KEYS[t.trigger.value]
+        trigger = PhaseTrigger(falling=falling, threshold=t.threshold, settle=t.settle, window=t.window)
+    return TrajectoryRecorder(run_dir / TRAJECTORY_DIR, config, run, cfg.trainer.max_steps, t.log_steps, t.every_n_steps,
+                              t.budget_mb, trigger, tracker, t.look_back)
 
 
 def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
@@ -200,7 +219,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, continuation: Continuation = C
     t = cfg.trainer
     interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar
     wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
-    callbacks = build_callbacks(cfg, run_dir, wandb_id)
+    callbacks = build_callbacks(cfg, run_dir, wandb_id, naming)
     if t.enable_progress_bar and not interactive:
         callbacks.append(ProgressLines(t.progress_every_n_steps))
     return L.Trainer(

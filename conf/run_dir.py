@@ -12,7 +12,7 @@ from pathlib import Path
 
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
-RUN_MARKERS = (".hydra", CHECKPOINTS, "csv", "wandb", "tensors", "summary.json", "train.log")
+RUN_MARKERS = (".hydra", CHECKPOINTS, "csv", "wandb", "tensors", "trajectory", "analysis", "summary.json", "train.log")
 RUN_KEY = "run"  # checkpoint["run"] = {"config": the resolved config, "wandb_id": the W&B run id or None}
 
 

@@ -165,6 +165,30 @@ class TrackerConfig:
     smoothing_window: int = 5  # points, for phase-change detection
 
 
+class TrajectoryTrigger(str, Enum):
+    """What starts keeping the weights at every tracker step (callbacks.trajectory.PhaseTrigger)."""
+
+    repeated_loss = "repeated_loss"  # the probe's repeated-token loss starts its fall
+    induction_score = "induction_score"  # the top induction score starts its rise
+    none = "none"  # no densification: the log-spaced and linear grids only
+
+
+@dataclass
+class TrajectoryConfig:
+    """The weights kept over training (``RUN_DIR/trajectory/``, safetensors, weights only): log-spaced
+    steps, a linear grid, every tracker step through a phase change, and the last step."""
+
+    enabled: bool = True
+    log_steps: int = 20  # log-spaced steps in [1, max_steps] (and step 0)
+    every_n_steps: int = 100  # the linear grid (0: none)
+    trigger: TrajectoryTrigger = TrajectoryTrigger.repeated_loss
+    threshold: float = 0.05  # start: a fall of this share of the first step's loss (or a rise of this much induction score)
+    settle: float = 0.05  # end: over the last `window` tracker steps, a move under this share of the change so far
+    window: int = 3  # tracker steps averaged (trailing) before the trigger reads them
+    look_back: int = 5  # tracker steps held in memory, written when the trigger fires (it fires a little late)
+    budget_mb: float = 40.0  # thins the linear grid first, then the log-spaced one; half is kept for the phase change
+
+
 @dataclass
 class Config:
     seed: int = 0
@@ -178,6 +202,7 @@ class Config:
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
     tracker: TrackerConfig = MISSING
+    trajectory: TrajectoryConfig = field(default_factory=TrajectoryConfig)
 
 
 def register_schemas() -> None:

@@ -43,5 +43,6 @@ def log_to_wandb(config: DictConfig, report) -> None:
         "sweep/jobs": wandb.Table(columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]),
         "sweep/loss_curves": wandb.Image(str(report.files()["sweep_loss_curves.png"])),
         "sweep/midpoints": wandb.Image(str(report.files()["sweep_midpoints.png"])),
+        "sweep/aligned": wandb.Image(str(report.files()["sweep_aligned.png"])),
     })
     run.finish(exit_code=1 if report.failed else 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
 from metrics.snapshot import COMPOSITION_MEASURES
+from models.trajectory import HEADER_BYTES, TrajectoryPlan
+from models.transformer import TransformerShape
 
 
 class ConfigError(ValueError):
@@ -153,6 +156,31 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.append("trainer=gpu but no CUDA device is visible to torch (use trainer=cpu)")
     if tr.enabled:
         problems.extend(tracker_problems(cfg))
+    if cfg.trajectory.enabled and not problems:
+        problems.extend(trajectory_problems(cfg))
+    return problems
+
+
+def trajectory_problems(cfg: DictConfig) -> list[str]:
+    """Problems of ``cfg.trajectory`` (enabled), the budget against this model's size among them."""
+    t, problems = cfg.trajectory, []
+    for key, low in (("log_steps", 0), ("every_n_steps", 0), ("window", 1), ("look_back", 0)):
+        if t[key] < low:
+            problems.append(f"trajectory.{key}={t[key]} must be >= {low}")
+    for key in ("threshold", "settle", "budget_mb"):
+        if not math.isfinite(t[key]) or t[key] <= 0:
+            problems.append(f"trajectory.{key}={t[key]} must be a finite number > 0")
+    if problems:
+        return problems
+    m = cfg.model
+    shape = TransformerShape(m.n_layers, m.n_heads, m.d_model, m.d_head, m.n_ctx, m.d_vocab, str(m.normalization.value))
+    itemsize = 8 if cfg.trainer.precision in ("64", "64-true") else 4
+    adaptive = cfg.tracker.enabled and t.trigger.value != "none"
+    try:
+        TrajectoryPlan.fit(cfg.trainer.max_steps, t.log_steps, t.every_n_steps, shape.parameter_count * itemsize + HEADER_BYTES,
+                           int(t.budget_mb * 2**20), adaptive)
+    except ValueError as error:
+        problems.append(f"trajectory.budget_mb={t.budget_mb}: {error}; raise it, or trajectory.enabled=false")
     return problems
 
 

@@ -38,6 +38,13 @@ class TransformerShape:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
+    @property
+    def parameter_count(self) -> int:
+        """Weights of the model: embeddings, ``W_Q, W_K, W_V, W_O`` per layer, norm gains, unembedding."""
+        d, gains = self.d_model, self.d_model * (self.normalization != "none")
+        per_layer = 4 * self.n_heads * d * self.d_head + gains
+        return self.d_vocab * d + self.n_ctx * d + self.n_layers * per_layer + gains + d * self.d_vocab
+
 
 def make_norm(kind: str, d_model: int) -> nn.Module:
     """Pre-attention normalization with a gain and no bias, so the gain (and LayerNorm's centring)

@@ -14,7 +14,7 @@ import torch
 from bench import composition as bench
 
 needs_transformer_lens = pytest.mark.skipif(
-    importlib.util.find_spec("transformer_lens") is None, reason="TransformerLens is not installed (pip install -e '.[bench]')"
+    importlib.util.find_spec("transformer_lens") is None, reason="TransformerLens is not installed (pip install -e '.[tl]')"
 )
 
 
@@ -74,4 +74,4 @@ def test_missing_transformer_lens_exits_2_with_the_install_hint(monkeypatch, cap
         bench.main(["--shapes", "small"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "pip install -e '.[bench]'" in err and len(err.strip().splitlines()) == 1
+    assert "pip install -e '.[tl]'" in err and len(err.strip().splitlines()) == 1

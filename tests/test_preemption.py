@@ -11,6 +11,7 @@ to the next), so the comparison here runs at ``OMP_NUM_THREADS=1``.
 from __future__ import annotations
 
 import csv
+import json
 import signal
 
 import pytest
@@ -23,7 +24,10 @@ pytestmark = pytest.mark.slow
 
 ARGS = ["trainer.checkpoint_every_n_steps=25", "tracker.every_n_steps=5", "tracker.ablation.every_n_steps=10",
         "tracker.copying.every_n_steps=10", "tracker.whitening.every_n_steps=15", "tracker.images.every_n_steps=0",
-        "trainer.log_every_n_steps=1"]
+        "trainer.log_every_n_steps=1",
+        # a trigger that fires within the first tracker steps and stays on: the kill lands mid-change
+        "trajectory.threshold=0.0001", "trajectory.settle=1e-9", "trajectory.window=1", "trajectory.log_steps=3",
+        "trajectory.every_n_steps=0"]
 SINGLE_THREAD = train_env(OMP_NUM_THREADS="1")
 
 
@@ -79,13 +83,22 @@ def test_sigterm_then_resume_in_place_equals_an_uninterrupted_run(tmp_path, unin
     for key, tensor in reference["state_dict"].items():
         assert torch.equal(final["state_dict"][key], tensor), key
     assert (run_dir / "summary.json").read_text() == (uninterrupted / "summary.json").read_text()
+    kept, reference_kept = (json.loads((d / "trajectory" / "index.json").read_text())["steps"] for d in (run_dir, uninterrupted))
+    assert kept == reference_kept  # the same steps, each once, for the same reasons
+    adaptive = sorted(int(s) for s, entry in kept.items() if "adaptive" in entry["reasons"])
+    assert adaptive[0] < step < adaptive[-1]  # stopped while the trigger was on
+    for entry in kept.values():
+        assert (run_dir / "trajectory" / entry["file"]).read_bytes() == (uninterrupted / "trajectory" / entry["file"]).read_bytes()
     assert (run_dir / ".hydra" / "overrides.yaml").is_file() and list(run_dir.glob(".hydra/resume-*/overrides.yaml"))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGUSR1])
 def test_ctrl_c_and_slurms_warning_signal_checkpoint_the_step_and_exit_non_zero(tmp_path, signum):
     code, printed = run_train_until([f"hydra.run.dir={tmp_path}", "trainer.max_steps=200", "tracker.enabled=false", "logger=csv",
-                                     "trainer.log_every_n_steps=1"],
+                                     "trainer.log_every_n_steps=1",
+        # a trigger that fires within the first tracker steps and stays on: the kill lands mid-change
+        "trajectory.threshold=0.0001", "trajectory.settle=1e-9", "trajectory.window=1", "trajectory.log_steps=3",
+        "trajectory.every_n_steps=0"],
                                     step=7, signum=signum)
     assert code == 128 + signum, printed[-3000:]
     step = int(printed.split(f"stopped by {signum.name} at step ")[1].split(";")[0])

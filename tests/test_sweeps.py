@@ -56,7 +56,7 @@ def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
     (run_file,) = diverged.glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_records.exit_code(run_file) == 1  # marked failed in W&B, not successful
     assert not list((tmp_path / rows[(3e-3, -1)]["job"]).glob("wandb"))  # refused before W&B started
-    for name in ("sweep_jobs.csv", "sweep_groups.csv", "sweep_loss_curves.png", "sweep_midpoints.png"):
+    for name in ("sweep_jobs.csv", "sweep_groups.csv", "sweep_loss_curves.png", "sweep_midpoints.png", "sweep_aligned.png"):
         assert (tmp_path / name).is_file(), name
     (report_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # the sweep's summary run, in its group
     report_run = next(r.run for r in wandb_records.records(report_file) if r.WhichOneof("record_type") == "run")

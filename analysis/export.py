@@ -1,0 +1,167 @@
+"""Open a saved step in TransformerLens, and score a TransformerLens model with our tracker.
+
+    python -m analysis.export RUN_DIR --step 500 --out exported/     # config.json + model.safetensors
+
+In Python (TransformerLens installed: ``pip install -e '.[tl]'``)::
+
+    from analysis.export import load_hooked_transformer
+    tl_model = load_hooked_transformer("outputs/2026-11-23/10-00-00", step=500)
+    tl_model.all_composition_scores("K")
+
+Our model is TransformerLens's attention-only ``HookedTransformer`` with every bias zero, the same
+per-head layout (``W_Q [n_heads, d_model, d_head]``, ``W_O [n_heads, d_head, d_model]``) and the
+same attention scale (1/sqrt(d_head)); the key map is :data:`KEYS`. Nothing is folded on load: the
+exported model's logits equal ours. The ``HookedTransformer`` path is used, not TransformerLens 4's
+``TransformerBridge``, whose native models refuse shortformer positions; the ``[tl]`` extra pins
+``transformer-lens<4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.trajectory import Trajectory, TrajectoryError
+from models.transformer import AttentionOnlyTransformer, TransformerShape
+
+INSTALL_HINT = "pip install -e '.[tl]' (TransformerLens < 4, for its HookedTransformer)"
+CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+NORMALIZATION_TYPES = {"none": None, "layernorm": "LN", "rmsnorm": "RMS"}
+KEYS = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U", "final_norm.weight": "ln_final.w",
+        "layers.{l}.W_Q": "blocks.{l}.attn.W_Q", "layers.{l}.W_K": "blocks.{l}.attn.W_K",
+        "layers.{l}.W_V": "blocks.{l}.attn.W_V", "layers.{l}.W_O": "blocks.{l}.attn.W_O", "layers.{l}.norm.weight": "blocks.{l}.ln1.w"}
+"""Our state-dict keys -> TransformerLens's (``{l}``: the layer)."""
+
+
+def hooked_transformer_config(shape: TransformerShape, dtype: torch.dtype = torch.float32) -> dict:
+    """The ``HookedTransformerConfig`` arguments of our model. RMSNorm's epsilon is torch's default
+    for ``nn.RMSNorm(eps=None)``, the dtype's machine epsilon; LayerNorm's is 1e-5 in both."""
+    eps = torch.finfo(dtype).eps if shape.normalization == "rmsnorm" else 1e-5
+    return {"n_layers": shape.n_layers, "d_model": shape.d_model, "d_head": shape.d_head, "n_heads": shape.n_heads,
+            "n_ctx": shape.n_ctx, "d_vocab": shape.d_vocab, "attn_only": True, "act_fn": None,
+            "normalization_type": NORMALIZATION_TYPES[shape.normalization], "positional_embedding_type": "standard",
+            "default_prepend_bos": False, "eps": eps, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def to_transformer_lens(state_dict: dict[str, torch.Tensor], shape: TransformerShape) -> dict[str, torch.Tensor]:
+    """Our state dict in TransformerLens's names, with the zero biases it expects."""
+    out = {}
+    for ours, theirs in KEYS.items():
+        for layer in range(shape.n_layers) if "{l}" in ours else [None]:
+            key = ours.format(l=layer)
+            if key in state_dict:
+                out[theirs.format(l=layer)] = state_dict[key]
+    like = state_dict["W_E"]
+    zeros = lambda *size: torch.zeros(*size, dtype=like.dtype)
+    for layer in range(shape.n_layers):
+        for name in ("b_Q", "b_K", "b_V"):
+            out[f"blocks.{layer}.attn.{name}"] = zeros(shape.n_heads, shape.d_head)
+        out[f"blocks.{layer}.attn.b_O"] = zeros(shape.d_model)
+        if shape.normalization == "layernorm":
+            out[f"blocks.{layer}.ln1.b"] = zeros(shape.d_model)
+    if shape.normalization == "layernorm":
+        out["ln_final.b"] = zeros(shape.d_model)
+    out["unembed.b_U"] = zeros(shape.d_vocab)
+    return out
+
+
+def require_transformer_lens():
+    """TransformerLens's ``HookedTransformer`` and its config class, or a one-line ImportError naming the extra."""
+    try:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    except ImportError:
+        raise ImportError(f"opening a run in TransformerLens needs it: {INSTALL_HINT}") from None
+    return HookedTransformer, HookedTransformerConfig
+
+
+def hooked_transformer(state_dict: dict[str, torch.Tensor], shape: TransformerShape, dtype: torch.dtype = torch.float32,
+                       device: str | torch.device = "cpu"):
+    """A ``HookedTransformer`` holding ``state_dict`` (ours), in ``dtype``, in eval mode."""
+    HookedTransformer, HookedTransformerConfig = require_transformer_lens()
+    tl_model = HookedTransformer(HookedTransformerConfig(**{**hooked_transformer_config(shape, dtype), "dtype": dtype}))
+    weights = {k: v.to(dtype) for k, v in to_transformer_lens(state_dict, shape).items()}
+    missing, unexpected = tl_model.load_state_dict(weights, strict=False)
+    not_buffers = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
+    if not_buffers or unexpected:
+        raise ValueError(f"TransformerLens's model does not take these weights (missing {not_buffers[:3]}, unexpected {unexpected[:3]})")
+    return tl_model.to(device, print_details=False).eval()
+
+
+def load_hooked_transformer(run_dir: str | Path, step: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """The saved weights of ``run_dir`` at ``step`` as a TransformerLens ``HookedTransformer``."""
+    trajectory = Trajectory(run_dir)
+    return hooked_transformer(trajectory.state_dict(step), trajectory.shape, dtype, device)
+
+
+def load_exported(directory: str | Path, device: str | torch.device = "cpu"):
+    """The ``HookedTransformer`` that ``python -m analysis.export`` wrote into ``directory``."""
+    HookedTransformer, HookedTransformerConfig = require_transformer_lens()
+    config = json.loads((Path(directory) / CONFIG_NAME).read_text())
+    config["dtype"] = getattr(torch, config["dtype"])
+    tl_model = HookedTransformer(HookedTransformerConfig(**config))
+    tl_model.load_state_dict(load_file(str(Path(directory) / WEIGHTS_NAME)), strict=False)
+    return tl_model.to(device, print_details=False).eval()
+
+
+@torch.no_grad()
+def from_hooked_transformer(tl_model) -> AttentionOnlyTransformer:
+    """Our model with the weights of an attention-only ``HookedTransformer`` (trained anywhere), so
+    that :func:`metrics.snapshot.take_snapshot` can score it. Refused, one line each: MLPs, positions
+    other than "standard", a normalization we do not have, or a bias that is not zero (ours has none)."""
+    cfg = tl_model.cfg
+    normalization = {v: k for k, v in NORMALIZATION_TYPES.items()}.get(cfg.normalization_type)
+    problems = [what for what, bad in (
+        ("it has MLPs (attn_only=False)", not cfg.attn_only),
+        (f"positional_embedding_type={cfg.positional_embedding_type!r} (we have 'standard')", cfg.positional_embedding_type != "standard"),
+        (f"normalization_type={cfg.normalization_type!r} (we have None, 'LN', 'RMS')", cfg.normalization_type not in NORMALIZATION_TYPES.values()),
+    ) if bad]
+    theirs = tl_model.state_dict()
+    nonzero = [k for k, v in theirs.items() if k.rsplit(".", 1)[-1] in ("b_Q", "b_K", "b_V", "b_O", "b_U", "b") and v.abs().max() > 0]
+    if nonzero:
+        problems.append(f"non-zero biases ({', '.join(nonzero[:3])}): our model has none")
+    if problems:
+        raise ValueError(f"cannot score this TransformerLens model: {'; '.join(problems)}")
+    shape = TransformerShape(cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.n_ctx, cfg.d_vocab, normalization)
+    with torch.device("meta"):
+        model = AttentionOnlyTransformer(shape)
+    ours = {}
+    for mine, tl_key in KEYS.items():
+        for layer in range(shape.n_layers) if "{l}" in mine else [None]:
+            if tl_key.format(l=layer) in theirs:
+                ours[mine.format(l=layer)] = theirs[tl_key.format(l=layer)].detach().clone()
+    model.load_state_dict(ours, assign=True)
+    return model.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write a saved step of a run as a TransformerLens model (config.json + model.safetensors).")
+    parser.add_argument("run_dir", type=Path, help="a train.py run directory with trajectory/")
+    parser.add_argument("--step", type=int, required=True, help="a saved step (see RUN_DIR/trajectory/index.json)")
+    parser.add_argument("--out", type=Path, required=True, help="a new or empty directory")
+    args = parser.parse_args(argv)
+    try:
+        trajectory = Trajectory(args.run_dir)
+        state_dict = trajectory.state_dict(args.step)
+    except TrajectoryError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        print(f"error: {args.out} exists and is not an empty directory: nothing written", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    dtype = state_dict["W_E"].dtype
+    weights = {k: v.contiguous() for k, v in to_transformer_lens(state_dict, trajectory.shape).items()}
+    save_file(weights, str(args.out / WEIGHTS_NAME), metadata={"step": str(args.step), "run_dir": str(args.run_dir)})
+    (args.out / CONFIG_NAME).write_text(json.dumps(hooked_transformer_config(trajectory.shape, dtype), indent=1))
+    print(f"wrote {args.out / CONFIG_NAME} and {args.out / WEIGHTS_NAME} (step {args.step});"
+          f" open with analysis.export.load_exported({str(args.out)!r}) or HookedTransformer(HookedTransformerConfig(**config))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
