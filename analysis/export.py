@@ -11,7 +11,7 @@ In Python (TransformerLens installed: ``pip install -e '.[tl]'``)::
 Our model is TransformerLens's attention-only ``HookedTransformer`` with every bias zero, the same
 per-head layout (``W_Q [n_heads, d_model, d_head]``, ``W_O [n_heads, d_head, d_model]``) and the
 same attention scale (1/sqrt(d_head)); the key map is :data:`KEYS`. Nothing is folded on load: the
-exported model's logits equal ours. The ``HookedTransformer`` path is used, not TransformerLens 4's
+exported model's logits equal ours, shortformer positions and biases included. The ``HookedTransformer`` path is used, not TransformerLens 4's
 ``TransformerBridge``, whose native models refuse shortformer positions; the ``[tl]`` extra pins
 ``transformer-lens<4``.
 """
@@ -34,7 +34,9 @@ CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 NORMALIZATION_TYPES = {"none": None, "layernorm": "LN", "rmsnorm": "RMS"}
 KEYS = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U", "final_norm.weight": "ln_final.w",
         "layers.{l}.W_Q": "blocks.{l}.attn.W_Q", "layers.{l}.W_K": "blocks.{l}.attn.W_K",
-        "layers.{l}.W_V": "blocks.{l}.attn.W_V", "layers.{l}.W_O": "blocks.{l}.attn.W_O", "layers.{l}.norm.weight": "blocks.{l}.ln1.w"}
+        "layers.{l}.W_V": "blocks.{l}.attn.W_V", "layers.{l}.W_O": "blocks.{l}.attn.W_O", "layers.{l}.norm.weight": "blocks.{l}.ln1.w",
+        "layers.{l}.b_Q": "blocks.{l}.attn.b_Q", "layers.{l}.b_K": "blocks.{l}.attn.b_K", "layers.{l}.b_V": "blocks.{l}.attn.b_V",
+        "layers.{l}.b_O": "blocks.{l}.attn.b_O", "b_U": "unembed.b_U"}
 """Our state-dict keys -> TransformerLens's (``{l}``: the layer)."""
 
 
@@ -44,12 +46,12 @@ def hooked_transformer_config(shape: TransformerShape, dtype: torch.dtype = torc
     eps = torch.finfo(dtype).eps if shape.normalization == "rmsnorm" else 1e-5
     return {"n_layers": shape.n_layers, "d_model": shape.d_model, "d_head": shape.d_head, "n_heads": shape.n_heads,
             "n_ctx": shape.n_ctx, "d_vocab": shape.d_vocab, "attn_only": True, "act_fn": None,
-            "normalization_type": NORMALIZATION_TYPES[shape.normalization], "positional_embedding_type": "standard",
+            "normalization_type": NORMALIZATION_TYPES[shape.normalization], "positional_embedding_type": shape.positions,
             "default_prepend_bos": False, "eps": eps, "dtype": str(dtype).removeprefix("torch.")}
 
 
 def to_transformer_lens(state_dict: dict[str, torch.Tensor], shape: TransformerShape) -> dict[str, torch.Tensor]:
-    """Our state dict in TransformerLens's names, with the zero biases it expects."""
+    """Our state dict in TransformerLens's names, with zeros for the biases it has and ours does not."""
     out = {}
     for ours, theirs in KEYS.items():
         for layer in range(shape.n_layers) if "{l}" in ours else [None]:
@@ -60,13 +62,13 @@ def to_transformer_lens(state_dict: dict[str, torch.Tensor], shape: TransformerS
     zeros = lambda *size: torch.zeros(*size, dtype=like.dtype)
     for layer in range(shape.n_layers):
         for name in ("b_Q", "b_K", "b_V"):
-            out[f"blocks.{layer}.attn.{name}"] = zeros(shape.n_heads, shape.d_head)
-        out[f"blocks.{layer}.attn.b_O"] = zeros(shape.d_model)
+            out.setdefault(f"blocks.{layer}.attn.{name}", zeros(shape.n_heads, shape.d_head))
+        out.setdefault(f"blocks.{layer}.attn.b_O", zeros(shape.d_model))
         if shape.normalization == "layernorm":
             out[f"blocks.{layer}.ln1.b"] = zeros(shape.d_model)
     if shape.normalization == "layernorm":
         out["ln_final.b"] = zeros(shape.d_model)
-    out["unembed.b_U"] = zeros(shape.d_vocab)
+    out.setdefault("unembed.b_U", zeros(shape.d_vocab))
     return out
 
 
@@ -111,28 +113,32 @@ def load_exported(directory: str | Path, device: str | torch.device = "cpu"):
 @torch.no_grad()
 def from_hooked_transformer(tl_model) -> AttentionOnlyTransformer:
     """Our model with the weights of an attention-only ``HookedTransformer`` (trained anywhere), so
-    that :func:`metrics.snapshot.take_snapshot` can score it. Refused, one line each: MLPs, positions
-    other than "standard", a normalization we do not have, or a bias that is not zero (ours has none)."""
+    that :func:`metrics.snapshot.take_snapshot` can score it; with biases where any of its attention
+    or unembedding biases is not zero. Refused, one line each: MLPs, positions other than "standard"
+    and "shortformer", a normalization we do not have, a LayerNorm bias that is not zero (ours has none)."""
     cfg = tl_model.cfg
     normalization = {v: k for k, v in NORMALIZATION_TYPES.items()}.get(cfg.normalization_type)
     problems = [what for what, bad in (
         ("it has MLPs (attn_only=False)", not cfg.attn_only),
-        (f"positional_embedding_type={cfg.positional_embedding_type!r} (we have 'standard')", cfg.positional_embedding_type != "standard"),
+        (f"positional_embedding_type={cfg.positional_embedding_type!r} (we have 'standard', 'shortformer')",
+         cfg.positional_embedding_type not in ("standard", "shortformer")),
         (f"normalization_type={cfg.normalization_type!r} (we have None, 'LN', 'RMS')", cfg.normalization_type not in NORMALIZATION_TYPES.values()),
     ) if bad]
     theirs = tl_model.state_dict()
-    nonzero = [k for k, v in theirs.items() if k.rsplit(".", 1)[-1] in ("b_Q", "b_K", "b_V", "b_O", "b_U", "b") and v.abs().max() > 0]
-    if nonzero:
-        problems.append(f"non-zero biases ({', '.join(nonzero[:3])}): our model has none")
+    nonzero = lambda names: [k for k, v in theirs.items() if k.rsplit(".", 1)[-1] in names and v.abs().max() > 0]
+    if nonzero(("b",)):
+        problems.append(f"non-zero LayerNorm biases ({', '.join(nonzero(('b',))[:3])}): our LayerNorm has none")
     if problems:
         raise ValueError(f"cannot score this TransformerLens model: {'; '.join(problems)}")
-    shape = TransformerShape(cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.n_ctx, cfg.d_vocab, normalization)
+    biases = bool(nonzero(("b_Q", "b_K", "b_V", "b_O", "b_U")))
+    shape = TransformerShape(cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.n_ctx, cfg.d_vocab, normalization,
+                             cfg.positional_embedding_type, biases)
     with torch.device("meta"):
         model = AttentionOnlyTransformer(shape)
-    ours = {}
+    ours, wanted = {}, set(model.state_dict())
     for mine, tl_key in KEYS.items():
         for layer in range(shape.n_layers) if "{l}" in mine else [None]:
-            if tl_key.format(l=layer) in theirs:
+            if mine.format(l=layer) in wanted:
                 ours[mine.format(l=layer)] = theirs[tl_key.format(l=layer)].detach().clone()
     model.load_state_dict(ours, assign=True)
     return model.eval()

@@ -62,10 +62,11 @@ def build_module(cfg: DictConfig) -> InductionLM:
     m, o = cfg.model, cfg.optim
     shape = TransformerShape(
         n_layers=m.n_layers, n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head,
-        n_ctx=m.n_ctx, d_vocab=m.d_vocab, normalization=str(m.normalization.value),
+        n_ctx=m.n_ctx, d_vocab=m.d_vocab, normalization=str(m.normalization.value), positions=str(m.positions.value),
+        biases=m.biases,
     )
     return InductionLM(shape, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), warmup_steps=o.warmup_steps,
-                       init_std=m.init_std)
+                       init=str(m.init.value), init_std=m.init_std)
 
 
 def wandb_mode(cfg: DictConfig) -> str:

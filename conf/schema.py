@@ -17,6 +17,17 @@ class Normalization(str, Enum):
     rmsnorm = "rmsnorm"
 
 
+class Positions(str, Enum):
+    standard = "standard"  # added to the residual stream
+    shortformer = "shortformer"  # added to the queries' and keys' inputs only (seed 002's EasyTransformer run)
+
+
+class InitScheme(str, Enum):
+    fan_in = "fan_in"  # N(0, 1/fan-in)
+    normal = "normal"  # every W_* N(0, init_std²)
+    gpt2 = "gpt2"  # every W_* N(0, (0.8/sqrt(d_model))²): EasyTransformer's init_mode="gpt2"
+
+
 class DataName(str, Enum):
     repeated = "repeated"
     bigram_triggers = "bigram_triggers"
@@ -38,7 +49,10 @@ class ModelConfig:
     n_ctx: int = 33
     d_vocab: int = 257  # random tokens + BOS
     normalization: Normalization = Normalization.none
-    init_std: Optional[float] = None  # every weight N(0, init_std²) (seed 002: 0.02); None: 1/sqrt(fan-in)
+    positions: Positions = Positions.standard
+    biases: bool = False  # b_Q, b_K, b_V, b_O per layer and b_U: start at 0, trained
+    init: InitScheme = InitScheme.fan_in
+    init_std: Optional[float] = None  # with init=normal: every W_* N(0, init_std²) (seed 002: 0.02)
 
 
 @dataclass

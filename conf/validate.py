@@ -36,9 +36,21 @@ def flatten(tree, prefix: str = "") -> dict[str, object]:
     return {key.rstrip("."): value for key, value in flat.items()}
 
 
+def schema_defaults(sections: tuple[str, ...] = RESUME_KEPT) -> dict[str, object]:
+    """The schema's default of every key of ``sections``, flat (``model.biases``: False)."""
+    from conf.schema import Config, DataConfig, ModelConfig, TrackerConfig
+
+    nodes = {"model": ModelConfig, "data": DataConfig, "tracker": TrackerConfig}
+    root = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True, throw_on_missing=False)
+    tree = {k: OmegaConf.to_container(OmegaConf.structured(nodes[k]), enum_to_str=True) if k in nodes else root.get(k) for k in sections}
+    return flatten(tree)
+
+
 def config_changes(trained: dict, now: dict, sections: tuple[str, ...] = RESUME_KEPT) -> list[str]:
-    """``key: trained -> now`` for every key of ``sections`` that differs between two resolved configs."""
-    before = flatten({k: trained.get(k) for k in sections})
+    """``key: trained -> now`` for every key of ``sections`` that differs between two resolved configs.
+    A key the trained config lacks (an option added since) counts as its schema default."""
+    defaults = schema_defaults(sections)
+    before = {**defaults, **flatten({k: trained.get(k) for k in sections})}
     after = flatten({k: now.get(k) for k in sections})
     return [f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
 
@@ -116,8 +128,10 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
             problems.append("data.name=sentence_gap_copy needs data.bos=true (every segment starts with BOS)")
         if d.max_sentence < 1 or d.max_gap < 0:
             problems.append(f"data.max_sentence={d.max_sentence} must be >= 1 and data.max_gap={d.max_gap} >= 0")
-    if m.init_std is not None and m.init_std <= 0:
-        problems.append(f"model.init_std={m.init_std} must be > 0 (or null: 1/sqrt(fan-in))")
+    if m.init == "normal" and (m.init_std is None or not math.isfinite(m.init_std) or m.init_std <= 0):
+        problems.append(f"model.init=normal needs model.init_std > 0 (got {m.init_std})")
+    elif m.init != "normal" and m.init_std is not None:
+        problems.append(f"model.init_std={m.init_std} goes with model.init=normal (model.init={m.init.value})")
     if d.name == "bigram_triggers" and not 1 <= d.n_triggers < n_random:
         problems.append(f"data.n_triggers={d.n_triggers} must be in [1, {n_random - 1}]")
     if t.max_steps < 1:
@@ -173,7 +187,8 @@ def trajectory_problems(cfg: DictConfig) -> list[str]:
     if problems:
         return problems
     m = cfg.model
-    shape = TransformerShape(m.n_layers, m.n_heads, m.d_model, m.d_head, m.n_ctx, m.d_vocab, str(m.normalization.value))
+    shape = TransformerShape(m.n_layers, m.n_heads, m.d_model, m.d_head, m.n_ctx, m.d_vocab, str(m.normalization.value),
+                             str(m.positions.value), m.biases)
     itemsize = 8 if cfg.trainer.precision in ("64", "64-true") else 4
     adaptive = cfg.tracker.enabled and t.trigger.value != "none"
     try:

@@ -28,10 +28,11 @@ class InductionLM(L.LightningModule):
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_steps: int = 0,
+        init: str = "fan_in",
         init_std: float | None = None,
     ) -> None:
         super().__init__()
-        self.model = AttentionOnlyTransformer(shape, init_std)
+        self.model = AttentionOnlyTransformer(shape, init, init_std)
         self.lr, self.weight_decay, self.betas, self.warmup_steps = lr, weight_decay, tuple(betas), warmup_steps
 
     def training_step(self, tokens: Tensor, batch_idx: int) -> Tensor:

@@ -1,8 +1,8 @@
 """An attention-only transformer in plain torch, with per-head weights in TransformerLens layout.
 
 Row-vector convention (see docs/measures.md): a residual vector is a row ``x [1, d_model]``, a head
-reads with ``x @ W_Q[h]`` and writes ``z @ W_O[h]``. No biases and no MLPs, as in the toy models
-of Elhage et al. 2021 ("A Mathematical Framework for Transformer Circuits"), so every circuit of
+reads with ``x @ W_Q[h]`` and writes ``z @ W_O[h]``. No MLPs and, by default, no biases, as in the toy
+models of Elhage et al. 2021 ("A Mathematical Framework for Transformer Circuits"), so every circuit of
 the model is a product of the weight matrices below.
 """
 
@@ -17,6 +17,12 @@ from einops import einsum
 from torch import Tensor, nn
 
 NORMALIZATIONS = ("none", "layernorm", "rmsnorm")
+POSITIONS = ("standard", "shortformer")
+"""Where the learned positions enter: the residual stream (``standard``), or only the inputs of the
+queries and keys (``shortformer``, Press et al. 2021; EasyTransformer's option, which seed 002's run used)."""
+INITS = ("fan_in", "normal", "gpt2")
+"""Weight initialisations: N(0, 1/fan-in); N(0, init_std²) for every ``W_*``; EasyTransformer's
+"gpt2" mode, N(0, (0.8/sqrt(d_model))²) for every ``W_*``. Biases start at 0 and norm gains at 1."""
 
 
 @dataclass(frozen=True)
@@ -30,20 +36,25 @@ class TransformerShape:
     n_ctx: int = 64
     d_vocab: int = 64
     normalization: str = "none"
+    positions: str = "standard"
+    biases: bool = False  # b_Q, b_K, b_V [n_heads, d_head] and b_O [d_model] per layer, b_U [d_vocab]
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         for name in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx", "d_vocab"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def parameter_count(self) -> int:
-        """Weights of the model: embeddings, ``W_Q, W_K, W_V, W_O`` per layer, norm gains, unembedding."""
+        """Weights of the model: embeddings, ``W_Q, W_K, W_V, W_O`` per layer, norm gains, biases, unembedding."""
         d, gains = self.d_model, self.d_model * (self.normalization != "none")
-        per_layer = 4 * self.n_heads * d * self.d_head + gains
-        return self.d_vocab * d + self.n_ctx * d + self.n_layers * per_layer + gains + d * self.d_vocab
+        layer_biases, unembed_bias = (3 * self.n_heads * self.d_head + d, self.d_vocab) if self.biases else (0, 0)
+        per_layer = 4 * self.n_heads * d * self.d_head + gains + layer_biases
+        return self.d_vocab * d + self.n_ctx * d + self.n_layers * per_layer + gains + d * self.d_vocab + unembed_bias
 
 
 def make_norm(kind: str, d_model: int) -> nn.Module:
@@ -69,7 +80,11 @@ def norm_centres(norm: nn.Module) -> bool:
 class AttentionLayer(nn.Module):
     """One layer of ``n_heads`` causal attention heads, added into the residual stream.
 
-    Weights: ``W_Q, W_K, W_V [n_heads, d_model, d_head]``, ``W_O [n_heads, d_head, d_model]``.
+    Weights: ``W_Q, W_K, W_V [n_heads, d_model, d_head]``, ``W_O [n_heads, d_head, d_model]``; with
+    ``shape.biases`` also ``b_Q, b_K, b_V [n_heads, d_head]`` and ``b_O [d_model]`` (else None).
+    ``pos [pos, d_model]`` (shortformer positions) is added to the normalized input of the queries
+    and keys only, never to the values or the stream, as TransformerLens's ``shortformer`` does
+    (``ln1(x) + pos``: the norm never sees the positions).
     """
 
     def __init__(self, shape: TransformerShape) -> None:
@@ -80,38 +95,64 @@ class AttentionLayer(nn.Module):
         self.W_K = nn.Parameter(torch.randn(h, d, e) / math.sqrt(d))
         self.W_V = nn.Parameter(torch.randn(h, d, e) / math.sqrt(d))
         self.W_O = nn.Parameter(torch.randn(h, e, d) / math.sqrt(e * h))
+        for name, size in (("b_Q", (h, e)), ("b_K", (h, e)), ("b_V", (h, e)), ("b_O", (d,))):
+            self.register_parameter(name, nn.Parameter(torch.zeros(size)) if shape.biases else None)
 
-    def project(self, x: Tensor, weight: Tensor) -> Tensor:
-        """``[batch, pos, d_model] x [n_heads, d_model, d_head] -> [batch, n_heads, pos, d_head]``."""
-        return einsum(self.norm(x), weight, "b t d, h d e -> b h t e")
+    def project(self, x: Tensor, weight: Tensor, bias: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
+        """``norm(x) (+ pos) [batch, pos, d_model] x [n_heads, d_model, d_head] (+ bias [n_heads, d_head])
+        -> [batch, n_heads, pos, d_head]``."""
+        read = self.norm(x) if pos is None else self.norm(x) + pos
+        out = einsum(read, weight, "b t d, h d e -> b h t e")
+        return out if bias is None else out + bias[:, None]
 
-    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, x: Tensor, pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values ``[batch, n_heads, pos, d_head]`` each, from one 2-D GEMM
         ``[b·t, d_model] @ [d_model, 3·h·e]`` (faster for the tracker's no-grad probe pass than a
-        batched matmul per head; no faster in training, measured)."""
-        b, t, d = x.shape
-        weights = torch.cat([self.W_Q, self.W_K, self.W_V]).permute(1, 0, 2).reshape(d, -1)  # (d, 3h e)
-        out = (self.norm(x).reshape(b * t, d) @ weights).view(b, t, -1, weights.shape[-1] // (3 * self.W_Q.shape[0]))
-        return out.transpose(1, 2).chunk(3, dim=1)  # 3 x (b, h, t, e)
+        batched matmul per head; no faster in training, measured); two with shortformer positions,
+        whose queries and keys read another input than the values."""
+        if pos is not None:
+            read = self.norm(x)
+            q, k = self._fused(read + pos, [self.W_Q, self.W_K], [self.b_Q, self.b_K])
+            (v,) = self._fused(read, [self.W_V], [self.b_V])
+            return q, k, v
+        return self._fused(self.norm(x), [self.W_Q, self.W_K, self.W_V], [self.b_Q, self.b_K, self.b_V])
 
-    def forward(self, x: Tensor) -> Tensor:
+    @staticmethod
+    def _fused(read: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> tuple[Tensor, ...]:
+        """The normalized input ``read [b, t, d]`` through every weight ``[h, d, e]`` in one GEMM."""
+        b, t, d = read.shape
+        e = weights[0].shape[-1]
+        stacked = torch.cat(weights).permute(1, 0, 2).reshape(d, -1)  # (d, n h e)
+        out = (read.reshape(b * t, d) @ stacked).view(b, t, -1, e).transpose(1, 2)  # (b, n h, t, e)
+        if biases[0] is not None:
+            out = out + torch.cat(biases)[:, None]
+        return out.chunk(len(weights), dim=1)  # n x (b, h, t, e)
+
+    def forward(self, x: Tensor, pos: Tensor | None = None) -> Tensor:
         """Training path through ``scaled_dot_product_attention``: ``[b, t, d] -> [b, t, d]``."""
-        q, k, v = (self.project(x, w) for w in (self.W_Q, self.W_K, self.W_V))  # (b, h, t, e)
+        q, k = self.project(x, self.W_Q, self.b_Q, pos), self.project(x, self.W_K, self.b_K, pos)  # (b, h, t, e)
+        v = self.project(x, self.W_V, self.b_V)
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, h, t, e)
-        return x + einsum(z, self.W_O, "b h t e, h e d -> b t d")
+        return x + self.write(z)
 
-    def pattern(self, x_query: Tensor, x_key: Tensor | None = None) -> Tensor:
+    def write(self, z: Tensor) -> Tensor:
+        """Every head's output ``z [b, h, t, e]`` into the stream ``[b, t, d]`` (and ``b_O``)."""
+        out = einsum(z, self.W_O, "b h t e, h e d -> b t d")
+        return out if self.b_O is None else out + self.b_O
+
+    def pattern(self, x_query: Tensor, x_key: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
         """Explicit causal attention pattern ``[batch, n_heads, query_pos, key_pos]``.
 
         ``x_key`` (default: ``x_query``) is the residual stream the keys read, so a caller can
-        change the keys' input alone, e.g. for a K-only path ablation.
+        change the keys' input alone, e.g. for a K-only path ablation; ``pos``: shortformer positions.
         """
         x_key = x_query if x_key is None else x_key
-        return causal_pattern(self.project(x_query, self.W_Q), self.project(x_key, self.W_K))
+        return causal_pattern(self.project(x_query, self.W_Q, self.b_Q, pos), self.project(x_key, self.W_K, self.b_K, pos))
 
     def head_outputs(self, x: Tensor, pattern: Tensor) -> Tensor:
-        """Each head's write into the residual stream, ``[batch, n_heads, pos, d_model]``."""
-        return (pattern @ self.project(x, self.W_V)) @ self.W_O[None]
+        """Each head's write into the residual stream, ``[batch, n_heads, pos, d_model]`` (``b_O``,
+        the layer's, belongs to no head)."""
+        return (pattern @ self.project(x, self.W_V, self.b_V)) @ self.W_O[None]
 
 
 def causal_pattern(q: Tensor, k: Tensor) -> Tensor:
@@ -125,13 +166,18 @@ def causal_pattern(q: Tensor, k: Tensor) -> Tensor:
 class AttentionOnlyTransformer(nn.Module):
     """Token + learned positional embeddings, ``n_layers`` attention layers, (norm), unembedding.
 
-    ``W_E [d_vocab, d_model]``, ``W_pos [n_ctx, d_model]``, ``W_U [d_model, d_vocab]``.
+    ``W_E [d_vocab, d_model]``, ``W_pos [n_ctx, d_model]``, ``W_U [d_model, d_vocab]`` (and ``b_U
+    [d_vocab]`` with ``shape.biases``, else None). With ``shape.positions == "shortformer"`` the
+    stream holds the tokens alone and ``W_pos`` reaches only the queries' and keys' inputs.
     """
 
-    def __init__(self, shape: TransformerShape, init_std: float | None = None) -> None:
-        """``init_std``: draw every weight matrix from N(0, init_std²) (the old library default of
-        0.02 that seed 002 trained with) instead of 1/sqrt(fan-in); norm gains stay 1."""
+    def __init__(self, shape: TransformerShape, init: str = "fan_in", init_std: float | None = None) -> None:
+        """``init`` (:data:`INITS`): ``normal`` draws every weight matrix from N(0, init_std²) (the
+        old library default of 0.02 that seed 002's script documents), ``gpt2`` from
+        N(0, (0.8/sqrt(d_model))²), EasyTransformer's ``init_mode="gpt2"``; biases stay 0, gains 1."""
         super().__init__()
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
         self.shape = shape
         d = shape.d_model
         self.W_E = nn.Parameter(torch.randn(shape.d_vocab, d) / math.sqrt(d))
@@ -139,47 +185,65 @@ class AttentionOnlyTransformer(nn.Module):
         self.layers = nn.ModuleList(AttentionLayer(shape) for _ in range(shape.n_layers))
         self.final_norm = make_norm(shape.normalization, d)
         self.W_U = nn.Parameter(torch.randn(d, shape.d_vocab) / math.sqrt(d))
-        if init_std is not None:
+        self.register_parameter("b_U", nn.Parameter(torch.zeros(shape.d_vocab)) if shape.biases else None)
+        std = {"fan_in": None, "normal": init_std, "gpt2": 0.8 / math.sqrt(d)}[init]
+        if (init == "normal") != (init_std is not None) or (init_std is not None and init_std <= 0):
+            raise ValueError(f"init_std={init_std} goes with init='normal' (and > 0) only; init={init!r}")
+        if std is not None:  # drawn after the fan-in weights, as before: a run's random stream does not move
             with torch.no_grad():
                 for name, weight in self.named_parameters():
                     if name.rsplit(".", 1)[-1].startswith("W_"):
-                        weight.normal_(0.0, init_std)
+                        weight.normal_(0.0, std)
+
+    @property
+    def shortformer(self) -> bool:
+        return self.shape.positions == "shortformer"
 
     def embed(self, tokens: Tensor) -> Tensor:
-        """``[batch, pos]`` token ids -> residual stream ``[batch, pos, d_model]``."""
+        """``[batch, pos]`` token ids -> residual stream ``[batch, pos, d_model]`` (tokens and
+        positions; tokens alone with shortformer positions, see :meth:`positions`)."""
         if tokens.shape[-1] > self.shape.n_ctx:
             raise ValueError(f"sequence length {tokens.shape[-1]} exceeds n_ctx={self.shape.n_ctx}")
-        return self.W_E[tokens] + self.W_pos[: tokens.shape[-1]]
+        tokens_embedded = self.W_E[tokens]
+        return tokens_embedded if self.shortformer else tokens_embedded + self.W_pos[: tokens.shape[-1]]
+
+    def positions(self, n_positions: int) -> Tensor | None:
+        """What the queries and keys add to their input, ``[pos, d_model]``: the positions with
+        shortformer, else None (they are in the stream already)."""
+        return self.W_pos[:n_positions] if self.shortformer else None
 
     def unembed(self, x: Tensor) -> Tensor:
         """Residual stream ``[batch, pos, d_model]`` -> logits ``[batch, pos, d_vocab]``."""
-        return self.final_norm(x) @ self.W_U
+        logits = self.final_norm(x) @ self.W_U
+        return logits if self.b_U is None else logits + self.b_U
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Logits ``[batch, pos, d_vocab]`` for ``tokens [batch, pos]`` (fast training path)."""
-        x = self.embed(tokens)
+        x, pos = self.embed(tokens), self.positions(tokens.shape[-1])
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, pos)
         return self.unembed(x)
 
     def run_with_cache(self, tokens: Tensor, head_out: bool = True) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Logits plus what the metrics read, computed with explicit attention patterns.
 
         Returns ``(logits [b, t, d_vocab], cache)`` where ``cache["resid_pre"][l]`` is layer l's
-        input ``[b, t, d_model]``, ``cache["pattern"][l]`` its attention ``[b, h, t, t]`` and, with
-        ``head_out``, ``cache["head_out"][l]`` each head's write ``[b, h, t, d_model]``. The stream
-        itself adds the heads' writes as one GEMM over ``(head, d_head)``: without ``head_out`` the
-        pass costs about a forward pass, with it (``h`` times the write's memory) up to twice that.
+        input ``[b, t, d_model]`` (the stream: without the positions under shortformer),
+        ``cache["pattern"][l]`` its attention ``[b, h, t, t]`` and, with ``head_out``,
+        ``cache["head_out"][l]`` each head's write ``[b, h, t, d_model]`` (without ``b_O``). The
+        stream itself adds the heads' writes as one GEMM over ``(head, d_head)``: without
+        ``head_out`` the pass costs about a forward pass, with it (``h`` times the write's memory)
+        up to twice that.
         """
         cache: dict[str, list[Tensor]] = {"resid_pre": [], "pattern": [], **({"head_out": []} if head_out else {})}
-        x = self.embed(tokens)
+        x, pos = self.embed(tokens), self.positions(tokens.shape[-1])
         for layer in self.layers:
-            q, k, v = layer.qkv(x)  # (b, h, t, e) each
+            q, k, v = layer.qkv(x, pos)  # (b, h, t, e) each
             pattern = causal_pattern(q, k)  # (b, h, t, t)
             z = pattern @ v  # (b, h, t, e)
             cache["resid_pre"].append(x)
             cache["pattern"].append(pattern)
             if head_out:
                 cache["head_out"].append(z @ layer.W_O[None])  # (b, h, t, d_model)
-            x = x + einsum(z, layer.W_O, "b h t e, h e d -> b t d")
+            x = x + layer.write(z)
         return self.unembed(x), cache

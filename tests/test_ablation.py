@@ -10,7 +10,7 @@ from data.probe import ProbeBatch, make_probe_batch
 from metrics.ground_truth import ablation
 from metrics.ground_truth.ablation import ABLATION_KINDS, _blocks, ablation_cost, key_ablation_effects
 from metrics.dynamics.loss_views import repeated_loss, token_losses
-from models.transformer import TransformerShape
+from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
 
@@ -78,16 +78,18 @@ def per_pair_loop(model, probe, kind="per_position"):
         L, H = model.shape.n_layers, model.shape.n_heads
         patterns = torch.full((L, H, L, H), float("nan"), dtype=torch.float64)
         losses = patterns.clone()
+        pos = model.positions(tokens.shape[1])  # shortformer positions (None: they are in the stream)
+        out = lambda layer, x, pattern: x + layer.head_outputs(x, pattern).sum(dim=1) + (0 if layer.b_O is None else layer.b_O)
         for l1, h1, l2, h2 in [(a, b, c, d) for a in range(L) for b in range(H) for c in range(a + 1, L) for d in range(H)]:
             write = cache["head_out"][l1][:, h1]
             x = cache["resid_pre"][l2]
-            ablated = model.layers[l2].pattern(x, x - write + replaced(write, kind))[:, h2]
+            ablated = model.layers[l2].pattern(x, x - write + replaced(write, kind), pos)[:, h2]
             patterns[l1, h1, l2, h2] = 0.5 * (ablated - cache["pattern"][l2][:, h2]).abs().sum(-1).mean()
             mixed = cache["pattern"][l2].clone()
             mixed[:, h2] = ablated
-            x = x + model.layers[l2].head_outputs(x, mixed).sum(dim=1)
+            x = out(model.layers[l2], x, mixed)
             for layer in model.layers[l2 + 1 :]:
-                x = x + layer.head_outputs(x, layer.pattern(x)).sum(dim=1)
+                x = out(layer, x, layer.pattern(x, pos=pos))
             losses[l1, h1, l2, h2] = repeated_loss(token_losses(model.unembed(x), tokens), probe.repeat_start, probe.n) - clean
     return patterns, losses
 
@@ -193,3 +195,24 @@ def test_a_float32_model_is_ablated_in_float32_close_to_float64():
     single, double = key_ablation_effects(model, probe), key_ablation_effects(model.double(), probe)
     for name, values in single.effects().items():
         torch.testing.assert_close(values, double.effects()[name], rtol=1e-3, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("normalization", ["none", "layernorm"])
+@pytest.mark.parametrize("positions, biases", [("shortformer", False), ("standard", True), ("shortformer", True)])
+def test_seed_002s_library_options_equal_the_per_pair_loop(positions, biases, normalization):
+    """Shortformer positions (queries and keys only) and biases: the batched ablation equals the loop,
+    whose patterns and head outputs come from the model's own layers."""
+    torch.manual_seed(0)
+    shape = TransformerShape(3, 3, 24, 5, 17, 11, normalization, positions, biases)
+    model = AttentionOnlyTransformer(shape).double().eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.rsplit(".", 1)[-1].startswith("b_"):
+                parameter.normal_(0, 0.3)
+    probe = make_probe_batch(0, 6, 8, 10)
+    for budget in (400_000, ablation.DEFAULT_MAX_CHUNK_BYTES):
+        effects = key_ablation_effects(model, probe, max_chunk_bytes=budget)
+        patterns, losses = per_pair_loop(model, probe)
+        torch.testing.assert_close(effects.pattern_change, patterns, rtol=1e-9, atol=1e-12, equal_nan=True)
+        torch.testing.assert_close(effects.loss_change, losses, rtol=1e-9, atol=1e-12, equal_nan=True)
+    assert (effects.loss_change[~effects.loss_change.isnan()].abs() > 1e-6).any()

@@ -134,3 +134,19 @@ def test_the_entry_point_says_which_method_it_used():
     estimate, used = ablation_effects(model, probe, max_exact_flops=0)
     assert used == "attribution"
     torch.testing.assert_close(estimate.loss_change, key_attribution_effects(model, probe).loss_change, equal_nan=True)
+
+
+@pytest.mark.parametrize("normalization", ["none", "layernorm"])
+def test_attribution_with_shortformer_positions_and_biases_is_the_derivative_of_the_ablation(normalization):
+    """Seed 002's library options: attribution's own forward pass (positions into the queries' and
+    keys' inputs only, every bias) is the derivative of the exact ablation, which equals its loop."""
+    from tests.test_transformer import seed002_like
+
+    model = seed002_like("shortformer", True, normalization).eval()
+    probe = make_probe_batch(0, 4, 4, 10)
+    eps = 1e-4
+    estimate = later(key_attribution_effects(model, probe).loss_change)
+    forward = later(key_ablation_effects(model, probe, scale=eps).loss_change)
+    backward = later(key_ablation_effects(model, probe, scale=-eps).loss_change)
+    torch.testing.assert_close(estimate, (forward - backward) / (2 * eps), rtol=1e-5, atol=0)
+    assert estimate.abs().min() > 1e-9

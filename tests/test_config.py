@@ -116,3 +116,26 @@ def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
 def test_data_seed_follows_the_run_seed_unless_set():
     assert composed("seed=3").data.seed == 3
     assert composed("seed=3", "data.seed=7").data.seed == 7
+
+
+def test_a_run_made_before_an_option_existed_resumes_unchanged():
+    """A checkpoint's config from before ``model.positions``, ``model.biases`` and ``model.init``
+    existed reads them as their defaults: no change; a changed one is still named."""
+    from omegaconf import OmegaConf
+
+    from conf.validate import config_changes
+
+    now = OmegaConf.to_container(composed(), resolve=True, enum_to_str=True)
+    old = OmegaConf.to_container(composed(), resolve=True, enum_to_str=True)
+    for key in ("positions", "biases", "init"):
+        del old["model"][key]
+    assert config_changes(old, now) == []
+    changed = OmegaConf.to_container(composed("model.biases=true"), resolve=True, enum_to_str=True)
+    assert config_changes(old, changed) == ["model.biases: False -> True"]
+
+
+def test_seed_002s_presets_compose_with_their_library_options():
+    cfg = composed("experiment=seed002")
+    assert config_problems(cfg) == [] and cfg.model.init == "normal" and cfg.model.init_std == 0.02
+    library = composed("experiment=seed002", "model.positions=shortformer", "model.biases=true", "model.init=gpt2", "model.init_std=null")
+    assert config_problems(library) == []

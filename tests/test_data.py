@@ -128,6 +128,6 @@ def test_init_std_draws_every_weight_matrix_from_that_normal():
     from models.transformer import AttentionOnlyTransformer, TransformerShape
 
     torch.manual_seed(0)
-    model = AttentionOnlyTransformer(TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=32, n_ctx=100, d_vocab=1000), init_std=0.02)
+    model = AttentionOnlyTransformer(TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=32, n_ctx=100, d_vocab=1000), init="normal", init_std=0.02)
     for name, weight in model.named_parameters():
         assert abs(weight.std().item() - 0.02) < 0.002 and abs(weight.mean().item()) < 0.002, name

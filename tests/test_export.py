@@ -48,12 +48,27 @@ def test_our_snapshot_scores_a_transformer_lens_model_as_transformer_lens_does()
 
 def test_transformer_lens_models_we_cannot_score_are_refused_in_one_line():
     config = transformer_lens.HookedTransformerConfig(n_layers=1, n_heads=2, d_model=8, d_head=4, n_ctx=5, d_vocab=7,
-                                                      attn_only=True, positional_embedding_type="shortformer")
-    with pytest.raises(ValueError, match="positional_embedding_type='shortformer'"):
+                                                      d_mlp=16, act_fn="relu", attn_only=False, positional_embedding_type="rotary")
+    with pytest.raises(ValueError, match="MLPs .*positional_embedding_type='rotary'"):
         from_hooked_transformer(transformer_lens.HookedTransformer(config))
-    biased = transformer_lens.HookedTransformer(transformer_lens.HookedTransformerConfig(
-        n_layers=1, n_heads=2, d_model=8, d_head=4, n_ctx=5, d_vocab=7, attn_only=True))
+    layernorm = transformer_lens.HookedTransformer(transformer_lens.HookedTransformerConfig(
+        n_layers=1, n_heads=2, d_model=8, d_head=4, n_ctx=5, d_vocab=7, attn_only=True, normalization_type="LN"))
     with torch.no_grad():
-        biased.blocks[0].attn.b_O.fill_(0.1)
-    with pytest.raises(ValueError, match="non-zero biases .*b_O"):
-        from_hooked_transformer(biased)
+        layernorm.blocks[0].ln1.b.fill_(0.1)
+    with pytest.raises(ValueError, match="non-zero LayerNorm biases .*blocks.0.ln1.b"):
+        from_hooked_transformer(layernorm)
+
+
+@pytest.mark.parametrize("normalization", ["none", "layernorm"])
+def test_shortformer_positions_and_biases_open_in_transformer_lens_with_our_logits(tmp_path, normalization):
+    from tests.test_transformer import seed002_like
+
+    model = seed002_like("shortformer", True, normalization)
+    TrajectoryWriter(tmp_path / "trajectory", model.shape, {}).add(7, model.state_dict(), ["log"])
+    tl_model = load_hooked_transformer(tmp_path, 7, dtype=torch.float64)
+    assert tl_model.cfg.positional_embedding_type == "shortformer"
+    tokens = torch.randint(0, model.shape.d_vocab, (4, model.shape.n_ctx), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (tl_model(tokens) - model(tokens)).abs().max().item() <= 1e-10
+        back = from_hooked_transformer(tl_model)
+        assert back.shape == model.shape and torch.equal(back(tokens), model(tokens))

@@ -141,3 +141,23 @@ def test_a_sweep_is_rescored_job_by_job_then_reported(tmp_path):
     report = sweep_dir / "analysis" / "resample"
     assert (report / "sweep_jobs.csv").is_file() and (report / "sweep_aligned.png").is_file()
     assert "sweep: 2 jobs" in rescored.stdout
+
+
+def test_seed_002s_library_options_train_track_and_open_in_transformer_lens(tmp_path):
+    """Shortformer positions, biases and EasyTransformer's init, in a real run (the ablation off: it
+    does not handle them yet), exported at its last step with TransformerLens's logits equal to ours."""
+    pytest.importorskip("transformer_lens")
+    from analysis.export import load_hooked_transformer
+
+    run_dir = tmp_path / "run"
+    result = run_train([*TINY, "trainer.max_steps=20", "model.positions=shortformer", "model.biases=true", "model.init=gpt2",
+                        "model.normalization=layernorm", "tracker.ablation.every_n_steps=0", "logger=csv"], run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trajectory = Trajectory(run_dir)
+    assert trajectory.shape.positions == "shortformer" and trajectory.shape.biases
+    ours = trajectory.model(20).double()
+    tl_model = load_hooked_transformer(run_dir, 20, dtype=torch.float64)
+    tokens = torch.randint(0, ours.shape.d_vocab, (4, ours.shape.n_ctx), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (tl_model(tokens) - ours(tokens)).abs().max() <= 1e-10
+    assert float(ours.layers[0].b_K.abs().max()) > 0  # the biases trained

@@ -92,3 +92,27 @@ def test_residual_rotation_leaves_frobenius_unchanged():
     after = composition_scores(head_circuits(residual_transform(model, rotation), torch.float64), frobenius_ratio)["frobenius"]["K"]
     valid = ~before.isnan()
     torch.testing.assert_close(after[valid], before[valid], rtol=1e-4, atol=0)
+
+
+def test_with_shortformer_positions_the_embedding_covariance_is_the_tokens_alone():
+    """Under shortformer the stream layer 0 reads holds no position (docs/measures.md, "Biases and
+    shortformer positions"): the covariance whitened by ``whitened`` is that of ``W_E``'s rows."""
+    from metrics.composition.whitening import embedding_covariance
+    from tests.test_transformer import seed002_like
+
+    for positions in ("standard", "shortformer"):
+        model = seed002_like(positions, True)
+        rows = model.W_E.detach() if positions == "shortformer" else (model.W_E[:, None] + model.W_pos[None]).detach().flatten(0, 1)
+        centred = rows - rows.mean(0)
+        torch.testing.assert_close(embedding_covariance(model), centred.T @ centred / len(rows), rtol=1e-10, atol=1e-12)
+
+
+def test_a_snapshot_of_a_model_with_seed_002s_options_has_every_part():
+    from data.probe import make_probe_batch
+    from metrics.snapshot import COMPOSITION_MEASURES, take_snapshot
+    from tests.test_transformer import seed002_like
+
+    model = seed002_like("shortformer", True, "layernorm")
+    snap = take_snapshot(model, make_probe_batch(0, 4, 4, 10), tuple(COMPOSITION_MEASURES), 200, ablate=True, dtype=torch.float64)
+    assert snap.ablation is not None and snap.validity is not None and snap.copying is not None
+    assert all(torch.isfinite(snap.composition[m]["K"][0, :, 1]).all() for m in COMPOSITION_MEASURES)

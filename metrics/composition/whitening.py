@@ -34,11 +34,13 @@ from models.transformer import AttentionOnlyTransformer
 
 
 def embedding_covariance(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> Tensor:
-    """Covariance ``[d_model, d_model]`` of ``W_E[t] + W_pos[p]`` over uniform independent ``t, p``
-    (every token id, every position): ``Cov(W_E rows) + Cov(W_pos rows)``, on the model's device."""
+    """Covariance ``[d_model, d_model]`` of the stream layer 0 reads, ``W_E[t] + W_pos[p]`` over
+    uniform independent ``t, p`` (every token id, every position): ``Cov(W_E rows) + Cov(W_pos rows)``,
+    on the model's device. With shortformer positions the stream holds the tokens alone (positions
+    reach only the queries' and keys' inputs), so ``Cov(W_E rows)``."""
     dtype = metric_dtype(model, dtype)
     cov = lambda rows: torch.cov(weight(rows, dtype).T, correction=0)
-    return cov(model.W_E) + cov(model.W_pos)
+    return cov(model.W_E) if model.shape.positions == "shortformer" else cov(model.W_E) + cov(model.W_pos)
 
 
 def token_gram(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> Tensor:

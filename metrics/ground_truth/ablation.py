@@ -207,13 +207,16 @@ class _CleanRun:
     def of(cls, model: AttentionOnlyTransformer, clean_run: tuple[Tensor, dict]) -> _CleanRun:
         logits, cache = clean_run
         x, patterns = cache["resid_pre"], cache["pattern"]
+        pos = model.positions(x[0].shape[1])
         # the cache keeps no q, k, v: recomputing the readers' costs one forward pass's projections
-        q, k, v = map(list, zip((None, None, None), *(_qkv(layer, x_l) for layer, x_l in zip(model.layers[1:], x[1:]))))
+        q, k, v = map(list, zip((None, None, None), *(_qkv(layer, x_l, pos) for layer, x_l in zip(model.layers[1:], x[1:]))))
         z = None
         if _is_linear(model):  # the writers' pattern-weighted values, for their d_head-wide key change
-            v[0] = _project(model.layers[0], x[0], model.layers[0].W_V)
+            v[0] = _project(model.layers[0], x[0], model.layers[0].W_V, model.layers[0].b_V)
             z = [pattern @ v_l for pattern, v_l in zip(patterns[:-1], v[:-1])]
         final = x[-1] + cache["head_out"][-1].sum(dim=1)
+        if model.layers[-1].b_O is not None:
+            final = final + model.layers[-1].b_O
         return cls([*x, final], logits, q, k, v, z, list(cache["head_out"]))
 
 
@@ -322,21 +325,33 @@ def _writer_replacements(per_layer: list[Tensor], kind: str) -> Tensor:
     return torch.cat([replacement_of(x, kind).transpose(0, 1) for x in per_layer])
 
 
-def _project(layer: nn.Module, x: Tensor, weights: Tensor) -> Tensor:
-    """``norm(x) [..., t, d]`` read by per-head ``weights [h, d, e]`` -> ``[..., h, t, e]``, as one
-    ``d x h·e`` GEMM (a broadcast ``[b, 1, t, d] @ [h, d, e]`` would copy the weights b times)."""
+def _project(layer: nn.Module, x: Tensor, weights: Tensor, biases: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
+    """``norm(x) [..., t, d]`` (plus shortformer positions ``pos [t, d]``) read by per-head
+    ``weights [h, d, e]`` (plus ``biases [h, e]``) -> ``[..., h, t, e]``, as one ``d x h·e`` GEMM (a
+    broadcast ``[b, 1, t, d] @ [h, d, e]`` would copy the weights b times)."""
     h, d, e = weights.shape
-    return (layer.norm(x) @ weights.permute(1, 0, 2).reshape(d, h * e)).unflatten(-1, (h, e)).transpose(-3, -2)
+    read = layer.norm(x) if pos is None else layer.norm(x) + pos
+    out = (read @ weights.permute(1, 0, 2).reshape(d, h * e)).unflatten(-1, (h, e)).transpose(-3, -2)
+    return out if biases is None else out + biases[:, None]
 
 
-def _qkv(layer: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Queries, keys and values ``[..., H, t, e]`` of ``x [..., t, d]``, in one GEMM."""
-    return _project(layer, x, torch.cat([layer.W_Q, layer.W_K, layer.W_V])).chunk(3, dim=-3)
+def _biases(layer: nn.Module, *names: str) -> Tensor | None:
+    return None if layer.b_Q is None else torch.cat([getattr(layer, name) for name in names])
 
 
-def _merge_heads(z: Tensor, W_O: Tensor) -> Tensor:
-    """All heads' writes summed: ``z [n, H, t, e]`` x ``W_O [H, e, d]`` -> ``[n, t, d]``, one GEMM."""
-    return torch.einsum("nhte,hed->ntd", z, W_O)
+def _qkv(layer: nn.Module, x: Tensor, pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys and values ``[..., H, t, e]`` of ``x [..., t, d]``, in one GEMM (two with
+    shortformer positions ``pos [t, d]``, which only the queries and keys read)."""
+    if pos is None:
+        return _project(layer, x, torch.cat([layer.W_Q, layer.W_K, layer.W_V]), _biases(layer, "b_Q", "b_K", "b_V")).chunk(3, dim=-3)
+    q, k = _project(layer, x, torch.cat([layer.W_Q, layer.W_K]), _biases(layer, "b_Q", "b_K"), pos).chunk(2, dim=-3)
+    return q, k, _project(layer, x, layer.W_V, layer.b_V)
+
+
+def _merge_heads(z: Tensor, W_O: Tensor, b_O: Tensor | None = None) -> Tensor:
+    """All heads' writes summed (and the layer's bias): ``z [n, H, t, e]`` x ``W_O [H, e, d]`` -> ``[n, t, d]``, one GEMM."""
+    out = torch.einsum("nhte,hed->ntd", z, W_O)
+    return out if b_O is None else out + b_O
 
 
 # --- the reader layer ----------------------------------------------------------------------------
@@ -347,6 +362,7 @@ class _AblatedKeys:
 
     def __init__(self, model, clean: _CleanRun, l2: int, scale: float, kind: str) -> None:
         self.layer, self.clean, self.l2, self.scale = model.layers[l2], clean, l2, scale
+        self.pos = model.positions(clean.stream[0].shape[1])
         self.n_heads = model.shape.n_heads
         self.n_writers = l2 * self.n_heads
         self.linear = clean.z is not None
@@ -383,7 +399,7 @@ class _AblatedKeys:
         w, s, t, d = writes.shape
         shift = self.scale * (self._replacement_rows(writers, sequences) - writes)
         x_key = self.clean.stream[self.l2][sequences] + shift
-        keys = _project(self.layer, x_key, self.layer.W_K)  # (w, s, H, t, e)
+        keys = _project(self.layer, x_key, self.layer.W_K, self.layer.b_K, self.pos)  # (w, s, H, t, e)
         moved = shift.ne(0).flatten(-2).any(dim=-1)[..., None].expand(w, s, self.n_heads)
         return keys, moved
 
@@ -397,6 +413,7 @@ class _LayersAfter:
 
     def __init__(self, model, clean: _CleanRun, l2: int, tokens: Tensor, probe: ProbeBatch) -> None:
         self.model, self.l2 = model, l2
+        self.pos = model.positions(clean.stream[0].shape[1])
         self.last = l2 == model.shape.n_layers - 1
         self.linear = _is_linear(model)
         self.W_O = model.layers[l2].W_O  # (H, e, d): the reader heads' writes
@@ -443,16 +460,17 @@ class _LayersAfter:
             logits = read if read is not None else self.model.unembed(stream[:, self.scored])
         else:
             first_qkv = None if read is None else read.chunk(3, dim=1)
-            logits = self.model.unembed(_run_layers(self.model.layers[self.l2 + 1 :], stream, self.scored, first_qkv))
+            logits = self.model.unembed(_run_layers(self.model.layers[self.l2 + 1 :], stream, self.scored, first_qkv, self.pos))
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least float32, e.g. for a bf16 model
         losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
         return losses.view(len(targets), -1).sum(dim=1)
 
 
-def _run_layers(layers: nn.ModuleList, x: Tensor, scored: slice, first_qkv: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+def _run_layers(layers: nn.ModuleList, x: Tensor, scored: slice, first_qkv: tuple[Tensor, Tensor, Tensor] | None = None,
+                pos: Tensor | None = None) -> Tensor:
     """The residual stream ``x [n, t, d]`` through ``layers``, at the ``scored`` positions only
     ``[n, s, d]``; ``first_qkv``: the first layer's queries, keys and values ``[n, H, t, e]``
-    each, when already known.
+    each, when already known; ``pos``: shortformer positions ``[t, d]``.
 
     Only the scored positions are unembedded, so the last layer computes its queries, pattern rows
     and output there alone (keys and values still at every position).
@@ -462,13 +480,16 @@ def _run_layers(layers: nn.ModuleList, x: Tensor, scored: slice, first_qkv: tupl
         if i == 0 and first_qkv is not None:
             q, k, v = first_qkv
             q = q[:, :, scored] if last else q
+        elif last and pos is not None:
+            q = _project(layer, x[:, scored], layer.W_Q, layer.b_Q, pos[scored])
+            k, v = _project(layer, x, layer.W_K, layer.b_K, pos), _project(layer, x, layer.W_V, layer.b_V)
         elif last:
-            q = _project(layer, x[:, scored], layer.W_Q)
-            k, v = _project(layer, x, torch.cat([layer.W_K, layer.W_V])).chunk(2, dim=1)
+            q = _project(layer, x[:, scored], layer.W_Q, layer.b_Q)
+            k, v = _project(layer, x, torch.cat([layer.W_K, layer.W_V]), _biases(layer, "b_K", "b_V")).chunk(2, dim=1)
         else:
-            q, k, v = _qkv(layer, x)
+            q, k, v = _qkv(layer, x, pos)
         pattern = _attention(q, k, first_query=scored.start if last else 0)
-        x = (x[:, scored] if last else x) + _merge_heads(pattern @ v, layer.W_O)
+        x = (x[:, scored] if last else x) + _merge_heads(pattern @ v, layer.W_O, layer.b_O)
     return x
 
 

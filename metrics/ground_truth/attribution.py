@@ -146,27 +146,37 @@ def _key_input_gradients(model: AttentionOnlyTransformer, tokens: Tensor, probe:
     """
     weights = {name: p.detach().to(dtype) for name, p in model.named_parameters()}
     H, scored = model.shape.n_heads, slice(probe.repeat_start, probe.repeat_start + probe.n - 1)
+    t, shortformer = tokens.shape[1], model.shape.positions == "shortformer"
+    pos = weights["W_pos"][:t] if shortformer else 0.0  # shortformer: added to the queries' and keys' normalized input only
+    bias = lambda name: weights.get(name, 0.0)  # a model without biases adds nothing
     with torch.inference_mode(False), torch.enable_grad():
-        x = (weights["W_E"][tokens] + weights["W_pos"][: tokens.shape[1]]).requires_grad_()  # the graph's root
+        x = (weights["W_E"][tokens] + (0.0 if shortformer else weights["W_pos"][:t])).requires_grad_()  # the graph's root
         key_inputs = []
         for l, layer in enumerate(model.layers):
             W = {name: weights[f"layers.{l}.{name}"] for name in ("W_Q", "W_K", "W_V", "W_O")}
+            b = {name: bias(f"layers.{l}.{name}") for name in ("b_Q", "b_K", "b_V")}
             norm = _detached(layer.norm, weights, f"layers.{l}.norm.")
             normed = norm(x)
-            q, v = (torch.einsum("btd,hde->bhte", normed, W[name]) for name in ("W_Q", "W_V"))
+            q = torch.einsum("btd,hde->bhte", normed + pos, W["W_Q"]) + _per_head(b["b_Q"])
+            v = torch.einsum("btd,hde->bhte", normed, W["W_V"]) + _per_head(b["b_V"])
             if l == 0:  # no head writes before layer 0: its keys need no input of their own
-                k = torch.einsum("btd,hde->bhte", normed, W["W_K"])
+                k = torch.einsum("btd,hde->bhte", normed + pos, W["W_K"])
             else:
                 key_inputs.append(key_input := x[:, None].expand(-1, H, -1, -1))  # (b, H, t, d)
-                k = torch.einsum("bhtd,hde->bhte", norm(key_input), W["W_K"])
-            x = x + torch.einsum("bhte,hed->btd", causal_pattern(q, k) @ v, W["W_O"])
-        logits = _detached(model.final_norm, weights, "final_norm.")(x[:, scored]) @ weights["W_U"]
+                k = torch.einsum("bhtd,hde->bhte", norm(key_input) + pos, W["W_K"])
+            x = x + torch.einsum("bhte,hed->btd", causal_pattern(q, k + _per_head(b["b_K"])) @ v, W["W_O"]) + bias(f"layers.{l}.b_O")
+        logits = _detached(model.final_norm, weights, "final_norm.")(x[:, scored]) @ weights["W_U"] + bias("b_U")
         targets = tokens[:, probe.repeat_start + 1 : probe.repeat_start + probe.n]
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # the repeated-token loss
         gradients = list(torch.autograd.grad(loss, key_inputs, materialize_grads=True))
     for l, gradient in enumerate(gradients):  # one layer at a time, so only one extra copy is alive
         gradients[l] = gradient.transpose(0, 1).flatten(1)
     return gradients
+
+
+def _per_head(bias):
+    """A per-head bias ``[H, e]`` as ``[H, 1, e]`` (broadcast over positions); no bias stays 0."""
+    return bias[:, None] if isinstance(bias, Tensor) else bias
 
 
 def _detached(module: torch.nn.Module, weights: dict[str, Tensor], prefix: str):
