@@ -20,7 +20,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from models.trajectory import HEADER_BYTES, TrajectoryPlan, TrajectoryWriter
+from models.trajectory import HEADER_BYTES, INDEX_NAME, TrajectoryPlan, TrajectoryWriter
 
 TRIGGER_KEYS = {"repeated_loss": ("loss/repeated", True), "induction_score": ("heads/induction/top", False)}
 """Trigger name -> (the tracker key it reads, whether the change is a fall)."""
@@ -106,14 +106,13 @@ class TrajectoryRecorder(L.Callback):
         bytes_per_step = sum(p.numel() * p.element_size() for p in model.parameters()) + HEADER_BYTES
         self.plan = TrajectoryPlan.fit(trainer.max_steps, self.log_steps, self.every_n_steps, bytes_per_step, self.budget,
                                        adaptive=self.trigger is not None)
-        in_place = (self.directory / "index.json").is_file()
+        in_place = (self.directory / INDEX_NAME).is_file()
         self.writer = TrajectoryWriter(self.directory, model.shape, self.config, self.run)
         step = trainer.global_step
         if in_place:
             self.writer.truncate_after(step)  # a resumed run keeps nothing past its checkpoint
         print(self.plan_line())
         if step == 0 or not in_place:  # step 0, or the first step of a fork (resume=CHECKPOINT into a new directory)
-            self.last_step = None
             self.record(trainer, pl_module, step, force=not in_place and step > 0)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
