@@ -46,6 +46,14 @@ def job_field(job: str, field: str) -> str:
     return next((word.split("=", 1)[1] for word in shown.split() if word.startswith(f"{field}=")), "")
 
 
+def start_requeued_job_now(job: str) -> None:
+    """Let a requeued job start now rather than after SLURM's two-minute hold, but not within the
+    second of the requeue: slurmd revokes the first launch's credential with a one-second timestamp
+    and refuses (the job then FAILS) a relaunch whose credential is as old."""
+    time.sleep(2.0)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+
+
 def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
     if not slurm_is_up():
         if os.environ.get("REQUIRE_SLURM"):
@@ -67,11 +75,7 @@ exec {sys.executable} {REPO / 'train.py'} trainer.max_steps=120 tracker.enabled=
         wait_for(lambda: log.is_file() and "step 15/" in log.read_text(), 180, "the job to reach step 15")
         subprocess.run(["scancel", "-b", "--signal=USR1", job], check=True)  # what --signal=USR1@T sends before the time limit
         wait_for(lambda: job_field(job, "Restarts") == "1", 120, "SLURM to requeue the job")
-        # A requeued job waits two minutes before it may start again; let it start sooner, but not
-        # within the second of the requeue: slurmd revokes the first launch's credential with a
-        # one-second timestamp and refuses (the job then FAILS) a relaunch whose credential is as old.
-        time.sleep(2.0)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        start_requeued_job_now(job)
         state = wait_for(lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"), 300,
                          "the requeued job to finish")
     finally:

@@ -19,7 +19,7 @@ import pytest
 from callbacks import wandb_records
 from tests.conftest import REPO, train_env
 from tests.test_preemption import wandb_history
-from tests.test_slurm import job_field, slurm_is_up, wait_for
+from tests.test_slurm import FINISHED, job_field, slurm_is_up, start_requeued_job_now, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -113,8 +113,12 @@ def test_submitit_slurm_sweep_survives_a_pre_timeout_signal(tmp_path):
         job = log.parent.name
         subprocess.run(["scancel", "--signal=USR1", job], check=True)  # the python task is a step: no -b
         wait_for(lambda: job_field(job, "Restarts") == "1", 120, "SLURM to requeue job 0")
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)  # skip the 2-minute hold
-        printed, _ = process.communicate(timeout=600)
+        start_requeued_job_now(job)
+        # submitit cannot see a job's state here (no accounting), so a relaunch that fails would
+        # leave the sweep waiting: watch it in SLURM and fail with its state instead
+        state = wait_for(lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"), 300, "requeued job 0 to finish")
+        assert state == "COMPLETED", f"requeued job 0 ended {state} ({job_field(job, 'Reason')}):\n{log.read_text()[-3000:]}"
+        printed, _ = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
             process.kill()
