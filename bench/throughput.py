@@ -45,12 +45,12 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from callbacks.tracker import CompositionTracker
-from conf.build import build_datamodule, build_module, build_tracker
+from conf.build import build_datamodule, build_module, build_sampler, build_shape, build_tracker
 from conf.schema import register_schemas
 from conf.validate import ConfigError, validate
-from data.datamodule import TokenStream, make_sampler
+from data.datamodule import TokenStream
 from models.lit_module import next_token_loss
-from models.transformer import AttentionOnlyTransformer, TransformerShape
+from models.transformer import AttentionOnlyTransformer
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SETUPS = ("bare", "lightning", "lightning+tracker")
@@ -70,27 +70,15 @@ def compose_config(steps: int, extra: list[str]) -> DictConfig:
     return cfg
 
 
-def model_shape(cfg: DictConfig) -> TransformerShape:
-    m = cfg.model
-    return TransformerShape(
-        n_layers=m.n_layers, n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head,
-        n_ctx=m.n_ctx, d_vocab=m.d_vocab, normalization=str(m.normalization.value),
-    )
-
-
 def run_bare(cfg: DictConfig, steps: int) -> float:
     """Seconds for ``steps`` optimizer steps of a plain torch loop, after a few untimed warm-up steps."""
     d, o = cfg.data, cfg.optim
     torch.manual_seed(cfg.seed)
-    model = AttentionOnlyTransformer(model_shape(cfg))
+    model = AttentionOnlyTransformer(build_shape(cfg), init=str(cfg.model.init.value), init_std=cfg.model.init_std)
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
     # InductionLM.configure_optimizers adds this warmup; keep it so both loops do the same work per step
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(o.warmup_steps, 1)))
-    sampler = make_sampler(
-        d.name.value, d.seed, d.seq_len, cfg.model.d_vocab - int(d.bos), d.bos,
-        n_min=d.n_min, n_max=d.n_max, n_triggers=d.n_triggers, concentration=d.concentration,
-    )
-    batches = iter(TokenStream(sampler, d.batch_size))
+    batches = iter(TokenStream(build_sampler(cfg), d.batch_size))
 
     def step() -> None:
         tokens = next(batches)
@@ -120,7 +108,7 @@ def run_lightning(cfg: DictConfig, steps: int, tracker: CompositionTracker | Non
     """Seconds for ``trainer.fit`` end to end (Lightning's own setup and teardown included)."""
     torch.manual_seed(cfg.seed)
     module, datamodule = build_module(cfg), build_datamodule(cfg)
-    assert module.model.shape == model_shape(cfg), "bare and Lightning must train the same model"
+    assert module.model.shape == build_shape(cfg), "bare and Lightning must train the same model"
     t = cfg.trainer
     with tempfile.TemporaryDirectory() as root:
         trainer = L.Trainer(

@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.divergence import DivergenceGuard
@@ -25,7 +25,7 @@ from callbacks.tracker import CompositionTracker, Schedule
 from callbacks.trajectory import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
 from conf.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint, resumed_run_dir
 from conf.wandb_reach import effective_mode
-from data.datamodule import TokenDataModule, make_sampler
+from data.datamodule import TokenDataModule, TokenSampler, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
 from models.trajectory import TRAJECTORY_DIR
@@ -48,24 +48,32 @@ def torch_threads(cfg: DictConfig, launcher: DictConfig | None) -> int | None:
     return None
 
 
-def build_datamodule(cfg: DictConfig) -> TokenDataModule:
+def build_sampler(cfg: DictConfig) -> TokenSampler:
+    """The data generator ``cfg.data`` names, as a sample-ids -> tokens function."""
     d = cfg.data
-    sampler = make_sampler(
+    return make_sampler(
         d.name.value, d.seed, d.seq_len, cfg.model.d_vocab - int(d.bos), d.bos,
         n_min=d.n_min, n_max=d.n_max, n_triggers=d.n_triggers, concentration=d.concentration,
-        max_sentence=d.max_sentence, max_gap=d.max_gap,
+        min_sentence=d.min_sentence, max_sentence=d.max_sentence, max_gap=d.max_gap,
     )
-    return TokenDataModule(sampler, d.batch_size)
 
 
-def build_module(cfg: DictConfig) -> InductionLM:
-    m, o = cfg.model, cfg.optim
-    shape = TransformerShape(
+def build_datamodule(cfg: DictConfig) -> TokenDataModule:
+    return TokenDataModule(build_sampler(cfg), cfg.data.batch_size)
+
+
+def build_shape(cfg: DictConfig) -> TransformerShape:
+    m = cfg.model
+    return TransformerShape(
         n_layers=m.n_layers, n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head,
         n_ctx=m.n_ctx, d_vocab=m.d_vocab, normalization=str(m.normalization.value), positions=str(m.positions.value),
         biases=m.biases,
     )
-    return InductionLM(shape, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), warmup_steps=o.warmup_steps,
+
+
+def build_module(cfg: DictConfig) -> InductionLM:
+    m, o = cfg.model, cfg.optim
+    return InductionLM(build_shape(cfg), lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), warmup_steps=o.warmup_steps,
                        init=str(m.init.value), init_std=m.init_std)
 
 

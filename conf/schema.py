@@ -66,7 +66,8 @@ class OptimConfig:
 @dataclass
 class DataConfig:
     """``n_min, n_max`` apply to ``repeated``; ``n_triggers, concentration`` to ``bigram_triggers``;
-    ``max_sentence, max_gap`` to ``sentence_gap_copy``."""
+    ``min_sentence, max_sentence, max_gap`` to ``sentence_gap_copy`` (seed 002's script copies
+    ``sent_len + 1`` tokens: ``min_sentence=2 max_sentence=51``)."""
 
     name: DataName = DataName.repeated
     seed: int = 0
@@ -77,6 +78,7 @@ class DataConfig:
     n_max: int = 16
     n_triggers: int = 4
     concentration: float = 0.5
+    min_sentence: int = 1
     max_sentence: int = 50
     max_gap: int = 50
 

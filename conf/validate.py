@@ -126,8 +126,9 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     if d.name == "sentence_gap_copy":
         if not d.bos:
             problems.append("data.name=sentence_gap_copy needs data.bos=true (every segment starts with BOS)")
-        if d.max_sentence < 1 or d.max_gap < 0:
-            problems.append(f"data.max_sentence={d.max_sentence} must be >= 1 and data.max_gap={d.max_gap} >= 0")
+        if not 1 <= d.min_sentence <= d.max_sentence or d.max_gap < 0:
+            problems.append(f"data.min_sentence={d.min_sentence}, data.max_sentence={d.max_sentence}, data.max_gap={d.max_gap}:"
+                            " need 1 <= min_sentence <= max_sentence and max_gap >= 0")
     if m.init == "normal" and (m.init_std is None or not math.isfinite(m.init_std) or m.init_std <= 0):
         problems.append(f"model.init=normal needs model.init_std > 0 (got {m.init_std})")
     elif m.init != "normal" and m.init_std is not None:

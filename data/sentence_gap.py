@@ -2,7 +2,7 @@
 in Transformers", 2022; its training script ``composition/train_tiny_attn_only.py`` in the
 ``aslvrstn/mlscratchpad`` repository).
 
-A segment is ``[BOS] s g s``: a "sentence" ``s`` of ``U{1..max_sentence}`` uniform random tokens,
+A segment is ``[BOS] s g s``: a "sentence" ``s`` of ``U{min_sentence..max_sentence}`` uniform random tokens,
 a "gap" ``g`` of ``U{0..max_gap}`` uniform random tokens, then the sentence again. Segments are
 packed back to back over the flattened batch, so a segment may straddle two rows (and a row need
 not start with BOS), as in the seed's script. Predicting the second copy of a sentence needs an
@@ -28,15 +28,18 @@ TOKEN_STREAM, SENTENCE_STREAM, GAP_STREAM = 0, 1, 2
 
 
 def sentence_gap_tokens(seed: int, sample_ids: np.ndarray, seq_len: int, n_random: int,
-                        max_sentence: int = 50, max_gap: int = 50) -> Tensor:
-    """Token ids ``[len(sample_ids), seq_len]``: packed ``[BOS] s g s`` segments, read row by row."""
-    if max_sentence < 1 or max_gap < 0:
-        raise ValueError(f"need max_sentence >= 1 and max_gap >= 0, got {max_sentence}, {max_gap}")
+                        max_sentence: int = 50, max_gap: int = 50, min_sentence: int = 1) -> Tensor:
+    """Token ids ``[len(sample_ids), seq_len]``: packed ``[BOS] s g s`` segments, read row by row.
+
+    Seed 002's script copies ``sent_len + 1`` tokens for ``sent_len ~ U{1..50}``: its sentences are
+    ``min_sentence=2, max_sentence=51`` here."""
+    if not 1 <= min_sentence <= max_sentence or max_gap < 0:
+        raise ValueError(f"need 1 <= min_sentence <= max_sentence and max_gap >= 0, got {min_sentence}, {max_sentence}, {max_gap}")
     rows = len(sample_ids)
     total = rows * seq_len
     key = np.asarray(sample_ids[:1])
-    n_segments = total // 3 + 1  # a segment has at least 3 tokens (BOS, a 1-token sentence twice)
-    sentences = 1 + random_ints(seed, key, n_segments, max_sentence, SENTENCE_STREAM)[0]
+    n_segments = total // (1 + 2 * min_sentence) + 1  # a segment has at least BOS and the sentence twice
+    sentences = min_sentence + random_ints(seed, key, n_segments, max_sentence - min_sentence + 1, SENTENCE_STREAM)[0]
     gaps = random_ints(seed, key, n_segments, max_gap + 1, GAP_STREAM)[0]
     fresh = random_ints(seed, key, total, n_random, TOKEN_STREAM)[0]  # consumed in order: each s once, each g
     stream = np.empty(total + 3 * (max_sentence + max_gap + 1), dtype=np.int64)

@@ -49,6 +49,7 @@ BAD_INPUTS = [
     (["trainer.max_steps=0"], "trainer.max_steps=0 must be >= 1"),
     (["trainer.checkpoint_every_n_steps=0"], "must be >= 1"),
     (["model.init=normal"], "model.init=normal needs model.init_std > 0 (got None)"),
+    (["data=sentence_gap_copy", "data.min_sentence=60"], "data.min_sentence=60, data.max_sentence=50, data.max_gap=50: need 1 <= min_sentence"),
     (["model.init_std=0.02"], "model.init_std=0.02 goes with model.init=normal (model.init=fan_in)"),
     (["model.positions=sideways"], "expected one of"),
     (["trajectory.budget_mb=0.1"], "trajectory.budget_mb=0.1: a budget of 0.1 MB holds fewer than the first and last step"),

@@ -124,6 +124,22 @@ def test_sentence_gap_copy_packs_bos_sentence_gap_sentence_segments():
     assert not torch.equal(tokens, sentence_gap_tokens(3, np.arange(48, 56), 100, n_random))
 
 
+def test_sentence_gap_copy_in_the_seed_scripts_form_copies_two_to_fifty_one_tokens():
+    """Seed 002's script copies ``sent_len + 1`` tokens for ``sent_len ~ U{1..50}``."""
+    from data.sentence_gap import sentence_gap_tokens
+
+    n_random = 999
+    flat = sentence_gap_tokens(5, np.arange(0, 200), 100, n_random, max_sentence=51, min_sentence=2).flatten().tolist()
+    starts = [i for i, token in enumerate(flat) if token == n_random]
+    lengths = set()
+    for begin, end in zip(starts, starts[1:]):
+        segment = flat[begin + 1:end]
+        fits = [s for s in range(1, 52) if segment[:s] == segment[len(segment) - s:] and 0 <= len(segment) - 2 * s <= 50]
+        assert fits and max(fits) >= 2, segment  # a 1-token sentence never occurs
+        lengths.add(max(fits))
+    assert min(lengths) == 2 and max(lengths) == 51, sorted(lengths)
+
+
 def test_init_std_draws_every_weight_matrix_from_that_normal():
     from models.transformer import AttentionOnlyTransformer, TransformerShape
 
