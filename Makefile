@@ -33,7 +33,7 @@ axioms: $(STAMP)
 	$(BIN)/python -m bench.axioms $(ARGS)
 
 figure: $(STAMP)
-	$(BIN)/python -m callbacks.figure $(RUN)
+	$(BIN)/python -m reports.run_report $(RUN)
 
 rescore: $(STAMP)
 	$(BIN)/python -m analysis.rescore $(RUN) $(ARGS)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.trajectory import Trajectory, TrajectoryError
+from records.trajectory import Trajectory, TrajectoryError
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 INSTALL_HINT = "pip install -e '.[tl]' (TransformerLens < 4, for its HookedTransformer)"

@@ -31,9 +31,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conf.schema import Config
 from conf.validate import tracker_problems
-from models.trajectory import Trajectory, TrajectoryError, describe_steps
+from records.trajectory import Trajectory, TrajectoryError, describe_steps
+from records.layout import ANALYSIS_DIR, TRAJECTORY_DIR
 
-ANALYSIS_DIR = "analysis"
 DEFAULT_NAME = "rescore"
 
 
@@ -136,8 +136,8 @@ def rescore(request: Request) -> dict:
     """Measure every step of ``request`` and write the run-like outputs; returns the summary."""
     from tqdm import tqdm  # heavy imports only once the request is known to be good
 
-    from callbacks.figure import publish_report
-    from callbacks.resumable_csv import ResumableCSVLogger
+    from reports.run_report import publish_report
+    from records.csv_log import ResumableCSVLogger
     from conf.build import build_tracker
 
     trajectory = Trajectory(request.run_dir)
@@ -195,7 +195,7 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
     from lightning.pytorch.loggers import WandbLogger
 
     from conf.build import wandb_mode
-    from conf.wandb_reach import effective_mode
+    from records.wandb_reach import effective_mode
 
     run = trajectory.run
     trained_as = run.get("wandb_name") or request.run_dir.name
@@ -217,7 +217,7 @@ def finish_wandb() -> None:
 
 def sweep_jobs(path: Path) -> list[Path]:
     """The job directories of a sweep directory that kept a trajectory (empty for a run directory)."""
-    if (path / "trajectory").is_dir():
+    if (path / TRAJECTORY_DIR).is_dir():
         return []
     return sorted((p.parent.parent for p in path.glob("*/trajectory/index.json")),
                   key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     for request in requests:
         rescore(request)
     if jobs:
-        from callbacks.sweep_report import print_sweep_report, sweep_report
+        from reports.sweep_report import print_sweep_report, sweep_report
 
         out = args.run_dir / ANALYSIS_DIR / requests[0].name
         print_sweep_report(sweep_report(jobs, out, analysis=requests[0].name))

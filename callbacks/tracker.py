@@ -17,9 +17,10 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import Logger, WandbLogger
 
-from callbacks.keys import snapshot_metrics
-from callbacks.plots import heatmap_image
-from callbacks.store import TENSORS_DIR, TensorStore, snapshot_tensors
+from records.keys import snapshot_metrics
+from reports.plots import heatmap_image
+from records.layout import TENSORS_DIR
+from records.tensor_store import TensorStore, snapshot_tensors
 from data.probe import ProbeBatch
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_flops
 from metrics.composition.whitening import Whitening

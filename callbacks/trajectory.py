@@ -1,5 +1,5 @@
 """Keep the weights over training: log-spaced steps, a linear grid, every tracker step through a
-phase change, and the last step (``RUN_DIR/trajectory/``, :mod:`models.trajectory`).
+phase change, and the last step (``RUN_DIR/trajectory/``, :mod:`records.trajectory`).
 
 The sparse grids follow the checkpoint schedules of the papers that analyse trajectories after
 training (Hoogland et al. 2024: log-spaced ∪ linear steps). The dense part is adaptive: when the
@@ -20,7 +20,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from models.trajectory import HEADER_BYTES, INDEX_NAME, TrajectoryPlan, TrajectoryWriter
+from records.trajectory import HEADER_BYTES, INDEX_NAME, TrajectoryPlan, TrajectoryWriter
 
 TRIGGER_KEYS = {"repeated_loss": ("loss/repeated", True), "induction_score": ("heads/induction/top", False)}
 """Trigger name -> (the tracker key it reads, whether the change is a fall)."""

@@ -16,19 +16,18 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.divergence import DivergenceGuard
-from callbacks.figure import PhaseChangeFigure
+from callbacks.final_report import PhaseChangeFigure
 from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines
-from callbacks.resumable_csv import ResumableCSVLogger
+from records.csv_log import ResumableCSVLogger
 from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker, Schedule
 from callbacks.trajectory import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
-from conf.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint, resumed_run_dir
-from conf.wandb_reach import effective_mode
+from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, TRAJECTORY_DIR, resume_checkpoint, resumed_run_dir
+from records.wandb_reach import effective_mode
 from data.datamodule import TokenDataModule, TokenSampler, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
-from models.trajectory import TRAJECTORY_DIR
 from models.transformer import TransformerShape
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from conf.run_dir import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
+from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
 from metrics.snapshot import COMPOSITION_MEASURES
-from models.trajectory import HEADER_BYTES, TrajectoryPlan
+from records.trajectory import HEADER_BYTES, TrajectoryPlan
 from models.transformer import TransformerShape
 
 

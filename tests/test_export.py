@@ -8,7 +8,7 @@ import torch
 
 from data.probe import make_probe_batch
 from metrics.snapshot import take_snapshot
-from models.trajectory import TrajectoryWriter
+from records.trajectory import TrajectoryWriter
 from tests.conftest import random_model
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="TransformerLens is not installed (pip install -e '.[tl]')")

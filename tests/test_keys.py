@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.keys import pair_key_count, scored_pair_count, snapshot_metrics
+from records.keys import pair_key_count, scored_pair_count, snapshot_metrics
 from metrics.composition.baseline import Baseline
 from metrics.ground_truth.ablation import KeyAblation
 from metrics.ground_truth.validity import Agreement
@@ -166,8 +166,8 @@ def test_float32_scores_keep_their_precision():
 def test_a_real_snapshot_flows_through_keys_store_and_heatmap(tmp_path):
     """``take_snapshot``'s own tensors (dtypes, devices, ablation), not the fake's: the keys read the
     right entries in both modes, the store keeps them, the heatmap draws them."""
-    from callbacks.plots import heatmap_image
-    from callbacks.store import TensorStore, read_tensor_store, snapshot_tensors
+    from reports.plots import heatmap_image
+    from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors
     from data.probe import make_probe_batch
     from metrics.snapshot import take_snapshot
     from tests.conftest import random_model

@@ -17,7 +17,7 @@ import signal
 import pytest
 import torch
 
-from callbacks import wandb_records
+from records import wandb_records
 from tests.conftest import run_train, run_train_until, train_env
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks import wandb_records
-from callbacks.figure import read_series
-from models.trajectory import Trajectory
+from records import wandb_records
+from reports.run_report import read_series
+from records.trajectory import Trajectory
 from tests.conftest import REPO, run_train, train_env
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from callbacks import figure
-from callbacks.plots import BACKGROUND, LOOKUP_TABLE, MASKED, SEPARATOR, heatmap_image, symmetric_limit
-from callbacks.store import TENSORS_DIR, TensorStore, read_tensor_store, snapshot_tensors
+from reports import run_report as figure
+from reports.plots import BACKGROUND, LOOKUP_TABLE, MASKED, SEPARATOR, heatmap_image, symmetric_limit
+from records.layout import TENSORS_DIR
+from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors
 from tests.test_keys import fake_snapshot
 
 # --- the store -----------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def test_render_draws_the_final_composition_from_the_store(tmp_path):
 
 
 def test_figure_command_without_a_store_draws_no_composition(tmp_path, capsys):
-    """``python -m callbacks.figure RUN_DIR``'s entry point, in process (a subprocess costs ~15 s of imports here)."""
+    """``python -m reports.run_report RUN_DIR``'s entry point, in process (a subprocess costs ~15 s of imports here)."""
     write_run(tmp_path, 2, 2, per_pair_csv=True, store=False)
     assert figure.main([str(tmp_path)]) == 0
     assert (tmp_path / "phase_change.png").is_file() and not (tmp_path / "composition.png").exists()

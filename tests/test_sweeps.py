@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from callbacks import wandb_records
+from records import wandb_records
 from tests.conftest import REPO, train_env
 from tests.test_preemption import wandb_history
 from tests.test_slurm import FINISHED, job_field, slurm_is_up, start_requeued_job_now, wait_for
@@ -79,7 +79,7 @@ def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(t
         assert loss_steps(tmp_path / job) == list(range(30))
     assert [row["status"] for row in job_table(tmp_path)] == ["finished", "finished"]
     # the same sweep read from its W&B offline runs alone (as copied from a cluster) gives the same numbers
-    from callbacks.sweep_report import sweep_report
+    from reports.sweep_report import sweep_report
 
     from_wandb = sweep_report([tmp_path / job / "wandb" for job in ("0", "1")], out_dir=tmp_path / "from_wandb")
     from_dirs = sweep_report([tmp_path], out_dir=tmp_path / "from_dirs")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from callbacks.figure import read_series
+from reports.run_report import read_series
 from callbacks.tracker import WITH_ALL, CompositionTracker, Schedule
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch

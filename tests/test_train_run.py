@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.figure import read_series
-from callbacks import wandb_records
+from reports.run_report import read_series
+from records import wandb_records
 from tests.conftest import REPO, run_train
 
 pytestmark = pytest.mark.slow
@@ -115,20 +115,20 @@ def test_summary_figure_and_csv_are_written(short_run):
 def test_figure_command_rerenders_a_finished_run(short_run):
     run_dir, _ = short_run
     (run_dir / "phase_change.png").unlink()
-    result = subprocess.run([sys.executable, "-m", "callbacks.figure", str(run_dir)], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "reports.run_report", str(run_dir)], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (run_dir / "phase_change.png").is_file()
-    missing = subprocess.run([sys.executable, "-m", "callbacks.figure", str(run_dir / "nope")], cwd=REPO, capture_output=True, text=True)
+    missing = subprocess.run([sys.executable, "-m", "reports.run_report", str(run_dir / "nope")], cwd=REPO, capture_output=True, text=True)
     assert missing.returncode == 2 and "no CSV log" in missing.stderr
 
 
 def test_pair_curves_command_draws_every_pairs_raw_composition(short_run, tmp_path):
     run_dir, _ = short_run
-    result = subprocess.run([sys.executable, "-m", "callbacks.pair_curves", str(run_dir), "--out", str(tmp_path / "pairs.png")],
+    result = subprocess.run([sys.executable, "-m", "reports.pair_curves", str(run_dir), "--out", str(tmp_path / "pairs.png")],
                             cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "pairs.png").is_file() and "L0H1->L1H0" in result.stdout
-    from callbacks.pair_curves import pair_series
+    from reports.pair_curves import pair_series
 
     by_measure, pairs = pair_series(run_dir)
     steps, values = by_measure["frobenius"]

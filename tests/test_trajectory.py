@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from callbacks.trajectory import PhaseTrigger
 from metrics.dynamics.phase_change import detect_phase_change
-from models.trajectory import Trajectory, TrajectoryError, TrajectoryPlan, TrajectoryWriter, sparse_steps
+from records.trajectory import Trajectory, TrajectoryError, TrajectoryPlan, TrajectoryWriter, sparse_steps
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=16, d_head=4, n_ctx=9, d_vocab=11, normalization="layernorm")

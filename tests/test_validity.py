@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.keys import validity_metrics
-from callbacks.validity import COLUMNS, format_table, validity_rows
+from records.keys import validity_metrics
+from reports.validity_table import COLUMNS, format_table, validity_rows
 from metrics.dynamics.phase_change import PhaseChange
 from metrics.ground_truth.validity import (Agreement, agreement, agreements, average_ranks, first_step_ranked_first_for_good,
                                            head_agreement, head_totals, spearman)

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from conf.wandb_reach import effective_mode, server_url, sync_command
-from callbacks import wandb_records
+from records.wandb_reach import effective_mode, server_url, sync_command
+from records import wandb_records
 from tests.conftest import REPO
 
 
@@ -117,7 +117,7 @@ def test_server_url_from_wandb_settings_file(tmp_path):
     (tmp_path / "settings").write_text("[default]\nbase_url = http://wandb.internal:8080\n")
     env = {key: value for key, value in os.environ.items() if key != "WANDB_BASE_URL"}
     env.update(WANDB_CONFIG_DIR=str(tmp_path), PYTHONPATH=str(REPO))
-    command = [sys.executable, "-c", "from conf.wandb_reach import server_url; print(server_url())"]
+    command = [sys.executable, "-c", "from records.wandb_reach import server_url; print(server_url())"]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "http://wandb.internal:8080", result.stderr[-2000:]
 

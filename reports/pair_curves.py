@@ -3,7 +3,7 @@ measure, above the repeated-token and training losses: seed 002's plot, for ever
 
 Drawn from a run's tensor store and CSV log (so any run directory, finished or not):
 
-    python -m callbacks.pair_curves outputs/2026-11-23/10-00-00 [--out FILE] [--max-step N]
+    python -m reports.pair_curves outputs/2026-11-23/10-00-00 [--out FILE] [--max-step N]
 
 Writes ``RUN_DIR/pair_curves.png`` by default and prints, per pair, the Frobenius score at step 0,
 its largest value in the first 100 steps and the step of it, and its last value.
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from callbacks.figure import CSV_RELATIVE_PATH, read_series
-from callbacks.plots import plt
-from callbacks.store import TENSORS_DIR, read_tensor_store
+from reports.run_report import read_series
+from reports.plots import plt
+from records.tensor_store import read_tensor_store
+from records.layout import CSV_RELATIVE_PATH, PAIR_CURVES_FIGURE, TENSORS_DIR, run_label
 
-FIGURE_NAME = "pair_curves.png"
 
 
 def pair_series(run_dir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[tuple[int, int, int, int]]]:
@@ -64,7 +64,7 @@ def draw(run_dir: Path, out: Path, max_step: int | None = None) -> dict[str, tup
     loss_ax.set_title("losses", fontsize=9)
     for ax in axes[-1, 1:]:
         ax.axis("off")
-    fig.suptitle(f"{run_dir}: every L<->L' pair's K-composition over training", fontsize=10)
+    fig.suptitle(f"{run_label(run_dir)}: every L<->L' pair's K-composition over training", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -74,10 +74,10 @@ def draw(run_dir: Path, out: Path, max_step: int | None = None) -> dict[str, tup
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help=f"the figure (default RUN_DIR/{FIGURE_NAME})")
+    parser.add_argument("--out", type=Path, default=None, help=f"the figure (default RUN_DIR/{PAIR_CURVES_FIGURE})")
     parser.add_argument("--max-step", type=int, default=None, help="draw steps up to this one")
     args = parser.parse_args(argv)
-    out = args.out or args.run_dir / FIGURE_NAME
+    out = args.out or args.run_dir / PAIR_CURVES_FIGURE
     try:
         by_measure = draw(args.run_dir, out, args.max_step)
     except FileNotFoundError as error:

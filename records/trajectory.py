@@ -25,8 +25,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
 from models.transformer import AttentionOnlyTransformer, TransformerShape
+from records.layout import TRAJECTORY_DIR
 
-TRAJECTORY_DIR = "trajectory"
 INDEX_NAME = "index.json"
 FORMAT = "safetensors"
 

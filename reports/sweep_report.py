@@ -5,16 +5,16 @@ Reads the run directories a sweep wrote (each job's ``.hydra/``, ``status.json``
 any set of run directories given one by one; given no run directory, it reads W&B offline runs
 (``offline-run-*`` directories, or any directory holding them: e.g. copied from a cluster):
 
-    python -m callbacks.sweep_report multirun/2026-11-23/10-00-00
-    python -m callbacks.sweep_report outputs/2026-11-23/10-00-00 outputs/2026-11-23/11-00-00
-    python -m callbacks.sweep_report --out report/ wandb_runs/offline-run-*
+    python -m reports.sweep_report multirun/2026-11-23/10-00-00
+    python -m reports.sweep_report outputs/2026-11-23/10-00-00 outputs/2026-11-23/11-00-00
+    python -m reports.sweep_report --out report/ wandb_runs/offline-run-*
 
 Writes into the sweep directory (the first one given): ``sweep_jobs.csv`` (a row per job),
 ``sweep_groups.csv`` (per value of the swept parameters: mean and standard deviation over seeds),
 ``sweep_loss_curves.png`` (every job's repeated-token loss, coloured by the swept parameter) and
 ``sweep_midpoints.png`` (the phase-change midpoint against each swept parameter, error bars over
 seeds) and ``sweep_aligned.png`` (every job's curves against the step relative to its own midpoint);
-prints both tables. At the end of a multirun, ``conf/sweep_callback.py`` runs it and logs
+prints both tables. At the end of a multirun, ``runtime/sweep_callback.py`` runs it and logs
 the tables and figures to a W&B summary run of the sweep's group.
 """
 
@@ -31,15 +31,16 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from callbacks.figure import CSV_RELATIVE_PATH, SUMMARY_NAME, read_series
-from callbacks import wandb_records
-from callbacks.plots import plt
-from callbacks.run_status import FINISHED, read_status
-from callbacks.store import TENSORS_DIR, read_tensor_store
+from reports.run_report import read_series
+from records import wandb_records
+from reports.plots import plt
+from records.status import FINISHED, read_status
+from records.tensor_store import read_tensor_store
 from metrics.heads.circuit_pair import circuit_pair
+from records.layout import (
+    ANALYSIS_DIR, CSV_RELATIVE_PATH, HYDRA_CONFIG, HYDRA_DIR, HYDRA_OVERRIDES, SWEEP_ALIGNED_FIGURE, SWEEP_CURVES_FIGURE, SWEEP_GROUPS_TABLE, SWEEP_JOBS_TABLE, SWEEP_MIDPOINTS_FIGURE, SUMMARY_NAME, TENSORS_DIR,
+)
 
-JOBS_TABLE, GROUPS_TABLE = "sweep_jobs.csv", "sweep_groups.csv"
-CURVES_FIGURE, MIDPOINTS_FIGURE, ALIGNED_FIGURE = "sweep_loss_curves.png", "sweep_midpoints.png", "sweep_aligned.png"
 SEED_KEYS = ("seed", "data.seed")  # what varies between repeats, not between settings
 
 
@@ -61,7 +62,7 @@ def job_dirs(paths: list[Path]) -> list[Path]:
     the path itself when it is a run directory."""
     found: list[Path] = []
     for path in paths:
-        if (path / ".hydra" / "overrides.yaml").is_file():
+        if (path / HYDRA_DIR / HYDRA_OVERRIDES).is_file():
             found.append(path)
             continue
         jobs = [p.parent.parent for p in path.glob("*/.hydra/overrides.yaml")]
@@ -70,7 +71,7 @@ def job_dirs(paths: list[Path]) -> list[Path]:
 
 
 def read_overrides(run_dir: Path) -> dict[str, str]:
-    listed = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    listed = yaml.safe_load((run_dir / HYDRA_DIR / HYDRA_OVERRIDES).read_text()) or []
     return dict(o.lstrip("+~").split("=", 1) for o in listed if "=" in o and not o.startswith(("hydra.", "resume")))
 
 
@@ -78,9 +79,9 @@ def read_job(run_dir: Path, analysis: str | None = None) -> Job:
     """Everything the tables and figures need from one run directory; what is missing stays missing.
     ``analysis``: the numbers come from the run's re-scoring ``analysis/NAME/`` (:mod:`analysis.rescore`)."""
     record = read_status(run_dir) or {"status": "unknown", "error": "no status.json (killed outright, or not a train.py run)"}
-    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()) or {}
+    config = yaml.safe_load((run_dir / HYDRA_DIR / HYDRA_CONFIG).read_text()) or {}
     job = Job(run_dir, read_overrides(run_dir), record["status"], record.get("error") or "")
-    results = run_dir / "analysis" / analysis if analysis else run_dir
+    results = run_dir / ANALYSIS_DIR / analysis if analysis else run_dir
     summary_path = results / SUMMARY_NAME
     csv_path = results / CSV_RELATIVE_PATH
     fill_values(job, config.get("seed", ""), read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {},
@@ -345,7 +346,7 @@ class SweepReport:
         return [job for job in self.jobs if job.status != FINISHED]
 
     def files(self) -> dict[str, Path]:
-        return {name: self.directory / name for name in (JOBS_TABLE, GROUPS_TABLE, CURVES_FIGURE, MIDPOINTS_FIGURE, ALIGNED_FIGURE)}
+        return {name: self.directory / name for name in (SWEEP_JOBS_TABLE, SWEEP_GROUPS_TABLE, SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE)}
 
 
 def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str | None = None) -> SweepReport:
@@ -365,26 +366,26 @@ def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str |
     report = SweepReport(Path(out_dir or first), jobs, swept, job_rows(jobs, swept), group_rows(jobs, swept))
     report.directory.mkdir(parents=True, exist_ok=True)
     files = report.files()
-    write_table(report.job_table, files[JOBS_TABLE])
-    write_table(report.group_table, files[GROUPS_TABLE])
+    write_table(report.job_table, files[SWEEP_JOBS_TABLE])
+    write_table(report.group_table, files[SWEEP_GROUPS_TABLE])
     colour_by = settings[0] if settings else (swept[0] if swept else None)
-    draw_loss_curves(jobs, colour_by, files[CURVES_FIGURE])
-    draw_aligned(jobs, colour_by, files[ALIGNED_FIGURE])
-    draw_midpoints(jobs, settings, files[MIDPOINTS_FIGURE])
+    draw_loss_curves(jobs, colour_by, files[SWEEP_CURVES_FIGURE])
+    draw_aligned(jobs, colour_by, files[SWEEP_ALIGNED_FIGURE])
+    draw_midpoints(jobs, settings, files[SWEEP_MIDPOINTS_FIGURE])
     return report
 
 
 def print_sweep_report(report: SweepReport) -> None:
     brief = ["job", *report.swept, "status", "phase_change_midpoint", "repeated_loss_start", "repeated_loss_end",
              "top_induction_score", "circuit_pair", "K_frobenius"]
-    print(f"\nsweep: {len(report.jobs)} jobs in {report.directory} ({len(report.failed)} not finished); full table {report.files()[JOBS_TABLE]}")
+    print(f"\nsweep: {len(report.jobs)} jobs in {report.directory} ({len(report.failed)} not finished); full table {report.files()[SWEEP_JOBS_TABLE]}")
     print(format_table(report.job_table, [c for c in brief if any(c in row for row in report.job_table)]))
     settings = [k for k in report.swept if k not in SEED_KEYS]
     group_columns = [*settings, "jobs", "finished", "phase_change_midpoint_mean", "phase_change_midpoint_sd",
                      "repeated_loss_end_mean", "repeated_loss_end_sd", "top_induction_score_mean"]
-    print(f"\nover seeds ({report.files()[GROUPS_TABLE]}):")
+    print(f"\nover seeds ({report.files()[SWEEP_GROUPS_TABLE]}):")
     print(format_table(report.group_table, [c for c in group_columns if any(c in row for row in report.group_table)]))
-    print(f"figures: {', '.join(str(report.files()[name]) for name in (CURVES_FIGURE, MIDPOINTS_FIGURE, ALIGNED_FIGURE))}")
+    print(f"figures: {', '.join(str(report.files()[name]) for name in (SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE))}")
     for job in report.failed:
         print(f"not finished: job {job.run_dir.name} ({' '.join(f'{k}={v}' for k, v in job.overrides.items())}): {job.status}"
               + (f": {job.error}" if job.error else ""))

@@ -11,7 +11,8 @@ import json
 import os
 from pathlib import Path
 
-STATUS_FILE = "status.json"
+from records.layout import STATUS_FILE
+
 FINISHED, RUNNING, FAILED, PREEMPTED = "finished", "running", "failed", "preempted"
 
 

@@ -1,7 +1,7 @@
 """A compact, append-only array store for every snapshot's full tensors (``RUN_DIR/tensors/``).
 
-W&B and the CSV get summaries on big models (:mod:`callbacks.keys`); the store keeps every value,
-so the end-of-run report (:mod:`callbacks.figure`) and later analyses can read any pair's curve.
+W&B and the CSV get summaries on big models (:mod:`records.keys`); the store keeps every value,
+so the end-of-run report (:mod:`reports.run_report`) and later analyses can read any pair's curve.
 Numpy only, no extra dependency. Layout, per tensor name (names may contain ``/``):
 
     index.json           {"version": 1, "tensors": {name: {"file": stem, "shape": [...], "dtype": "float32"}}}
@@ -29,12 +29,11 @@ from urllib.parse import quote
 
 import numpy as np
 
-from callbacks.keys import HEAD_SCORES
+from records.keys import HEAD_SCORES
 
 if TYPE_CHECKING:  # only for annotations: reading a store needs numpy alone, not torch
     from metrics.snapshot import Snapshot
 
-TENSORS_DIR = "tensors"
 """The store's folder inside a run directory."""
 
 INDEX_NAME = "index.json"

@@ -1,6 +1,6 @@
 """The end-of-run validity report: which composition measure tells the truth, judged against the
 K-only path ablation (issue 3, part 4). Built from a run's logged series, so any finished run can
-be re-rendered (``python -m callbacks.figure RUN_DIR``).
+be re-rendered (``python -m reports.run_report RUN_DIR``).
 
 For each measure: the first step from which it ranks the ground-truth pair (the pair whose ablation
 hurts most) first at every later ablation step, against the phase change; its final rank and
@@ -20,14 +20,12 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from callbacks.plots import mark_phase_change, plt
+from reports.plots import mark_phase_change, plt
 from metrics.dynamics.phase_change import PhaseChange, smooth
 from metrics.snapshot import COMPOSITION_MEASURES, MATCHING
 from metrics.ground_truth.validity import LEVELS, first_step_ranked_first_for_good
 
 EFFECTS = {"loss_change": "repeated-token loss", "pattern_change": "attention pattern"}
-TABLE_NAME = "validity.csv"
-FIGURE_NAME = "validity.png"
 COLUMNS = [
     "measure",
     "first_step_ranked_first_loss",

@@ -1,12 +1,12 @@
 """The end-of-run report: score-over-training curves with the phase change marked, the summary,
-(when the run tracked the ablation) the validity table and figure (:mod:`callbacks.validity`), and
-(when the run kept a tensor store, :mod:`callbacks.store`) the final composition heatmaps.
+(when the run tracked the ablation) the validity table and figure (:mod:`reports.validity_table`), and
+(when the run kept a tensor store, :mod:`records.tensor_store`) the final composition heatmaps.
 
 Drawn from the run's CSV log and ``tensors/`` store, so any finished run directory can be re-rendered.
 The grey "other pairs" curves come from the store when it holds the plotted measure (a big model
 logs no per-pair keys), else from the CSV's per-pair keys, else from its max and mean over pairs:
 
-    python -m callbacks.figure outputs/2026-11-22/10-00-00
+    python -m reports.run_report outputs/2026-11-22/10-00-00
 """
 
 from __future__ import annotations
@@ -20,25 +20,21 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from callbacks import validity
-from callbacks.keys import scored_flat_indices
-from callbacks.plots import composition_report, plt, training_curves
-from callbacks.store import TENSORS_DIR, read_tensor_store
+from reports import validity_table as validity
+from records.keys import scored_flat_indices
+from reports.plots import composition_report, plt, training_curves
+from records.tensor_store import read_tensor_store
 from metrics.dynamics.phase_change import PhaseChange, detect_phase_change
 from metrics.snapshot import COMPOSITION_MEASURES
-from models.trajectory import Trajectory, TrajectoryError
+from records.trajectory import Trajectory, TrajectoryError
+from records.layout import COMPOSITION_FIGURE, CSV_RELATIVE_PATH, PHASE_CHANGE_FIGURE, SUMMARY_NAME, TENSORS_DIR, VALIDITY_FIGURE, VALIDITY_TABLE, run_label
 
-FIGURE_NAME = "phase_change.png"
-COMPOSITION_FIGURE_NAME = "composition.png"
 MAX_GREY_CURVES = 100
 """More pairs than this: draw the range over all pairs and only this many curves, the highest peaks."""
-SUMMARY_NAME = "summary.json"
-CSV_RELATIVE_PATH = Path("csv") / "metrics.csv"
 
 
 def read_series(csv_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -200,29 +196,29 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
         other_pairs_minus_baseline=others.curves,
         baseline=float(baseline[1][-1]) if baseline is not None else None,
         change=change,
-        title=f"{run_dir}",
+        title=run_label(run_dir),
         measure=measure,
         other_pairs_label=others.label,
         other_pairs_band=others.band,
     )
-    figure_path = run_dir / FIGURE_NAME
+    figure_path = run_dir / PHASE_CHANGE_FIGURE
     fig.savefig(figure_path, dpi=110)
     plt.close(fig)  # saved; closing without drawing it again (figure_to_rgb would, for nothing)
     composition_path = None
     final = final_composition(store_dir, series)
     if final is not None:
         by_measure, step = final
-        fig = composition_report(by_measure, f"composition minus baseline at step {step}: {run_dir}")
-        composition_path = run_dir / COMPOSITION_FIGURE_NAME
+        fig = composition_report(by_measure, f"composition minus baseline at step {step}: {run_label(run_dir)}")
+        composition_path = run_dir / COMPOSITION_FIGURE
         fig.savefig(composition_path, dpi=110)
         plt.close(fig)
     summary = summarize(series, window)
     rows = validity.validity_rows(series, change)
     validity_path = None
     if rows:
-        validity.write_table(rows, run_dir / validity.TABLE_NAME)
-        fig = validity.validity_figure(series, rows, change, f"which measure tells the truth: {run_dir}", window)
-        validity_path = run_dir / validity.FIGURE_NAME
+        validity.write_table(rows, run_dir / VALIDITY_TABLE)
+        fig = validity.validity_figure(series, rows, change, f"which measure tells the truth: {run_label(run_dir)}", window)
+        validity_path = run_dir / VALIDITY_FIGURE
         fig.savefig(validity_path, dpi=110)
         plt.close(fig)
         for row in rows:
@@ -271,23 +267,11 @@ def print_report(report: RunReport) -> None:
         if not key.startswith("validity/"):
             print(f"  {key:48s} {value:10.4f}")
     if report.validity_rows:
-        print(f"\nwhich measure tells the truth (K-only path ablation; table {report.figure.parent / validity.TABLE_NAME}):")
+        print(f"\nwhich measure tells the truth (K-only path ablation; table {report.figure.parent / VALIDITY_TABLE}):")
         print(validity.format_table(report.validity_rows))
         print(f"figure: {report.validity_figure}")
     else:
         print(f"no validity table: {report.no_validity_because}")
-
-
-class PhaseChangeFigure(L.Callback):
-    """At the end of fit: render the report, log its figures, validity table and summary to W&B, print it."""
-
-    def __init__(self, run_dir: Path, smoothing_window: int = 5) -> None:
-        self.run_dir = Path(run_dir)
-        self.smoothing_window = smoothing_window
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.is_global_zero:
-            publish_report(self.run_dir, trainer.loggers, trainer.global_step, self.smoothing_window)
 
 
 def publish_report(run_dir: Path, loggers: list, step: int, window: int = 5) -> RunReport | None:

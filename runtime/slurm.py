@@ -12,7 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from conf.run_dir import CHECKPOINTS, LAST_CHECKPOINT
+from records.layout import CHECKPOINTS, LAST_CHECKPOINT
 
 SLURM_RUNS = Path("outputs") / ".slurm"  # (under the job's working directory) one file per job id: its run directory
 

@@ -1,4 +1,4 @@
-"""A Hydra callback: when a multirun ends, report the sweep as one result (``callbacks.sweep_report``),
+"""A Hydra callback: when a multirun ends, report the sweep as one result (``reports.sweep_report``),
 log it to a W&B summary run of the sweep's group, and exit non-zero when a job did not finish (a
 job's failure does not stop the others: train.py returns its exit code to Hydra instead of raising).
 """
@@ -10,11 +10,12 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from records.layout import SWEEP_ALIGNED_FIGURE, SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE
 
 
 class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from callbacks.sweep_report import print_sweep_report, sweep_report  # noqa: PLC0415  (matplotlib: only when needed)
+        from reports.sweep_report import print_sweep_report, sweep_report  # noqa: PLC0415  (matplotlib: only when needed)
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
@@ -41,8 +42,8 @@ def log_to_wandb(config: DictConfig, report) -> None:
     columns = list(dict.fromkeys(k for row in report.job_table for k in row))
     run.log({
         "sweep/jobs": wandb.Table(columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]),
-        "sweep/loss_curves": wandb.Image(str(report.files()["sweep_loss_curves.png"])),
-        "sweep/midpoints": wandb.Image(str(report.files()["sweep_midpoints.png"])),
-        "sweep/aligned": wandb.Image(str(report.files()["sweep_aligned.png"])),
+        "sweep/loss_curves": wandb.Image(str(report.files()[SWEEP_CURVES_FIGURE])),
+        "sweep/midpoints": wandb.Image(str(report.files()[SWEEP_MIDPOINTS_FIGURE])),
+        "sweep/aligned": wandb.Image(str(report.files()[SWEEP_ALIGNED_FIGURE])),
     })
     run.finish(exit_code=1 if report.failed else 0)

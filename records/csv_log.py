@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from records.layout import CSV_DIR
 
 
 def truncate_rows(path: Path, first_dropped_step: int) -> tuple[list[str], int]:
@@ -43,7 +44,7 @@ class ResumableCSVLogger(CSVLogger):
     step is in the file exactly once (the resumed run logs ``resume_step`` itself again)."""
 
     def __init__(self, save_dir: str | Path, resume_step: int | None = None) -> None:
-        super().__init__(save_dir=str(save_dir), name="csv", version="")
+        super().__init__(save_dir=str(save_dir), name=CSV_DIR, version="")
         self.resume_step = resume_step
         self.dropped_rows = 0
 

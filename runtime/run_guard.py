@@ -24,9 +24,9 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from conf.console_log import release_startup_errors
-from conf.run_dir import holds_a_run, resumed_run_dir
-from conf.slurm import requeued_slurm_run
+from runtime.console import release_startup_errors
+from records.layout import holds_a_run, resumed_run_dir
+from runtime.slurm import requeued_slurm_run
 from conf.validate import ConfigError, validate
 
 

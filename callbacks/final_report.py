@@ -1,0 +1,21 @@
+"""At the end of training: the run's report (figures, summary, validity table), drawn, logged and printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+
+from reports.run_report import publish_report
+
+
+class PhaseChangeFigure(L.Callback):
+    """At the end of fit: render the report, log its figures, validity table and summary to W&B, print it."""
+
+    def __init__(self, run_dir: Path, smoothing_window: int = 5) -> None:
+        self.run_dir = Path(run_dir)
+        self.smoothing_window = smoothing_window
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            publish_report(self.run_dir, trainer.loggers, trainer.global_step, self.smoothing_window)

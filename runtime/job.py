@@ -1,0 +1,151 @@
+"""A run as a job: its status file, what each way of ending means (exit code, W&B state, SLURM
+requeue), a sweep job's skip-or-resume, and the value an optimizing sweeper reads.
+
+A single run that fails exits non-zero; a sweep's job returns its exit code instead, so that the
+other jobs still run (the sweep's report marks it, and exits non-zero). A preempted job (SIGUSR1,
+SIGTERM) records how to continue, asks SLURM to requeue it when it runs under SLURM, and stops the
+sweep: the same command again resumes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from conf.validate import ConfigError, validate
+from records.layout import CHECKPOINTS, LAST_CHECKPOINT, SUMMARY_NAME, TRAIN_LOG
+from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, read_status, write_status
+from runtime.console import tee_console
+from runtime.slurm import remember_slurm_run, requeue_this_job
+
+
+class JobEnded(Exception):
+    """A run that ended without finishing: ``exit_code`` and a one-line ``message`` for the console."""
+
+    def __init__(self, exit_code: int, message: str, status: str = FAILED, step: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code, self.status, self.step = exit_code, status, step
+        self.announced = False
+
+    def announce(self, run_dir: Path) -> None:
+        """Record the ending in ``status.json`` and print it, once."""
+        if not self.announced:
+            write_status(run_dir, self.status, self.exit_code, self.step, str(self))
+            print(self, file=sys.stderr)
+            self.announced = True
+
+
+def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], None]) -> float:
+    """Run ``train(cfg, run_dir)`` in Hydra's output directory as a job; returns the sweep's value
+    (the objective, or the job's exit code) and exits non-zero when a single run fails."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    with tee_console(run_dir / TRAIN_LOG):  # the report, warnings and errors, also in the run directory
+        try:
+            if multirun and not prepare_sweep_job(cfg, run_dir):  # finished by an earlier launch of the same sweep
+                return objective_value(cfg, run_dir) if cfg.objective else 0
+            if not multirun:
+                remember_slurm_run(run_dir)  # a sweep's job finds its directory again by its number
+            write_status(run_dir, RUNNING)
+            train(cfg, run_dir)
+        except JobEnded as ended:
+            ended.announce(run_dir)
+            if not multirun or ended.status == PREEMPTED:
+                sys.exit(ended.exit_code)  # a stopped sweep stops: the same command again resumes it
+            return float("nan") if cfg.objective else ended.exit_code  # NaN: a failed trial, to Optuna
+        except Exception as error:
+            write_status(run_dir, FAILED, 1, error=f"{type(error).__name__}: {error}")
+            if not multirun:
+                raise
+            traceback.print_exc()
+            return float("nan") if cfg.objective else 1
+        write_status(run_dir, FINISHED)
+        return objective_value(cfg, run_dir) if cfg.objective else 0
+
+
+@contextmanager
+def training_outcome(run_dir: Path) -> Iterator[None]:
+    """Around ``trainer.fit``: a preemption, a divergence or any other failure ends the W&B run as
+    preempted or failed (never successful) and becomes a :class:`JobEnded` with the command that
+    continues; a preempted SLURM job is requeued and leaves at once, as submitit does."""
+    import wandb
+
+    from callbacks.divergence import TrainingDiverged
+    from callbacks.preemption import Preempted
+
+    try:
+        yield
+    except Preempted as stop:
+        if wandb.run is not None:
+            wandb.run.mark_preempting()
+        wandb.finish(exit_code=stop.exit_code)
+        ended = JobEnded(stop.exit_code, f"stopped by {stop.signum.name} at step {stop.step}; checkpoint: {stop.checkpoint};"
+                         f" continue with: {resume_command(run_dir)}", PREEMPTED, stop.step)
+        ended.announce(run_dir)
+        requeued, said = requeue_this_job()
+        if said:
+            print(said, file=sys.stderr)
+        if requeued:  # no result for this attempt: the requeued one gives it
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(stop.exit_code)
+        raise ended from None
+    except TrainingDiverged as error:
+        wandb.finish(exit_code=1)
+        last = run_dir / CHECKPOINTS / LAST_CHECKPOINT
+        kept = f"the last finite checkpoint is {last}" if last.is_file() else "no checkpoint was written before it"
+        raise JobEnded(1, f"error: {error}; {kept}") from None
+    except BaseException:
+        wandb.finish(exit_code=1)  # any other failure (a second Ctrl-C too)
+        raise
+    wandb.finish()
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues this run in place: this run's overrides, with ``resume=RUN_DIR``."""
+    overrides = [o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") != "resume"]
+    return " ".join(["python train.py", *overrides, f"resume={run_dir}"])
+
+
+def objective_value(cfg: DictConfig, run_dir: Path) -> float:
+    """What an optimizing sweeper (``hydra/sweeper=optuna``) minimizes or maximizes: ``cfg.objective``,
+    a key of the run's ``summary.json`` (``final/loss/repeated``) or of its config (``model.d_model``).
+    NaN (a failed trial, to Optuna) when the key is missing, or when ``objective_cliff_by`` is set and
+    the repeated-token loss shows no cliff by that step."""
+    summary_path = run_dir / SUMMARY_NAME
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    if cfg.objective_cliff_by is not None:
+        midpoint = summary.get("phase_change/loss_midpoint_step")
+        if midpoint is None or midpoint > cfg.objective_cliff_by:
+            print(f"objective: NaN (no loss cliff by step {cfg.objective_cliff_by}; midpoint {midpoint})")
+            return float("nan")
+    value = summary.get(cfg.objective, OmegaConf.select(cfg, cfg.objective))
+    print(f"objective {cfg.objective} = {value}")
+    return float("nan") if value is None else float(value)
+
+
+def prepare_sweep_job(cfg: DictConfig, run_dir: Path) -> bool:
+    """Validate a sweep job (a single run was validated before Hydra wrote anything); when an earlier
+    launch of the same sweep left this job's directory, resume it in place, or skip it if it finished.
+    Returns whether the job is to run."""
+    earlier = read_status(run_dir)
+    if earlier is not None and earlier["status"] == FINISHED and cfg.resume is None:
+        print(f"job {HydraConfig.get().job.num} finished in an earlier launch of this sweep: skipped ({run_dir})")
+        return False
+    if earlier is not None and cfg.resume is None and (run_dir / CHECKPOINTS / LAST_CHECKPOINT).is_file():
+        with open_dict(cfg):
+            cfg.resume = str(run_dir)  # interrupted: continue from its last checkpoint
+    try:
+        validate(cfg, multirun=True)
+    except ConfigError as error:
+        raise JobEnded(1, f"config error: {error}") from None
+    return True
