@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast bench axioms figure rescore clean
+.PHONY: train test test-fast lint format bench axioms figure rescore clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -20,11 +20,19 @@ $(STAMP): pyproject.toml | $(BIN)/python
 train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest $(ARGS)
 
-test-fast: $(STAMP)
+test-fast: lint
 	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.throughput $(ARGS)

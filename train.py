@@ -56,7 +56,9 @@ def fit(cfg: DictConfig, run_dir: Path) -> None:
     naming = wandb_naming(cfg, list(hydra_cfg.overrides.task), hydra_cfg.sweep.dir if multirun else None)
     with training_outcome(run_dir):
         trainer = build_trainer(cfg, run_dir, continuation, naming)
-        trainer.fit(build_module(cfg), datamodule=build_datamodule(cfg), ckpt_path=continuation.checkpoint, weights_only=True)
+        trainer.fit(
+            build_module(cfg), datamodule=build_datamodule(cfg), ckpt_path=continuation.checkpoint, weights_only=True
+        )
 
 
 startup_errors = StartupErrors()  # Hydra's report of a bad command line, held to be told in one line

@@ -26,17 +26,28 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from records.trajectory import Trajectory, TrajectoryError
 from models.transformer import AttentionOnlyTransformer, TransformerShape
+from records.trajectory import Trajectory, TrajectoryError
 
 INSTALL_HINT = "pip install -e '.[tl]' (TransformerLens < 4, for its HookedTransformer)"
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 NORMALIZATION_TYPES = {"none": None, "layernorm": "LN", "rmsnorm": "RMS"}
-KEYS = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U", "final_norm.weight": "ln_final.w",
-        "layers.{l}.W_Q": "blocks.{l}.attn.W_Q", "layers.{l}.W_K": "blocks.{l}.attn.W_K",
-        "layers.{l}.W_V": "blocks.{l}.attn.W_V", "layers.{l}.W_O": "blocks.{l}.attn.W_O", "layers.{l}.norm.weight": "blocks.{l}.ln1.w",
-        "layers.{l}.b_Q": "blocks.{l}.attn.b_Q", "layers.{l}.b_K": "blocks.{l}.attn.b_K", "layers.{l}.b_V": "blocks.{l}.attn.b_V",
-        "layers.{l}.b_O": "blocks.{l}.attn.b_O", "b_U": "unembed.b_U"}
+KEYS = {
+    "W_E": "embed.W_E",
+    "W_pos": "pos_embed.W_pos",
+    "W_U": "unembed.W_U",
+    "final_norm.weight": "ln_final.w",
+    "layers.{l}.W_Q": "blocks.{l}.attn.W_Q",
+    "layers.{l}.W_K": "blocks.{l}.attn.W_K",
+    "layers.{l}.W_V": "blocks.{l}.attn.W_V",
+    "layers.{l}.W_O": "blocks.{l}.attn.W_O",
+    "layers.{l}.norm.weight": "blocks.{l}.ln1.w",
+    "layers.{l}.b_Q": "blocks.{l}.attn.b_Q",
+    "layers.{l}.b_K": "blocks.{l}.attn.b_K",
+    "layers.{l}.b_V": "blocks.{l}.attn.b_V",
+    "layers.{l}.b_O": "blocks.{l}.attn.b_O",
+    "b_U": "unembed.b_U",
+}
 """Our state-dict keys -> TransformerLens's (``{l}``: the layer)."""
 
 
@@ -44,10 +55,21 @@ def hooked_transformer_config(shape: TransformerShape, dtype: torch.dtype = torc
     """The ``HookedTransformerConfig`` arguments of our model. RMSNorm's epsilon is torch's default
     for ``nn.RMSNorm(eps=None)``, the dtype's machine epsilon; LayerNorm's is 1e-5 in both."""
     eps = torch.finfo(dtype).eps if shape.normalization == "rmsnorm" else 1e-5
-    return {"n_layers": shape.n_layers, "d_model": shape.d_model, "d_head": shape.d_head, "n_heads": shape.n_heads,
-            "n_ctx": shape.n_ctx, "d_vocab": shape.d_vocab, "attn_only": True, "act_fn": None,
-            "normalization_type": NORMALIZATION_TYPES[shape.normalization], "positional_embedding_type": shape.positions,
-            "default_prepend_bos": False, "eps": eps, "dtype": str(dtype).removeprefix("torch.")}
+    return {
+        "n_layers": shape.n_layers,
+        "d_model": shape.d_model,
+        "d_head": shape.d_head,
+        "n_heads": shape.n_heads,
+        "n_ctx": shape.n_ctx,
+        "d_vocab": shape.d_vocab,
+        "attn_only": True,
+        "act_fn": None,
+        "normalization_type": NORMALIZATION_TYPES[shape.normalization],
+        "positional_embedding_type": shape.positions,
+        "default_prepend_bos": False,
+        "eps": eps,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
 
 
 def to_transformer_lens(state_dict: dict[str, torch.Tensor], shape: TransformerShape) -> dict[str, torch.Tensor]:
@@ -81,8 +103,12 @@ def require_transformer_lens():
     return HookedTransformer, HookedTransformerConfig
 
 
-def hooked_transformer(state_dict: dict[str, torch.Tensor], shape: TransformerShape, dtype: torch.dtype = torch.float32,
-                       device: str | torch.device = "cpu"):
+def hooked_transformer(
+    state_dict: dict[str, torch.Tensor],
+    shape: TransformerShape,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+):
     """A ``HookedTransformer`` holding ``state_dict`` (ours), in ``dtype``, in eval mode."""
     HookedTransformer, HookedTransformerConfig = require_transformer_lens()
     tl_model = HookedTransformer(HookedTransformerConfig(**{**hooked_transformer_config(shape, dtype), "dtype": dtype}))
@@ -90,11 +116,15 @@ def hooked_transformer(state_dict: dict[str, torch.Tensor], shape: TransformerSh
     missing, unexpected = tl_model.load_state_dict(weights, strict=False)
     not_buffers = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
     if not_buffers or unexpected:
-        raise ValueError(f"TransformerLens's model does not take these weights (missing {not_buffers[:3]}, unexpected {unexpected[:3]})")
+        raise ValueError(
+            f"TransformerLens's model does not take these weights (missing {not_buffers[:3]}, unexpected {unexpected[:3]})"
+        )
     return tl_model.to(device, print_details=False).eval()
 
 
-def load_hooked_transformer(run_dir: str | Path, step: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def load_hooked_transformer(
+    run_dir: str | Path, step: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+):
     """The saved weights of ``run_dir`` at ``step`` as a TransformerLens ``HookedTransformer``."""
     trajectory = Trajectory(run_dir)
     return hooked_transformer(trajectory.state_dict(step), trajectory.shape, dtype, device)
@@ -118,12 +148,21 @@ def from_hooked_transformer(tl_model) -> AttentionOnlyTransformer:
     and "shortformer", a normalization we do not have, a LayerNorm bias that is not zero (ours has none)."""
     cfg = tl_model.cfg
     normalization = {v: k for k, v in NORMALIZATION_TYPES.items()}.get(cfg.normalization_type)
-    problems = [what for what, bad in (
-        ("it has MLPs (attn_only=False)", not cfg.attn_only),
-        (f"positional_embedding_type={cfg.positional_embedding_type!r} (we have 'standard', 'shortformer')",
-         cfg.positional_embedding_type not in ("standard", "shortformer")),
-        (f"normalization_type={cfg.normalization_type!r} (we have None, 'LN', 'RMS')", cfg.normalization_type not in NORMALIZATION_TYPES.values()),
-    ) if bad]
+    problems = [
+        what
+        for what, bad in (
+            ("it has MLPs (attn_only=False)", not cfg.attn_only),
+            (
+                f"positional_embedding_type={cfg.positional_embedding_type!r} (we have 'standard', 'shortformer')",
+                cfg.positional_embedding_type not in ("standard", "shortformer"),
+            ),
+            (
+                f"normalization_type={cfg.normalization_type!r} (we have None, 'LN', 'RMS')",
+                cfg.normalization_type not in NORMALIZATION_TYPES.values(),
+            ),
+        )
+        if bad
+    ]
     theirs = tl_model.state_dict()
     nonzero = lambda names: [k for k, v in theirs.items() if k.rsplit(".", 1)[-1] in names and v.abs().max() > 0]
     if nonzero(("b",)):
@@ -131,8 +170,17 @@ def from_hooked_transformer(tl_model) -> AttentionOnlyTransformer:
     if problems:
         raise ValueError(f"cannot score this TransformerLens model: {'; '.join(problems)}")
     biases = bool(nonzero(("b_Q", "b_K", "b_V", "b_O", "b_U")))
-    shape = TransformerShape(cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.n_ctx, cfg.d_vocab, normalization,
-                             cfg.positional_embedding_type, biases)
+    shape = TransformerShape(
+        cfg.n_layers,
+        cfg.n_heads,
+        cfg.d_model,
+        cfg.d_head,
+        cfg.n_ctx,
+        cfg.d_vocab,
+        normalization,
+        cfg.positional_embedding_type,
+        biases,
+    )
     with torch.device("meta"):
         model = AttentionOnlyTransformer(shape)
     ours, wanted = {}, set(model.state_dict())
@@ -145,7 +193,9 @@ def from_hooked_transformer(tl_model) -> AttentionOnlyTransformer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write a saved step of a run as a TransformerLens model (config.json + model.safetensors).")
+    parser = argparse.ArgumentParser(
+        description="Write a saved step of a run as a TransformerLens model (config.json + model.safetensors)."
+    )
     parser.add_argument("run_dir", type=Path, help="a train.py run directory with trajectory/")
     parser.add_argument("--step", type=int, required=True, help="a saved step (see RUN_DIR/trajectory/index.json)")
     parser.add_argument("--out", type=Path, required=True, help="a new or empty directory")
@@ -164,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     weights = {k: v.contiguous() for k, v in to_transformer_lens(state_dict, trajectory.shape).items()}
     save_file(weights, str(args.out / WEIGHTS_NAME), metadata={"step": str(args.step), "run_dir": str(args.run_dir)})
     (args.out / CONFIG_NAME).write_text(json.dumps(hooked_transformer_config(trajectory.shape, dtype), indent=1))
-    print(f"wrote {args.out / CONFIG_NAME} and {args.out / WEIGHTS_NAME} (step {args.step});"
-          f" open with analysis.export.load_exported({str(args.out)!r}) or HookedTransformer(HookedTransformerConfig(**config))")
+    print(
+        f"wrote {args.out / CONFIG_NAME} and {args.out / WEIGHTS_NAME} (step {args.step});"
+        f" open with analysis.export.load_exported({str(args.out)!r}) or HookedTransformer(HookedTransformerConfig(**config))"
+    )
     return 0
 
 

@@ -31,8 +31,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conf.schema import Config
 from conf.validate import tracker_problems
-from records.trajectory import Trajectory, TrajectoryError, describe_steps
 from records.layout import ANALYSIS_DIR, TRAJECTORY_DIR
+from records.trajectory import Trajectory, TrajectoryError, describe_steps
 
 DEFAULT_NAME = "rescore"
 
@@ -68,7 +68,9 @@ def tracker_config(trajectory: Trajectory, overrides: list[str]) -> DictConfig:
         if not equals:
             raise RescoreError(f"{override!r}: an override is KEY=VALUE (e.g. tracker.ablation.kind=resample)")
         if not key.lstrip("+").startswith("tracker."):
-            raise RescoreError(f"{override!r}: only tracker.* options can change after training (the weights are fixed)")
+            raise RescoreError(
+                f"{override!r}: only tracker.* options can change after training (the weights are fixed)"
+            )
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([override.lstrip("+")]))
         except OmegaConfBaseException as error:
@@ -105,7 +107,9 @@ def select_steps(saved: list[int], spec: str = "all", every: int = 1) -> list[in
 
 def analysis_name(overrides: list[str], spec: str, every: int) -> str:
     """A directory name from the overrides and the step selection: ``measures=subspace+token_space``."""
-    parts = [o.lstrip("+").removeprefix("tracker.").replace("[", "").replace("]", "").replace(",", "+") for o in overrides]
+    parts = [
+        o.lstrip("+").removeprefix("tracker.").replace("[", "").replace("]", "").replace(",", "+") for o in overrides
+    ]
     if spec != "all":
         parts.append(f"steps={spec.replace(':', '-').replace(',', '+')}")
     if every > 1:
@@ -114,8 +118,14 @@ def analysis_name(overrides: list[str], spec: str, every: int) -> str:
     return name or DEFAULT_NAME
 
 
-def plan(run_dir: Path, overrides: list[str], spec: str = "all", every: int = 1, name: str | None = None,
-         overwrite: bool = False) -> Request:
+def plan(
+    run_dir: Path,
+    overrides: list[str],
+    spec: str = "all",
+    every: int = 1,
+    name: str | None = None,
+    overwrite: bool = False,
+) -> Request:
     """Check everything before anything is written: the trajectory, every selected file, the
     overrides, the output directory."""
     trajectory = Trajectory(run_dir)
@@ -136,25 +146,35 @@ def rescore(request: Request) -> dict:
     """Measure every step of ``request`` and write the run-like outputs; returns the summary."""
     from tqdm import tqdm  # heavy imports only once the request is known to be good
 
-    from reports.run_report import publish_report
-    from records.csv_log import ResumableCSVLogger
     from conf.build import build_tracker
+    from records.csv_log import ResumableCSVLogger
+    from reports.run_report import publish_report
 
     trajectory = Trajectory(request.run_dir)
     out = request.out_dir
     if out.exists():
         shutil.rmtree(out)  # --overwrite: this analysis only
     out.mkdir(parents=True)
-    (out / "rescore.json").write_text(json.dumps({
-        "run_dir": str(request.run_dir), "overrides": list(request.overrides), "steps": request.steps,
-        "tracker": OmegaConf.to_container(request.cfg.tracker, resolve=True, enum_to_str=True)}, indent=1))
+    (out / "rescore.json").write_text(
+        json.dumps(
+            {
+                "run_dir": str(request.run_dir),
+                "overrides": list(request.overrides),
+                "steps": request.steps,
+                "tracker": OmegaConf.to_container(request.cfg.tracker, resolve=True, enum_to_str=True),
+            },
+            indent=1,
+        )
+    )
     tracker = build_tracker(request.cfg, out)
     tracker.schedule = tracker.schedule.at_every_step()
     tracker.cost_report = False
     loggers = [ResumableCSVLogger(out), *wandb_loggers(request, trajectory)]
     tracker.open(trajectory.model(request.steps[0]), request.steps[0])
     parts = describe_parts(tracker)
-    print(f"rescore: {len(request.steps)} saved steps of {request.run_dir} ({describe_steps(request.steps)}), {parts}; into {out}")
+    print(
+        f"rescore: {len(request.steps)} saved steps of {request.run_dir} ({describe_steps(request.steps)}), {parts}; into {out}"
+    )
     started = time.perf_counter()
     bar = tqdm(request.steps, unit="step", file=sys.stderr, disable=not sys.stderr.isatty(), desc="rescore")
     for i, step in enumerate(bar):
@@ -164,8 +184,10 @@ def rescore(request: Request) -> dict:
             first = elapsed
             print(f"rescore: the first step took {first:.2f} s, one-time set-up included (W&B, caches)", flush=True)
         if i == 1:
-            print(f"rescore: a step takes {elapsed - first:.2f} s: about {first + (elapsed - first) * (n - 1):.0f} s for the {n} steps",
-                  flush=True)
+            print(
+                f"rescore: a step takes {elapsed - first:.2f} s: about {first + (elapsed - first) * (n - 1):.0f} s for the {n} steps",
+                flush=True,
+            )
         elif bar.disable and ((i + 1) % max(1, n // 10) == 0 or i + 1 == n):  # no bar (a log file): a line every tenth
             print(f"rescore: {i + 1}/{n} steps ({elapsed:.1f} s)", flush=True)
     tracker.close()
@@ -201,11 +223,25 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
     trained_as = run.get("wandb_name") or request.run_dir.name
     mode = effective_mode(wandb_mode(request.cfg), w.connect_timeout_s, request.out_dir)
     config = OmegaConf.to_container(request.cfg, resolve=True, enum_to_str=True)
-    config["rescore"] = {"run_dir": str(request.run_dir), "overrides": list(request.overrides), "name": request.name,
-                         "wandb_id": run.get("wandb_id")}
-    return [WandbLogger(project=w.project, entity=w.entity, group=run.get("wandb_group") or trained_as, job_type="analysis",
-                        name=f"{trained_as} / {request.name}", tags=[ANALYSIS_DIR, *list(request.overrides)[:8]],
-                        save_dir=str(request.out_dir), mode=mode, config=config)]
+    config["rescore"] = {
+        "run_dir": str(request.run_dir),
+        "overrides": list(request.overrides),
+        "name": request.name,
+        "wandb_id": run.get("wandb_id"),
+    }
+    return [
+        WandbLogger(
+            project=w.project,
+            entity=w.entity,
+            group=run.get("wandb_group") or trained_as,
+            job_type="analysis",
+            name=f"{trained_as} / {request.name}",
+            tags=[ANALYSIS_DIR, *list(request.overrides)[:8]],
+            save_dir=str(request.out_dir),
+            mode=mode,
+            config=config,
+        )
+    ]
 
 
 def finish_wandb() -> None:
@@ -219,26 +255,36 @@ def sweep_jobs(path: Path) -> list[Path]:
     """The job directories of a sweep directory that kept a trajectory (empty for a run directory)."""
     if (path / TRAJECTORY_DIR).is_dir():
         return []
-    return sorted((p.parent.parent for p in path.glob("*/trajectory/index.json")),
-                  key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+    return sorted(
+        (p.parent.parent for p in path.glob("*/trajectory/index.json")),
+        key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="Overrides are the tracker's options, as train.py takes them.")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="Overrides are the tracker's options, as train.py takes them."
+    )
     parser.add_argument("run_dir", type=Path, help="a train.py run directory with trajectory/, or a sweep directory")
-    parser.add_argument("overrides", nargs="*", help='tracker options: "tracker.measures=[subspace]" tracker.ablation.kind=resample ...')
+    parser.add_argument(
+        "overrides", nargs="*", help='tracker options: "tracker.measures=[subspace]" tracker.ablation.kind=resample ...'
+    )
     parser.add_argument("--steps", default="all", help="which saved steps: all (default), A:B, or 100,200,300")
     parser.add_argument("--every", type=int, default=1, help="every k-th of the selected steps")
     parser.add_argument("--name", default=None, help="the analysis's directory name (default: from the overrides)")
-    parser.add_argument("--overwrite", action="store_true", help="replace analysis/NAME if it exists (that analysis only)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace analysis/NAME if it exists (that analysis only)"
+    )
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         print(f"error: {args.run_dir}: no such run or sweep directory", file=sys.stderr)
         return 2
     jobs = sweep_jobs(args.run_dir)
     try:  # every job is checked before any is written
-        requests = [plan(job, args.overrides, args.steps, args.every, args.name, args.overwrite) for job in (jobs or [args.run_dir])]
+        requests = [
+            plan(job, args.overrides, args.steps, args.every, args.name, args.overwrite)
+            for job in (jobs or [args.run_dir])
+        ]
     except (TrajectoryError, RescoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -56,13 +56,24 @@ def constructed_cells(c: ConstructedScores) -> list[str]:
     value = lambda v: "undefined" if math.isnan(v) else f"{v:.3f}"
     path = c.rotation_path
     shape = f"{'monotone' if c.monotone else 'NOT monotone'}, {'smooth' if c.smooth else 'NOT smooth'}"
-    return [value(c.aligned_rank_one), value(c.aligned), value(c.orthogonal), f"{shape} ({value(path[0])} → {value(path[-1])})"]
+    return [
+        value(c.aligned_rank_one),
+        value(c.aligned),
+        value(c.orthogonal),
+        f"{shape} ({value(path[0])} → {value(path[-1])})",
+    ]
 
 
 def markdown_table(table: AxiomTable) -> str:
     transforms = list(table.invariance)
-    headers = ["measure", "1: aligned, rank 1", "1: aligned, rank 3", "2: orthogonal", "3: write subspace rotates away",
-               *(f"4: {name}" for name in transforms)]
+    headers = [
+        "measure",
+        "1: aligned, rank 1",
+        "1: aligned, rank 3",
+        "2: orthogonal",
+        "3: write subspace rotates away",
+        *(f"4: {name}" for name in transforms),
+    ]
     rows = []
     for measure in next(iter(table.invariance.values())).score_change:
         constructed = table.constructed.get(measure)
@@ -77,9 +88,18 @@ def markdown_table(table: AxiomTable) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Check every composition measure against docs/measures.md's axioms 1-4.")
-    parser.add_argument("--steps", type=int, default=600, help="training steps for the axiom-4 model (default 600: past the induction cliff)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the training run and of the random reparametrisations")
+    parser = argparse.ArgumentParser(
+        description="Check every composition measure against docs/measures.md's axioms 1-4."
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=600,
+        help="training steps for the axiom-4 model (default 600: past the induction cliff)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the training run and of the random reparametrisations"
+    )
     args = parser.parse_args(argv)
     if args.steps < 0:
         parser.error(f"--steps={args.steps} must be >= 0")
@@ -89,10 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         loss = repeated_loss(token_losses(model(probe.tokens), probe.tokens), probe.repeat_start, probe.n).item()
     table = axiom_table(model, probe.tokens, seed=args.seed)
-    print("Axioms 1-3: constructed matrices (d_model 12, rank 3; the whitened and token-space ratios there are Frobenius with Σ = I).")
-    print(f"Axiom 4: {SHAPE.n_layers}-layer, {SHAPE.n_heads}-head attention-only model trained {args.steps} steps"
-          f" (repeated-token loss {loss:.3f} nats on the probe), scores in float64; invariant = no pair's score"
-          f" moves by more than {INVARIANCE_TOLERANCE:g}.")
+    print(
+        "Axioms 1-3: constructed matrices (d_model 12, rank 3; the whitened and token-space ratios there are Frobenius with Σ = I)."
+    )
+    print(
+        f"Axiom 4: {SHAPE.n_layers}-layer, {SHAPE.n_heads}-head attention-only model trained {args.steps} steps"
+        f" (repeated-token loss {loss:.3f} nats on the probe), scores in float64; invariant = no pair's score"
+        f" moves by more than {INVARIANCE_TOLERANCE:g}."
+    )
     broken = []
     for name, inv in table.invariance.items():
         print(f"  {name:18s} logits move by at most {inv.logit_change:.1e} (must be <= {LOGIT_TOLERANCE:g})")

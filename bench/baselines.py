@@ -47,16 +47,22 @@ def main(argv: list[str] | None = None) -> int:
             warm.append(timed(args.d_model, args.d_head, args.samples))
     values = random_baselines(args.d_model, args.d_head, args.samples, 0)
     print(f"command: python -m bench.baselines {' '.join(sys.argv[1:])}")
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; d_model {args.d_model}, d_head {args.d_head},"
-          f" {args.samples} samples, every measure ({len(values)}) from one sampling pass")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}; d_model {args.d_model}, d_head {args.d_head},"
+        f" {args.samples} samples, every measure ({len(values)}) from one sampling pass"
+    )
     for name, b in values.items():
         print(f"  {name:<16} {b.mean:.5f} ± {b.stderr:.5f}")
     median_cold, median_warm = statistics.median(cold), statistics.median(warm)
     met = lambda ok: "met" if ok else "NOT met"
-    print(f"cold: median {median_cold:.2f} s over {args.repeats} ({', '.join(f'{c:.2f}' for c in cold)});"
-          f" target <= {MAX_COLD_SECONDS:g} s: {met(median_cold <= MAX_COLD_SECONDS)}")
-    print(f"warm: median {1000 * median_warm:.2f} ms ({', '.join(f'{1000 * w:.2f}' for w in warm)});"
-          f" target <= {1000 * MAX_WARM_SECONDS:g} ms: {met(median_warm <= MAX_WARM_SECONDS)}")
+    print(
+        f"cold: median {median_cold:.2f} s over {args.repeats} ({', '.join(f'{c:.2f}' for c in cold)});"
+        f" target <= {MAX_COLD_SECONDS:g} s: {met(median_cold <= MAX_COLD_SECONDS)}"
+    )
+    print(
+        f"warm: median {1000 * median_warm:.2f} ms ({', '.join(f'{1000 * w:.2f}' for w in warm)});"
+        f" target <= {1000 * MAX_WARM_SECONDS:g} ms: {met(median_warm <= MAX_WARM_SECONDS)}"
+    )
     return 0 if median_cold <= MAX_COLD_SECONDS and median_warm <= MAX_WARM_SECONDS else 1
 
 

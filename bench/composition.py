@@ -93,7 +93,9 @@ class Shape:
         return f"{self.name} {self.n_layers}x{self.n_heads}x{self.d_model}x{self.d_head}"
 
 
-SHAPES = {s.name: s for s in (Shape("small", 2, 2, 64, 16), Shape("mid", 4, 8, 256, 32), Shape("large", 12, 12, 768, 64))}
+SHAPES = {
+    s.name: s for s in (Shape("small", 2, 2, 64, 16), Shape("mid", 4, 8, 256, 32), Shape("large", 12, 12, 768, 64))
+}
 TARGET_SHAPE = "large"
 
 
@@ -123,7 +125,7 @@ def require_transformer_lens() -> None:
         import transformer_lens  # noqa: F401
     except ImportError:
         print(f"error: the composition benchmark needs TransformerLens: {INSTALL_HINT}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
 
 
 def tl_version() -> str:
@@ -154,8 +156,16 @@ def _bridge_with_weights(model: AttentionOnlyTransformer) -> torch.nn.Module:
 
     s, dtype = model.shape, model.W_E.dtype
     cfg = TransformerBridgeConfig(
-        n_layers=s.n_layers, d_model=s.d_model, n_ctx=s.n_ctx, d_head=s.d_head, n_heads=s.n_heads, d_vocab=s.d_vocab,
-        attn_only=True, normalization_type=None, positional_embedding_type="standard", dtype=dtype,
+        n_layers=s.n_layers,
+        d_model=s.d_model,
+        n_ctx=s.n_ctx,
+        d_head=s.d_head,
+        n_heads=s.n_heads,
+        d_vocab=s.d_vocab,
+        attn_only=True,
+        normalization_type=None,
+        positional_embedding_type="standard",
+        dtype=dtype,
     )
     bridge = TransformerBridge.boot_native(cfg, dtype=dtype).eval()
     native_model = bridge.original_model
@@ -179,7 +189,8 @@ def tl_matches(model: AttentionOnlyTransformer, tl: torch.nn.Module) -> tuple[bo
     """(TL's ``W_Q, W_K, W_V, W_O, W_E, W_pos, W_U`` equal ours exactly, max |Δlogit| / max |logit| on the probe)."""
     same = all(
         torch.equal(getattr(tl.blocks[l].attn, name), getattr(layer, name))
-        for l, layer in enumerate(model.layers) for name in ("W_Q", "W_K", "W_V", "W_O")
+        for l, layer in enumerate(model.layers)
+        for name in ("W_Q", "W_K", "W_V", "W_O")
     ) and all(torch.equal(getattr(tl, name), getattr(model, name)) for name in ("W_E", "W_pos", "W_U"))
     tokens = probe_tokens()
     ours, theirs = model(tokens), tl(tokens)
@@ -257,7 +268,9 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, MemoryError) or "can't allocate memory" in text or "not enough memory" in text
 
 
-def time_interleaved(jobs: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, float | None], dict[str, str]]:
+def time_interleaved(
+    jobs: dict[str, Callable[[], object]], repeats: int
+) -> tuple[dict[str, float | None], dict[str, str]]:
     """Median seconds of each job over ``repeats`` rounds, jobs interleaved within a round. A job that
     runs out of memory is dropped and reported in the second dict."""
     samples: dict[str, list[float]] = {name: [] for name in jobs}
@@ -399,8 +412,11 @@ def whitening_roots(model64: AttentionOnlyTransformer, residual64: list[Tensor])
     embedded = (model64.W_E[:, None, :] + model64.W_pos[None, :, :]).reshape(-1, d)
     pooled = torch.cat([x.reshape(-1, d) for x in residual64])
     gram = model64.W_E.T @ model64.W_E / model64.W_E.shape[0]
-    return {"whitened": symmetric_roots(covariance(embedded)), "whitened_resid": symmetric_roots(covariance(pooled)),
-            "token_space": symmetric_roots(gram)}
+    return {
+        "whitened": symmetric_roots(covariance(embedded)),
+        "whitened_resid": symmetric_roots(covariance(pooled)),
+        "token_space": symmetric_roots(gram),
+    }
 
 
 @dataclass(frozen=True)
@@ -458,7 +474,9 @@ def spot_pairs(shape: Shape) -> list[tuple[int, int, int, int]]:
 
 
 @torch.no_grad()
-def spot_check(model64: AttentionOnlyTransformer, residual64: list[Tensor], ours64: dict, shape: Shape) -> dict[str, float]:
+def spot_check(
+    model64: AttentionOnlyTransformer, residual64: list[Tensor], ours64: dict, shape: Shape
+) -> dict[str, float]:
     """Max relative error per measure of our float64 scores against the dense reference, over
     ``spot_pairs`` and every kind. Whitening conjugates: ``W_OV -> Σ^½ W_OV Σ^-½``, ``W_QK -> Σ^½ W_QK Σ^½``."""
     roots = whitening_roots(model64, residual64)
@@ -480,7 +498,9 @@ def spot_check(model64: AttentionOnlyTransformer, residual64: list[Tensor], ours
 # ---------------------------------------------------------------- FLOPs
 
 
-def engine_flops(shape: Shape, measures: tuple[str, ...], kinds: tuple[str, ...], conditioned: bool = True) -> float | None:
+def engine_flops(
+    shape: Shape, measures: tuple[str, ...], kinds: tuple[str, ...], conditioned: bool = True
+) -> float | None:
     """fp32 GEMM FLOPs of our work from ``metrics.composition.engine.composition_flops``, None if absent.
     Takes either ``(shape, measures, kinds)`` or ``(n_layers, n_heads, d_model, d_head, measures, n_kinds)``."""
     try:
@@ -491,7 +511,11 @@ def engine_flops(shape: Shape, measures: tuple[str, ...], kinds: tuple[str, ...]
     if "n_layers" in params:
         s = shape
         if "well_conditioned" in params:
-            return float(composition_flops(s.n_layers, s.n_heads, s.d_model, s.d_head, measures, len(kinds), well_conditioned=conditioned))
+            return float(
+                composition_flops(
+                    s.n_layers, s.n_heads, s.d_model, s.d_head, measures, len(kinds), well_conditioned=conditioned
+                )
+            )
         return float(composition_flops(s.n_layers, s.n_heads, s.d_model, s.d_head, measures, len(kinds)))
     return float(composition_flops(shape.transformer_shape(), measures, kinds))
 
@@ -533,15 +557,21 @@ def time_both_sides(shape: Shape, model, residual, tl, repeats: int, threads: in
     tl_times["QKV"] = sum(tl_times.values()) if None not in tl_times.values() else None
     speedup = tl_times["K"] / ours["frobenius_K"] if tl_times["K"] and ours["frobenius_K"] else None
     return {
-        "ours": ours, "tl": tl_times, "speedup_frobenius_K": speedup, "failed": failed,
-        "frobenius_K_path": k_path, "tl_where": "in process" if tl_in_process else "own subprocess",
+        "ours": ours,
+        "tl": tl_times,
+        "speedup_frobenius_K": speedup,
+        "failed": failed,
+        "frobenius_K_path": k_path,
+        "tl_where": "in process" if tl_in_process else "own subprocess",
     }
 
 
 def computed_dtype() -> str:
     """The dtype ``composition_of`` returns for a float32 model: what the timings measure."""
     small = build_model(SHAPES["small"])
-    return str(ours_composition(small, ("frobenius",), probe_residual(small))["frobenius"]["K"].dtype).removeprefix("torch.")
+    return str(ours_composition(small, ("frobenius",), probe_residual(small))["frobenius"]["K"].dtype).removeprefix(
+        "torch."
+    )
 
 
 def agreement(shape: Shape, model) -> dict:
@@ -576,9 +606,14 @@ def measure_shape(shape: Shape, repeats: int = 3, threads: int | None = None, me
     residual = probe_residual(model)
     tl = build_tl_model(model)
     weights_equal, logit_error = tl_matches(model, tl)
-    result = {"shape": asdict(shape), "scored_pairs_per_kind": shape.scored_pairs, "tl_api": type(tl).__name__,
-              "weights_equal_float32": weights_equal, "logit_error_float32": logit_error,
-              "ours_dtype": computed_dtype()}
+    result = {
+        "shape": asdict(shape),
+        "scored_pairs_per_kind": shape.scored_pairs,
+        "tl_api": type(tl).__name__,
+        "weights_equal_float32": weights_equal,
+        "logit_error_float32": logit_error,
+        "ours_dtype": computed_dtype(),
+    }
     result |= time_both_sides(shape, model, residual, tl, repeats, threads)
     del tl
     result["memory"] = {side: _memory(side, shape, threads) for side in ("ours", "tl")} if memory else None
@@ -631,41 +666,55 @@ def report_shape(r: dict, gemm_rate: float) -> list[str]:
     """The printed block for one shape."""
     s = Shape(**r["shape"])
     ours, tl = r["ours"], r["tl"]
-    lines = [f"== {s}: {r['scored_pairs_per_kind']} scored pairs per kind ==",
-             f"TL model: {r['tl_api']}; weights equal ours: float32 {r['weights_equal_float32']}, float64 "
-             f"{r['weights_equal_float64']}; logits vs ours, max |d|/max|logit|: float32 {_e(r['logit_error_float32'])}, "
-             f"float64 {_e(r['logit_error_float64'])}",
-             f"ours, float32 model (composition_of returns {r['ours_dtype']}), seconds for Q, K and V together:"]
+    lines = [
+        f"== {s}: {r['scored_pairs_per_kind']} scored pairs per kind ==",
+        f"TL model: {r['tl_api']}; weights equal ours: float32 {r['weights_equal_float32']}, float64 "
+        f"{r['weights_equal_float64']}; logits vs ours, max |d|/max|logit|: float32 {_e(r['logit_error_float32'])}, "
+        f"float64 {_e(r['logit_error_float64'])}",
+        f"ours, float32 model (composition_of returns {r['ours_dtype']}), seconds for Q, K and V together:",
+    ]
     lines += [f"  {m:<17}{_s(ours[m])}" for m in MEASURES]
-    lines += [f"  {'all measures':<17}{_s(ours['all'])}",
-              f"frobenius K alone, ours: {_s(ours['frobenius_K'])} via {r['frobenius_K_path']}",
-              f"TL all_composition_scores, float32 ({r['tl_where']}): K {_s(tl['K'])}, Q+K+V {_s(tl['QKV'])}",
-              f"speed-up, our frobenius K over TL's K: {_x(r['speedup_frobenius_K'])}"]
+    lines += [
+        f"  {'all measures':<17}{_s(ours['all'])}",
+        f"frobenius K alone, ours: {_s(ours['frobenius_K'])} via {r['frobenius_K_path']}",
+        f"TL all_composition_scores, float32 ({r['tl_where']}): K {_s(tl['K'])}, Q+K+V {_s(tl['QKV'])}",
+        f"speed-up, our frobenius K over TL's K: {_x(r['speedup_frobenius_K'])}",
+    ]
     for name, why in r["failed"].items():
         lines.append(f"  ! {name}: {why}")
     if r["memory"]:
         mem = r["memory"]
-        lines.append(f"peak extra memory (fresh subprocess, {mem['ours']['method']}): ours, all measures Q+K+V "
-                     f"{_gb(mem['ours']['bytes'])}; TL, Q+K+V {_gb(mem['tl']['bytes'])}")
+        lines.append(
+            f"peak extra memory (fresh subprocess, {mem['ours']['method']}): ours, all measures Q+K+V "
+            f"{_gb(mem['ours']['bytes'])}; TL, Q+K+V {_gb(mem['tl']['bytes'])}"
+        )
     if "error" in r:
         lines.append(f"agreement: n/a, {r['error']}")
     else:
         f = r["frobenius_vs_tl"]
-        lines.append(f"agreement, float64, our frobenius vs TL ({r['tl_reference']}), max rel. error over all scored "
-                     f"pairs: Q {_e(f['Q'])}, K {_e(f['K'])}, V {_e(f['V'])}: {_ok(f['max'] <= TOLERANCE)} (<= {TOLERANCE:g})")
+        lines.append(
+            f"agreement, float64, our frobenius vs TL ({r['tl_reference']}), max rel. error over all scored "
+            f"pairs: Q {_e(f['Q'])}, K {_e(f['K'])}, V {_e(f['V'])}: {_ok(f['max'] <= TOLERANCE)} (<= {TOLERANCE:g})"
+        )
         spots = r["dense_spot_check"]
-        lines.append(f"dense float64 reference, {r['dense_spot_pairs']} random pairs x Q, K, V, max rel. error: "
-                     + ", ".join(f"{m} {_e(e)}" for m, e in spots.items())
-                     + f": {_ok(max(spots.values()) <= TOLERANCE)}; unscored pairs NaN: {r['unscored_are_nan']}")
+        lines.append(
+            f"dense float64 reference, {r['dense_spot_pairs']} random pairs x Q, K, V, max rel. error: "
+            + ", ".join(f"{m} {_e(e)}" for m, e in spots.items())
+            + f": {_ok(max(spots.values()) <= TOLERANCE)}; unscored pairs NaN: {r['unscored_are_nan']}"
+        )
     flops = r["flops"]
     if flops is None:
-        lines.append(f"fp32 GEMM FLOPs of our work: n/a (no metrics.composition.engine.composition_flops); "
-                     f"machine GEMM rate {gemm_rate / 1e9:.1f} GFLOP/s")
+        lines.append(
+            f"fp32 GEMM FLOPs of our work: n/a (no metrics.composition.engine.composition_flops); "
+            f"machine GEMM rate {gemm_rate / 1e9:.1f} GFLOP/s"
+        )
     else:
         achieved = flops / ours["all"] if ours["all"] else None
-        lines.append(f"fp32 GEMM FLOPs of our work (all measures, Q+K+V): {flops:.3e}; achieved "
-                     f"{_e(achieved)} FLOP/s = {'n/a' if achieved is None else f'{achieved / gemm_rate:.1%}'} of this "
-                     f"machine's GEMM rate {gemm_rate / 1e9:.1f} GFLOP/s")
+        lines.append(
+            f"fp32 GEMM FLOPs of our work (all measures, Q+K+V): {flops:.3e}; achieved "
+            f"{_e(achieved)} FLOP/s = {'n/a' if achieved is None else f'{achieved / gemm_rate:.1%}'} of this "
+            f"machine's GEMM rate {gemm_rate / 1e9:.1f} GFLOP/s"
+        )
     return lines
 
 
@@ -674,20 +723,32 @@ def targets(r: dict) -> list[tuple[str, bool | None]]:
     speedup, seconds = r["speedup_frobenius_K"], r["ours"]["all"]
     memory = r["memory"]["ours"]["bytes"] if r["memory"] else None
     return [
-        (f"frobenius K >= {TARGET_SPEEDUP:g}x faster than TL's K (float32): {_x(speedup)}",
-         None if speedup is None else speedup >= TARGET_SPEEDUP),
-        (f"all measures, Q+K+V <= {TARGET_SECONDS:g} s: {_s(seconds)}", None if seconds is None else seconds <= TARGET_SECONDS),
-        (f"our peak extra memory <= {TARGET_BYTES / 1e9:g} GB: {_gb(memory)}", None if memory is None else memory <= TARGET_BYTES),
+        (
+            f"frobenius K >= {TARGET_SPEEDUP:g}x faster than TL's K (float32): {_x(speedup)}",
+            None if speedup is None else speedup >= TARGET_SPEEDUP,
+        ),
+        (
+            f"all measures, Q+K+V <= {TARGET_SECONDS:g} s: {_s(seconds)}",
+            None if seconds is None else seconds <= TARGET_SECONDS,
+        ),
+        (
+            f"our peak extra memory <= {TARGET_BYTES / 1e9:g} GB: {_gb(memory)}",
+            None if memory is None else memory <= TARGET_BYTES,
+        ),
     ]
 
 
 def report_header(results: dict) -> str:
-    lines = [f"torch {results['torch']}, TransformerLens {results['transformer_lens']}, {results['threads']} threads, "
-             f"{results['repeats']} repeats, address-space limit {results['mem_limit_gb']:.1f} GB; "
-             f"fp32 GEMM [8192,768]x[768,768]: {results['gemm_flop_rate'] / 1e9:.1f} GFLOP/s"]
+    lines = [
+        f"torch {results['torch']}, TransformerLens {results['transformer_lens']}, {results['threads']} threads, "
+        f"{results['repeats']} repeats, address-space limit {results['mem_limit_gb']:.1f} GB; "
+        f"fp32 GEMM [8192,768]x[768,768]: {results['gemm_flop_rate'] / 1e9:.1f} GFLOP/s"
+    ]
     load, cores = results["load_average"], results["cpu_count"]
-    lines.append(f"load average at start {load:.1f} on {cores} CPUs"
-                 + (": the CPUs are busy, timings are unreliable (--threads 1 suffers least)" if load >= cores else ""))
+    lines.append(
+        f"load average at start {load:.1f} on {cores} CPUs"
+        + (": the CPUs are busy, timings are unreliable (--threads 1 suffers least)" if load >= cores else "")
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -705,11 +766,15 @@ def report_targets(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES), help="which shapes (default: all)")
+    parser.add_argument(
+        "--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES), help="which shapes (default: all)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed calls of each job; the median is reported")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--mem-limit-gb", type=float, help="address-space limit per process (default: 90%% of MemAvailable)")
+    parser.add_argument(
+        "--mem-limit-gb", type=float, help="address-space limit per process (default: 90%% of MemAvailable)"
+    )
     args = parser.parse_args(argv)
     require_transformer_lens()
     load = os.getloadavg()[0]  # before this process adds to it
@@ -717,9 +782,17 @@ def main(argv: list[str] | None = None) -> dict:
     limit_address_space(mem_limit)
     set_threads(args.threads)
     warm_up()
-    results = {"torch": torch.__version__, "transformer_lens": tl_version(), "threads": torch.get_num_threads(),
-               "load_average": load, "cpu_count": os.cpu_count(),
-               "mem_limit_gb": mem_limit, "repeats": args.repeats, "gemm_flop_rate": gemm_flop_rate(), "shapes": {}}
+    results = {
+        "torch": torch.__version__,
+        "transformer_lens": tl_version(),
+        "threads": torch.get_num_threads(),
+        "load_average": load,
+        "cpu_count": os.cpu_count(),
+        "mem_limit_gb": mem_limit,
+        "repeats": args.repeats,
+        "gemm_flop_rate": gemm_flop_rate(),
+        "shapes": {},
+    }
     print(report_header(results), flush=True)
     for name in [n for n in SHAPES if n in args.shapes]:
         results["shapes"][name] = measure_shape(SHAPES[name], args.repeats, args.threads)

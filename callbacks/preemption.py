@@ -21,7 +21,12 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)  # USR2: submitit's warning before a time limit
+SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)  # USR2: submitit's warning before a time limit
 
 
 class Preempted(Exception):
@@ -61,8 +66,11 @@ class StopOnSignal(Checkpoint):
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.received = signal.Signals(signum)
-        print(f"\n{self.received.name} received: stopping after this step, with a checkpoint"
-              f" (Ctrl-C again to stop at once, without one)", flush=True)
+        print(
+            f"\n{self.received.name} received: stopping after this step, with a checkpoint"
+            f" (Ctrl-C again to stop at once, without one)",
+            flush=True,
+        )
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if self.received is not None and self.saved_step is None:

@@ -25,6 +25,8 @@ class ProgressLines(L.Callback):
         last_step, last_time = self._last
         now = time.perf_counter()
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        print(f"step {step}/{trainer.max_steps}  loss {float(loss):.4f}  ({1000 * (now - last_time) / (step - last_step):.1f} ms/step)",
-              flush=True)
+        print(
+            f"step {step}/{trainer.max_steps}  loss {float(loss):.4f}  ({1000 * (now - last_time) / (step - last_step):.1f} ms/step)",
+            flush=True,
+        )
         self._last = (step, now)

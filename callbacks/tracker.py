@@ -17,14 +17,14 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import Logger, WandbLogger
 
-from records.keys import snapshot_metrics
-from reports.plots import heatmap_image
-from records.layout import TENSORS_DIR
-from records.tensor_store import TensorStore, snapshot_tensors
 from data.probe import ProbeBatch
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_flops
 from metrics.composition.whitening import Whitening
 from metrics.snapshot import Snapshot, take_snapshot
+from records.keys import snapshot_metrics
+from records.layout import TENSORS_DIR
+from records.tensor_store import TensorStore, snapshot_tensors
+from reports.plots import heatmap_image
 
 WITH_ALL = "composition of every measure"
 """The ledger's name for the composition of a snapshot that scores every tracked measure, not only the dense ones."""
@@ -67,8 +67,15 @@ class Schedule:
         """For chosen steps (a re-scoring of saved weights): every part that is on runs at each one,
         every measure is scored and the whitened bases come from that step; heatmaps keep their period."""
         on = lambda every: 1 if every else 0
-        return Schedule(every_n_steps=1, ablation=on(self.ablation), copying=on(self.copying), matching=on(self.matching),
-                        images=self.images, all_measures=0, whitening=0)
+        return Schedule(
+            every_n_steps=1,
+            ablation=on(self.ablation),
+            copying=on(self.copying),
+            matching=on(self.matching),
+            images=self.images,
+            all_measures=0,
+            whitening=0,
+        )
 
 
 @dataclass
@@ -127,16 +134,24 @@ class CompositionTracker(L.Callback):
         self.ledger = CostLedger()
         self.last_step: int | None = None
         self.last_keys: list[str] = []  # the keys of the last snapshot: an unmeasurable one logs NaN under them
-        self.latest: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the last snapshot, for other callbacks
+        self.latest: tuple[int, dict[str, float]] | None = (
+            None  # (step, metrics) of the last snapshot, for other callbacks
+        )
         self.whitenings: dict = {}  # the whitened bases (embedding, residual), reused between refreshes
         self.ablation_used: str | None = None
-        self._clock: tuple[int, float, float] | None = None  # (step, time, tracker seconds so far) when the clock started
+        self._clock: tuple[int, float, float] | None = (
+            None  # (step, time, tracker seconds so far) when the clock started
+        )
         self._reported = False
 
     def state_dict(self) -> dict:
         """What a resumed run needs to measure exactly as an uninterrupted one: the whitened bases in
         use since their last refresh (``{basis: {"half", "inverse_half"}}``, ``[d_model, d_model]`` each)."""
-        return {"whitenings": {basis: {"half": w.half, "inverse_half": w.inverse_half} for basis, w in self.whitenings.items()}}
+        return {
+            "whitenings": {
+                basis: {"half": w.half, "inverse_half": w.inverse_half} for basis, w in self.whitenings.items()
+            }
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.whitenings = {basis: Whitening(**w) for basis, w in state_dict.get("whitenings", {}).items()}
@@ -208,15 +223,25 @@ class CompositionTracker(L.Callback):
         start = time.perf_counter()
         s = self.schedule
         ablate = s.due("ablation", step, last)
-        every_measure = ablate or not s.all_measures or s.due("all_measures", step, last)  # the ablation judges every measure
+        every_measure = (
+            ablate or not s.all_measures or s.due("all_measures", step, last)
+        )  # the ablation judges every measure
         measures = self.measures if every_measure else self.dense_measures
         if s.due("whitening", step, last) or not s.whitening:
             self.whitenings = {}
         snap = take_snapshot(
-            model, self.probe, measures, self.baseline_samples,
-            ablate=ablate, ablation_method=self.ablation_method, ablation_kind=self.ablation_kind,
-            copying=s.due("copying", step, last), matching=s.due("matching", step, last) or ablate,
-            whitenings=self.whitenings, dtype=self.dtype, max_chunk_bytes=self.chunk_bytes,
+            model,
+            self.probe,
+            measures,
+            self.baseline_samples,
+            ablate=ablate,
+            ablation_method=self.ablation_method,
+            ablation_kind=self.ablation_kind,
+            copying=s.due("copying", step, last),
+            matching=s.due("matching", step, last) or ablate,
+            whitenings=self.whitenings,
+            dtype=self.dtype,
+            max_chunk_bytes=self.chunk_bytes,
         )
         self.whitenings = snap.whitenings
         self.ablation_used = snap.ablation_method or self.ablation_used
@@ -278,8 +303,13 @@ class CompositionTracker(L.Callback):
         per_step = {"snapshot": base / s.every_n_steps}
         if others:
             per_step["other measures"] = others / s.all_measures
-        for part, every in (("ablation", s.ablation), ("validity", s.ablation), ("copying", s.copying),
-                            ("matching", s.matching), ("images", s.images)):
+        for part, every in (
+            ("ablation", s.ablation),
+            ("validity", s.ablation),
+            ("copying", s.copying),
+            ("matching", s.matching),
+            ("images", s.images),
+        ):
             if every and part in last and not (part == "images" and seconds is None and self.first_heatmaps_only):
                 per_step[part] = last[part] / every
         return per_step
@@ -316,7 +346,13 @@ class CompositionTracker(L.Callback):
             f"tracker cost: a snapshot every {s.every_n_steps} steps costs"
             f" {1000 * (last.get('probe', 0) + last.get('head scores', 0) + composition + last.get('logging', 0)):.1f} ms"
             f" (probe {ms('probe')}, composition {1000 * composition:.1f} ms for {scored} measure{'s' * (scored != 1)}, logging {ms('logging')});",
-            *([f"  the {len(self.measures) - scored} other measures {1000 * others:.1f} ms more every {s.all_measures}"] if others else []),
+            *(
+                [
+                    f"  the {len(self.measures) - scored} other measures {1000 * others:.1f} ms more every {s.all_measures}"
+                ]
+                if others
+                else []
+            ),
             f"  ablation {ablation} every {s.ablation or 'never'}, matching {ms('matching')} every {s.matching or 'never'},"
             f" copying scores {ms('copying')} every {s.copying or 'never'}, {heatmaps}",
             f"  training {1000 * step_seconds:.1f} ms/step -> expected tracker overhead {overhead:.1%}"
@@ -327,5 +363,7 @@ class CompositionTracker(L.Callback):
     def totals_line(self) -> str:
         seconds, runs = self.ledger.seconds, self.ledger.runs
         images = f", heatmaps {seconds['images']:.1f} s ({runs['images']} times)" if "images" in seconds else ""
-        return (f"tracker: {runs.get('snapshot', 0)} snapshots in {seconds.get('snapshot', 0):.1f} s"
-                f" (composition {seconds.get('composition', 0) + seconds.get(WITH_ALL, 0):.1f} s, ablation {seconds.get('ablation', 0):.1f} s){images}")
+        return (
+            f"tracker: {runs.get('snapshot', 0)} snapshots in {seconds.get('snapshot', 0):.1f} s"
+            f" (composition {seconds.get('composition', 0) + seconds.get(WITH_ALL, 0):.1f} s, ablation {seconds.get('ablation', 0):.1f} s){images}"
+        )

@@ -24,6 +24,8 @@ from records.trajectory import HEADER_BYTES, INDEX_NAME, TrajectoryPlan, Traject
 
 TRIGGER_KEYS = {"repeated_loss": ("loss/repeated", True), "induction_score": ("heads/induction/top", False)}
 """Trigger name -> (the tracker key it reads, whether the change is a fall)."""
+
+
 @dataclass
 class PhaseTrigger:
     """Decides, tracker step by tracker step, whether a phase change is under way.
@@ -67,7 +69,13 @@ class PhaseTrigger:
         return True  # the step that ends the change is still kept
 
     def state_dict(self) -> dict:
-        return {"recent": self.recent, "means": self.means, "reference": self.reference, "scale": self.scale, "active": self.active}
+        return {
+            "recent": self.recent,
+            "means": self.means,
+            "reference": self.reference,
+            "scale": self.scale,
+            "active": self.active,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.recent, self.means = list(state["recent"]), list(state["means"])
@@ -83,8 +91,19 @@ class TrajectoryRecorder(L.Callback):
     steps as an uninterrupted run, each once. Runs on global rank 0 only.
     """
 
-    def __init__(self, directory: Path, config: dict, run: dict, max_steps: int, log_steps: int, every_n_steps: int,
-                 budget_mb: float, trigger: PhaseTrigger | None = None, tracker=None, look_back: int = 5) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: dict,
+        run: dict,
+        max_steps: int,
+        log_steps: int,
+        every_n_steps: int,
+        budget_mb: float,
+        trigger: PhaseTrigger | None = None,
+        tracker=None,
+        look_back: int = 5,
+    ) -> None:
         self.directory = Path(directory)
         self.config, self.run = config, run
         self.max_steps, self.log_steps, self.every_n_steps = max_steps, log_steps, every_n_steps
@@ -104,8 +123,14 @@ class TrajectoryRecorder(L.Callback):
             return
         model = pl_module.model
         bytes_per_step = sum(p.numel() * p.element_size() for p in model.parameters()) + HEADER_BYTES
-        self.plan = TrajectoryPlan.fit(trainer.max_steps, self.log_steps, self.every_n_steps, bytes_per_step, self.budget,
-                                       adaptive=self.trigger is not None)
+        self.plan = TrajectoryPlan.fit(
+            trainer.max_steps,
+            self.log_steps,
+            self.every_n_steps,
+            bytes_per_step,
+            self.budget,
+            adaptive=self.trigger is not None,
+        )
         in_place = (self.directory / INDEX_NAME).is_file()
         self.writer = TrajectoryWriter(self.directory, model.shape, self.config, self.run)
         step = trainer.global_step
@@ -130,8 +155,12 @@ class TrajectoryRecorder(L.Callback):
         print(self.summary_line())
 
     def state_dict(self) -> dict:
-        return {"trigger": self.trigger.state_dict() if self.trigger else None, "last_step": self.last_step,
-                "held": [(step, weights) for step, weights in self.held], "over_budget_from": self.over_budget_from}
+        return {
+            "trigger": self.trigger.state_dict() if self.trigger else None,
+            "last_step": self.last_step,
+            "held": [(step, weights) for step, weights in self.held],
+            "over_budget_from": self.over_budget_from,
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         if self.trigger is not None and state_dict.get("trigger") is not None:
@@ -183,8 +212,10 @@ class TrajectoryRecorder(L.Callback):
         fits = self.writer.bytes + (1 + still_planned) * self.plan.bytes_per_step <= self.budget
         if not fits and self.over_budget_from is None:
             self.over_budget_from = step
-            print(f"trajectory: the budget of {self.budget / 2**20:g} MB is reached at step {step}: later phase-change"
-                  " steps are not kept (raise trajectory.budget_mb)")
+            print(
+                f"trajectory: the budget of {self.budget / 2**20:g} MB is reached at step {step}: later phase-change"
+                " steps are not kept (raise trajectory.budget_mb)"
+            )
         return fits
 
     def save(self, step: int, pl_module: L.LightningModule, reasons: list[str], weights: dict | None = None) -> None:
@@ -195,18 +226,26 @@ class TrajectoryRecorder(L.Callback):
     def plan_line(self) -> str:
         p = self.plan
         grids = [f"{p.log_steps} log-spaced"] + ([f"every {p.every_n_steps}"] if p.every_n_steps else [])
-        thinned = " (thinned to fit the budget)" if (p.log_steps, p.every_n_steps) != (self.log_steps, self.every_n_steps) else ""
+        thinned = (
+            " (thinned to fit the budget)"
+            if (p.log_steps, p.every_n_steps) != (self.log_steps, self.every_n_steps)
+            else ""
+        )
         dense = f", every tracker step while the {self.trigger_name.replace('_', ' ')} moves" if self.trigger else ""
-        return (f"trajectory: weights at {len(p.steps)} planned steps ({', '.join(grids)}{thinned}){dense};"
-                f" {p.bytes_per_step / 2**20:.2f} MB each, at most {p.budget / 2**20:g} MB, in {self.directory}")
+        return (
+            f"trajectory: weights at {len(p.steps)} planned steps ({', '.join(grids)}{thinned}){dense};"
+            f" {p.bytes_per_step / 2**20:.2f} MB each, at most {p.budget / 2**20:g} MB, in {self.directory}"
+        )
 
     def summary_line(self) -> str:
         entries = self.writer.index["steps"]
         count = lambda reason: sum(reason in e["reasons"] for e in entries.values())
         adaptive = sorted(int(s) for s, e in entries.items() if "adaptive" in e["reasons"])
         span = f" (steps {adaptive[0]}-{adaptive[-1]})" if adaptive else ""
-        return (f"trajectory: {len(entries)} steps kept: {count('log')} log-spaced, {count('linear')} linear,"
-                f" {len(adaptive)} adaptive{span}; {self.writer.bytes / 2**20:.1f} MB; {self.seconds:.2f} s spent keeping them")
+        return (
+            f"trajectory: {len(entries)} steps kept: {count('log')} log-spaced, {count('linear')} linear,"
+            f" {len(adaptive)} adaptive{span}; {self.writer.bytes / 2**20:.1f} MB; {self.seconds:.2f} s spent keeping them"
+        )
 
 
 def clone_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

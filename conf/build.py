@@ -19,16 +19,16 @@ from callbacks.divergence import DivergenceGuard
 from callbacks.final_report import PhaseChangeFigure
 from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines
-from records.csv_log import ResumableCSVLogger
 from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker, Schedule
 from callbacks.trajectory import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
-from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, TRAJECTORY_DIR, resume_checkpoint, resumed_run_dir
-from records.wandb_reach import effective_mode
 from data.datamodule import TokenDataModule, TokenSampler, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
+from records.csv_log import ResumableCSVLogger
+from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, TRAJECTORY_DIR, resume_checkpoint, resumed_run_dir
+from records.wandb_reach import effective_mode
 
 
 def torch_threads(cfg: DictConfig, launcher: DictConfig | None) -> int | None:
@@ -51,9 +51,18 @@ def build_sampler(cfg: DictConfig) -> TokenSampler:
     """The data generator ``cfg.data`` names, as a sample-ids -> tokens function."""
     d = cfg.data
     return make_sampler(
-        d.name.value, d.seed, d.seq_len, cfg.model.d_vocab - int(d.bos), d.bos,
-        n_min=d.n_min, n_max=d.n_max, n_triggers=d.n_triggers, concentration=d.concentration,
-        min_sentence=d.min_sentence, max_sentence=d.max_sentence, max_gap=d.max_gap,
+        d.name.value,
+        d.seed,
+        d.seq_len,
+        cfg.model.d_vocab - int(d.bos),
+        d.bos,
+        n_min=d.n_min,
+        n_max=d.n_max,
+        n_triggers=d.n_triggers,
+        concentration=d.concentration,
+        min_sentence=d.min_sentence,
+        max_sentence=d.max_sentence,
+        max_gap=d.max_gap,
     )
 
 
@@ -64,16 +73,29 @@ def build_datamodule(cfg: DictConfig) -> TokenDataModule:
 def build_shape(cfg: DictConfig) -> TransformerShape:
     m = cfg.model
     return TransformerShape(
-        n_layers=m.n_layers, n_heads=m.n_heads, d_model=m.d_model, d_head=m.d_head,
-        n_ctx=m.n_ctx, d_vocab=m.d_vocab, normalization=str(m.normalization.value), positions=str(m.positions.value),
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        d_model=m.d_model,
+        d_head=m.d_head,
+        n_ctx=m.n_ctx,
+        d_vocab=m.d_vocab,
+        normalization=str(m.normalization.value),
+        positions=str(m.positions.value),
         biases=m.biases,
     )
 
 
 def build_module(cfg: DictConfig) -> InductionLM:
     m, o = cfg.model, cfg.optim
-    return InductionLM(build_shape(cfg), lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), warmup_steps=o.warmup_steps,
-                       init=str(m.init.value), init_std=m.init_std)
+    return InductionLM(
+        build_shape(cfg),
+        lr=o.lr,
+        weight_decay=o.weight_decay,
+        betas=tuple(o.betas),
+        warmup_steps=o.warmup_steps,
+        init=str(m.init.value),
+        init_std=m.init_std,
+    )
 
 
 def wandb_mode(cfg: DictConfig) -> str:
@@ -130,7 +152,9 @@ def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = 
     tags = tuple(dict.fromkeys([*w.tags, *(o[:WANDB_TAG_LENGTH] for o in shown)]))
     swept = swept_keys(Path(sweep_dir)) if sweep_dir else set()
     named = [o for o in shown if o.lstrip("+~").split("=", 1)[0] in swept] or shown
-    return WandbNaming(group=w.group or (str(sweep_dir) if sweep_dir else None), name=w.name or (" ".join(named) or None), tags=tags)
+    return WandbNaming(
+        group=w.group or (str(sweep_dir) if sweep_dir else None), name=w.name or (" ".join(named) or None), tags=tags
+    )
 
 
 SWEEP_SYNTAX = ("choice(", "range(", "interval(", "glob(", "tag(", "shuffle(", "sort(")
@@ -143,22 +167,37 @@ def swept_keys(sweep_dir: Path) -> set[str]:
         master = OmegaConf.load(sweep_dir / "multirun.yaml")
     except (FileNotFoundError, OSError):
         return set()
-    keys = {o.lstrip("+~").split("=", 1)[0] for o in master.hydra.overrides.task
-            if "=" in o and ("," in o.split("=", 1)[1] or o.split("=", 1)[1].startswith(SWEEP_SYNTAX))}
+    keys = {
+        o.lstrip("+~").split("=", 1)[0]
+        for o in master.hydra.overrides.task
+        if "=" in o and ("," in o.split("=", 1)[1] or o.split("=", 1)[1].startswith(SWEEP_SYNTAX))
+    }
     params = OmegaConf.select(master, "hydra.sweeper.params") or {}
     return keys | set(params)
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path, continuation: Continuation, wandb_id: str | None,
-                  naming: WandbNaming = WandbNaming()) -> list[Logger]:
+def build_loggers(
+    cfg: DictConfig,
+    run_dir: Path,
+    continuation: Continuation,
+    wandb_id: str | None,
+    naming: WandbNaming = WandbNaming(),
+) -> list[Logger]:
     loggers: list[Logger] = []
     w = cfg.logger.wandb
     if w.enabled:
         mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, run_dir)  # online only if the server answers
         loggers.append(
             WandbLogger(
-                project=w.project, entity=w.entity, group=naming.group, tags=list(naming.tags or w.tags), name=naming.name or w.name,
-                save_dir=str(run_dir), mode=mode, id=wandb_id, resume="allow" if continuation.in_place else None,
+                project=w.project,
+                entity=w.entity,
+                group=naming.group,
+                tags=list(naming.tags or w.tags),
+                name=naming.name or w.name,
+                save_dir=str(run_dir),
+                mode=mode,
+                id=wandb_id,
+                resume="allow" if continuation.in_place else None,
                 config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
             )
         )
@@ -167,7 +206,9 @@ def build_loggers(cfg: DictConfig, run_dir: Path, continuation: Continuation, wa
     return loggers
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path, wandb_id: str | None, naming: WandbNaming = WandbNaming()) -> list[L.Callback]:
+def build_callbacks(
+    cfg: DictConfig, run_dir: Path, wandb_id: str | None, naming: WandbNaming = WandbNaming()
+) -> list[L.Callback]:
     last = run_dir / CHECKPOINTS / LAST_CHECKPOINT
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     record = {RUN_KEY: {"config": config, "wandb_id": wandb_id}}
@@ -175,7 +216,10 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, wandb_id: str | None, naming
         DivergenceGuard(),  # first: a diverged step is neither measured nor checkpointed
         RunRecord(record, last),
         ModelCheckpoint(
-            dirpath=run_dir / CHECKPOINTS, save_last=True, save_top_k=0, enable_version_counter=False,
+            dirpath=run_dir / CHECKPOINTS,
+            save_last=True,
+            save_top_k=0,
+            enable_version_counter=False,
             every_n_train_steps=cfg.trainer.checkpoint_every_n_steps,
         ),
         StopOnSignal(last),  # a Checkpoint too: Lightning runs both after the tracker
@@ -192,37 +236,66 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, wandb_id: str | None, naming
     return callbacks
 
 
-def build_trajectory(cfg: DictConfig, run_dir: Path, config: dict, run: dict, tracker: CompositionTracker | None) -> TrajectoryRecorder:
+def build_trajectory(
+    cfg: DictConfig, run_dir: Path, config: dict, run: dict, tracker: CompositionTracker | None
+) -> TrajectoryRecorder:
     """The weight trajectory as ``cfg.trajectory`` configures it; no adaptive part without a tracker."""
     t = cfg.trajectory
     trigger = None
     if tracker is not None and t.trigger.value != "none":
         _, falling = TRIGGER_KEYS[t.trigger.value]
         trigger = PhaseTrigger(falling=falling, threshold=t.threshold, settle=t.settle, window=t.window)
-    return TrajectoryRecorder(run_dir / TRAJECTORY_DIR, config, run, cfg.trainer.max_steps, t.log_steps, t.every_n_steps,
-                              t.budget_mb, trigger, tracker, t.look_back)
+    return TrajectoryRecorder(
+        run_dir / TRAJECTORY_DIR,
+        config,
+        run,
+        cfg.trainer.max_steps,
+        t.log_steps,
+        t.every_n_steps,
+        t.budget_mb,
+        trigger,
+        tracker,
+        t.look_back,
+    )
 
 
 def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     """The tracker as ``cfg.tracker`` configures it (``run_dir`` None: no tensor store)."""
     tr = cfg.tracker
-    probe = make_probe_batch(tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(cfg.data.bos), cfg.data.bos)
+    probe = make_probe_batch(
+        tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(cfg.data.bos), cfg.data.bos
+    )
     schedule = Schedule(
-        every_n_steps=tr.every_n_steps, ablation=tr.ablation.every_n_steps, copying=tr.copying.every_n_steps,
-        matching=tr.matching.every_n_steps, images=tr.images.every_n_steps, all_measures=tr.all_measures.every_n_steps,
+        every_n_steps=tr.every_n_steps,
+        ablation=tr.ablation.every_n_steps,
+        copying=tr.copying.every_n_steps,
+        matching=tr.matching.every_n_steps,
+        images=tr.images.every_n_steps,
+        all_measures=tr.all_measures.every_n_steps,
         whitening=tr.whitening.every_n_steps,
     )
     return CompositionTracker(
-        probe, schedule, measures=tuple(tr.measures), dense_measures=tuple(tr.dense_measures), baseline_samples=tr.baseline_samples,
-        ablation_method=str(tr.ablation.method.value), ablation_kind=str(tr.ablation.kind.value), run_dir=run_dir, store=tr.store,
-        max_pair_keys=tr.max_pair_keys, top_pairs=tr.top_pairs,
-        dtype=torch.float64 if tr.precision == "float64" else None, num_threads=tr.num_threads,
-        chunk_bytes=tr.chunk_mb * 2**20, cost_report=tr.cost_report,
+        probe,
+        schedule,
+        measures=tuple(tr.measures),
+        dense_measures=tuple(tr.dense_measures),
+        baseline_samples=tr.baseline_samples,
+        ablation_method=str(tr.ablation.method.value),
+        ablation_kind=str(tr.ablation.kind.value),
+        run_dir=run_dir,
+        store=tr.store,
+        max_pair_keys=tr.max_pair_keys,
+        top_pairs=tr.top_pairs,
+        dtype=torch.float64 if tr.precision == "float64" else None,
+        num_threads=tr.num_threads,
+        chunk_bytes=tr.chunk_mb * 2**20,
+        cost_report=tr.cost_report,
     )
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, continuation: Continuation = Continuation(),
-                  naming: WandbNaming = WandbNaming()) -> L.Trainer:
+def build_trainer(
+    cfg: DictConfig, run_dir: Path, continuation: Continuation = Continuation(), naming: WandbNaming = WandbNaming()
+) -> L.Trainer:
     """The trainer, its loggers and callbacks; the W&B run is the continued one or a new id."""
     t = cfg.trainer
     interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar

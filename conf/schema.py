@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -52,14 +51,14 @@ class ModelConfig:
     positions: Positions = Positions.standard
     biases: bool = False  # b_Q, b_K, b_V, b_O per layer and b_U: start at 0, trained
     init: InitScheme = InitScheme.fan_in
-    init_std: Optional[float] = None  # with init=normal: every W_* N(0, init_std²) (seed 002: 0.02)
+    init_std: float | None = None  # with init=normal: every W_* N(0, init_std²) (seed 002: 0.02)
 
 
 @dataclass
 class OptimConfig:
     lr: float = 3e-3
     weight_decay: float = 0.0
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_steps: int = 100
 
 
@@ -89,26 +88,28 @@ class TrainerConfig:
     accelerator: str = "cpu"
     devices: int = 1
     precision: str = "32-true"
-    gradient_clip_val: Optional[float] = 1.0
+    gradient_clip_val: float | None = 1.0
     accumulate_grad_batches: int = 1
     log_every_n_steps: int = 10
     enable_progress_bar: bool = True  # a bar on a terminal; in a log file, a line every progress_every_n_steps
     progress_every_n_steps: int = 100
     deterministic: bool = False
     checkpoint_every_n_steps: int = 500
-    num_threads: Optional[int] = None  # torch threads; None: torch's default, or the cores' share of a parallel sweep job
+    num_threads: int | None = None  # torch threads; None: torch's default, or the cores' share of a parallel sweep job
 
 
 @dataclass
 class WandbConfig:
     enabled: bool = True
-    mode: Optional[WandbMode] = None  # None: $WANDB_MODE if set, else offline
-    connect_timeout_s: float = 10.0  # online: a W&B server silent this long means an offline run (and a `wandb sync` hint)
+    mode: WandbMode | None = None  # None: $WANDB_MODE if set, else offline
+    connect_timeout_s: float = (
+        10.0  # online: a W&B server silent this long means an offline run (and a `wandb sync` hint)
+    )
     project: str = "induction-composition"
-    entity: Optional[str] = None
-    group: Optional[str] = None
-    tags: List[str] = field(default_factory=list)
-    name: Optional[str] = None
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    name: str | None = None
 
 
 @dataclass
@@ -157,21 +158,40 @@ class AblationConfig(PartSchedule):
 class TrackerConfig:
     enabled: bool = True
     every_n_steps: int = 10
-    measures: List[str] = field(
-        default_factory=lambda: ["frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share"]
+    measures: list[str] = field(
+        default_factory=lambda: [
+            "frobenius",
+            "sv_bound",
+            "whitened",
+            "whitened_resid",
+            "token_space",
+            "subspace",
+            "component",
+            "component_share",
+        ]
     )
-    dense_measures: List[str] = field(default_factory=lambda: ["frobenius"])  # those of `measures` scored at every snapshot
+    dense_measures: list[str] = field(
+        default_factory=lambda: ["frobenius"]
+    )  # those of `measures` scored at every snapshot
     ablation: AblationConfig = field(default_factory=AblationConfig)
     copying: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # copying scores (weight and empirical)
-    matching: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # QK matching scores (and at every ablation)
+    matching: PartSchedule = field(
+        default_factory=lambda: PartSchedule(100)
+    )  # QK matching scores (and at every ablation)
     images: PartSchedule = field(default_factory=lambda: PartSchedule(200))  # heatmaps (W&B only)
-    all_measures: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # every measure, not only the dense ones (and at every ablation); 0: every snapshot
-    whitening: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # the whitened bases (covariances, Σ^±½), reused between
-    max_pair_keys: int = 300  # per-pair W&B/CSV keys while they number at most this (6 M + 3 per pair); summaries beyond
+    all_measures: PartSchedule = field(
+        default_factory=lambda: PartSchedule(100)
+    )  # every measure, not only the dense ones (and at every ablation); 0: every snapshot
+    whitening: PartSchedule = field(
+        default_factory=lambda: PartSchedule(100)
+    )  # the whitened bases (covariances, Σ^±½), reused between
+    max_pair_keys: int = (
+        300  # per-pair W&B/CSV keys while they number at most this (6 M + 3 per pair); summaries beyond
+    )
     top_pairs: int = 3  # pairs logged per measure beyond max_pair_keys
     store: bool = True  # every snapshot's full per-pair tensors to RUN_DIR/tensors
     precision: TrackerPrecision = TrackerPrecision.model
-    num_threads: Optional[int] = None  # torch threads while measuring; None: 1 for small models, else as training
+    num_threads: int | None = None  # torch threads while measuring; None: 1 for small models, else as training
     chunk_mb: int = 256  # memory bound of one all-pairs product block
     cost_report: bool = True  # print what a snapshot costs and the expected overhead, once, early
     baseline_samples: int = 2000
@@ -198,7 +218,9 @@ class TrajectoryConfig:
     log_steps: int = 20  # log-spaced steps in [1, max_steps] (and step 0)
     every_n_steps: int = 100  # the linear grid (0: none)
     trigger: TrajectoryTrigger = TrajectoryTrigger.repeated_loss
-    threshold: float = 0.05  # start: a fall of this share of the first step's loss (or a rise of this much induction score)
+    threshold: float = (
+        0.05  # start: a fall of this share of the first step's loss (or a rise of this much induction score)
+    )
     settle: float = 0.05  # end: over the last `window` tracker steps, a move under this share of the change so far
     window: int = 3  # tracker steps averaged (trailing) before the trigger reads them
     look_back: int = 5  # tracker steps held in memory, written when the trigger fires (it fires a little late)
@@ -208,10 +230,12 @@ class TrajectoryConfig:
 @dataclass
 class Config:
     seed: int = 0
-    resume: Optional[str] = None  # a run directory to continue in place, or a checkpoint to continue from in a new one
+    resume: str | None = None  # a run directory to continue in place, or a checkpoint to continue from in a new one
     resume_allow_changes: bool = False  # let a resume change seed, model, data, optim or tracker settings
-    objective: Optional[str] = None  # what a sweep job returns to an optimizing sweeper: a summary.json or config key
-    objective_cliff_by: Optional[int] = None  # with objective: a run whose loss cliff (midpoint) is later, or absent, scores NaN
+    objective: str | None = None  # what a sweep job returns to an optimizing sweeper: a summary.json or config key
+    objective_cliff_by: int | None = (
+        None  # with objective: a run whose loss cliff (midpoint) is later, or absent, scores NaN
+    )
     model: ModelConfig = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = MISSING

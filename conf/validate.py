@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
 from metrics.snapshot import COMPOSITION_MEASURES
-from records.trajectory import HEADER_BYTES, TrajectoryPlan
 from models.transformer import TransformerShape
+from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
+from records.trajectory import HEADER_BYTES, TrajectoryPlan
 
 
 class ConfigError(ValueError):
@@ -42,7 +42,10 @@ def schema_defaults(sections: tuple[str, ...] = RESUME_KEPT) -> dict[str, object
 
     nodes = {"model": ModelConfig, "data": DataConfig, "tracker": TrackerConfig}
     root = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True, throw_on_missing=False)
-    tree = {k: OmegaConf.to_container(OmegaConf.structured(nodes[k]), enum_to_str=True) if k in nodes else root.get(k) for k in sections}
+    tree = {
+        k: OmegaConf.to_container(OmegaConf.structured(nodes[k]), enum_to_str=True) if k in nodes else root.get(k)
+        for k in sections
+    }
     return flatten(tree)
 
 
@@ -52,7 +55,11 @@ def config_changes(trained: dict, now: dict, sections: tuple[str, ...] = RESUME_
     defaults = schema_defaults(sections)
     before = {**defaults, **flatten({k: trained.get(k) for k in sections})}
     after = flatten({k: now.get(k) for k in sections})
-    return [f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+    return [
+        f"{key}: {before.get(key)!r} -> {after.get(key)!r}"
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    ]
 
 
 def resume_problems(cfg: DictConfig) -> list[str]:
@@ -87,15 +94,19 @@ def resume_problems(cfg: DictConfig) -> list[str]:
     if not cfg.resume_allow_changes:
         trained = (checkpoint.get(RUN_KEY) or {}).get("config")
         if trained is None:
-            problems.append(f"resume={path}: the checkpoint does not carry its run's config, so a change cannot be ruled out"
-                            " (resume_allow_changes=true resumes it anyway)")
+            problems.append(
+                f"resume={path}: the checkpoint does not carry its run's config, so a change cannot be ruled out"
+                " (resume_allow_changes=true resumes it anyway)"
+            )
         else:
             now = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
             changes = config_changes(trained, now)
             if changes:
                 shown = "; ".join(changes[:8]) + (f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
-                problems.append(f"resume={path} was trained with a different config ({shown}): pass the run's own"
-                                " overrides again, or resume_allow_changes=true to change them")
+                problems.append(
+                    f"resume={path} was trained with a different config ({shown}): pass the run's own"
+                    " overrides again, or resume_allow_changes=true to change them"
+                )
     return problems
 
 
@@ -127,8 +138,10 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         if not d.bos:
             problems.append("data.name=sentence_gap_copy needs data.bos=true (every segment starts with BOS)")
         if not 1 <= d.min_sentence <= d.max_sentence or d.max_gap < 0:
-            problems.append(f"data.min_sentence={d.min_sentence}, data.max_sentence={d.max_sentence}, data.max_gap={d.max_gap}:"
-                            " need 1 <= min_sentence <= max_sentence and max_gap >= 0")
+            problems.append(
+                f"data.min_sentence={d.min_sentence}, data.max_sentence={d.max_sentence}, data.max_gap={d.max_gap}:"
+                " need 1 <= min_sentence <= max_sentence and max_gap >= 0"
+            )
     if m.init == "normal" and (m.init_std is None or not math.isfinite(m.init_std) or m.init_std <= 0):
         problems.append(f"model.init=normal needs model.init_std > 0 (got {m.init_std})")
     elif m.init != "normal" and m.init_std is not None:
@@ -137,7 +150,13 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.append(f"data.n_triggers={d.n_triggers} must be in [1, {n_random - 1}]")
     if t.max_steps < 1:
         problems.append(f"trainer.max_steps={t.max_steps} must be >= 1")
-    for key in ("devices", "accumulate_grad_batches", "log_every_n_steps", "checkpoint_every_n_steps", "progress_every_n_steps"):
+    for key in (
+        "devices",
+        "accumulate_grad_batches",
+        "log_every_n_steps",
+        "checkpoint_every_n_steps",
+        "progress_every_n_steps",
+    ):
         if t[key] < 1:
             problems.append(f"trainer.{key}={t[key]} must be >= 1")
     if t.num_threads is not None and t.num_threads < 1:
@@ -147,7 +166,9 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     if t.precision not in PRECISIONS:
         problems.append(f"trainer.precision={t.precision!r} must be one of {PRECISIONS}")
     if multirun and t.devices > 1:
-        problems.append("a multirun (-m) with trainer.devices > 1 is not supported: Lightning re-launches DDP workers with the sweep's arguments")
+        problems.append(
+            "a multirun (-m) with trainer.devices > 1 is not supported: Lightning re-launches DDP workers with the sweep's arguments"
+        )
     o = cfg.optim
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         problems.append(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
@@ -188,13 +209,28 @@ def trajectory_problems(cfg: DictConfig) -> list[str]:
     if problems:
         return problems
     m = cfg.model
-    shape = TransformerShape(m.n_layers, m.n_heads, m.d_model, m.d_head, m.n_ctx, m.d_vocab, str(m.normalization.value),
-                             str(m.positions.value), m.biases)
+    shape = TransformerShape(
+        m.n_layers,
+        m.n_heads,
+        m.d_model,
+        m.d_head,
+        m.n_ctx,
+        m.d_vocab,
+        str(m.normalization.value),
+        str(m.positions.value),
+        m.biases,
+    )
     itemsize = 8 if cfg.trainer.precision in ("64", "64-true") else 4
     adaptive = cfg.tracker.enabled and t.trigger.value != "none"
     try:
-        TrajectoryPlan.fit(cfg.trainer.max_steps, t.log_steps, t.every_n_steps, shape.parameter_count * itemsize + HEADER_BYTES,
-                           int(t.budget_mb * 2**20), adaptive)
+        TrajectoryPlan.fit(
+            cfg.trainer.max_steps,
+            t.log_steps,
+            t.every_n_steps,
+            shape.parameter_count * itemsize + HEADER_BYTES,
+            int(t.budget_mb * 2**20),
+            adaptive,
+        )
     except ValueError as error:
         problems.append(f"trajectory.budget_mb={t.budget_mb}: {error}; raise it, or trajectory.enabled=false")
     return problems
@@ -245,14 +281,22 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"tracker.probe_n={tr.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={m.n_ctx}")
     if not cfg.logger.csv:
         problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
-    for key, low in (("probe_batch_size", 1), ("baseline_samples", 2), ("max_pair_keys", 0), ("top_pairs", 0), ("chunk_mb", 1),
-                     ("smoothing_window", 1)):
+    for key, low in (
+        ("probe_batch_size", 1),
+        ("baseline_samples", 2),
+        ("max_pair_keys", 0),
+        ("top_pairs", 0),
+        ("chunk_mb", 1),
+        ("smoothing_window", 1),
+    ):
         if tr[key] < low:
             problems.append(f"tracker.{key}={tr[key]} must be >= {low}")
     if tr.num_threads is not None and tr.num_threads < 1:
         problems.append(f"tracker.num_threads={tr.num_threads} must be >= 1 (or null: as training)")
     if tr.precision == "float64" and t.accelerator == "mps":
-        problems.append("tracker.precision=float64 is not available on MPS (no float64 there): use tracker.precision=model")
+        problems.append(
+            "tracker.precision=float64 is not available on MPS (no float64 there): use tracker.precision=model"
+        )
     return problems
 
 

@@ -52,8 +52,9 @@ def make_sampler(name: str, seed: int, seq_len: int, n_random: int, bos: bool, *
     if name == "sentence_gap_copy":
         if not bos:
             raise ValueError("sentence_gap_copy needs data.bos=true: every segment starts with BOS")
-        return lambda ids: sentence_gap_tokens(seed, ids, seq_len, n_random, options["max_sentence"], options["max_gap"],
-                                                   options["min_sentence"])
+        return lambda ids: sentence_gap_tokens(
+            seed, ids, seq_len, n_random, options["max_sentence"], options["max_gap"], options["min_sentence"]
+        )
     raise ValueError(f"unknown data generator {name!r}; choose 'repeated', 'bigram_triggers' or 'sentence_gap_copy'")
 
 

@@ -27,14 +27,23 @@ from data.counter_rng import random_ints
 TOKEN_STREAM, SENTENCE_STREAM, GAP_STREAM = 0, 1, 2
 
 
-def sentence_gap_tokens(seed: int, sample_ids: np.ndarray, seq_len: int, n_random: int,
-                        max_sentence: int = 50, max_gap: int = 50, min_sentence: int = 1) -> Tensor:
+def sentence_gap_tokens(
+    seed: int,
+    sample_ids: np.ndarray,
+    seq_len: int,
+    n_random: int,
+    max_sentence: int = 50,
+    max_gap: int = 50,
+    min_sentence: int = 1,
+) -> Tensor:
     """Token ids ``[len(sample_ids), seq_len]``: packed ``[BOS] s g s`` segments, read row by row.
 
     Seed 002's script copies ``sent_len + 1`` tokens for ``sent_len ~ U{1..50}``: its sentences are
     ``min_sentence=2, max_sentence=51`` here."""
     if not 1 <= min_sentence <= max_sentence or max_gap < 0:
-        raise ValueError(f"need 1 <= min_sentence <= max_sentence and max_gap >= 0, got {min_sentence}, {max_sentence}, {max_gap}")
+        raise ValueError(
+            f"need 1 <= min_sentence <= max_sentence and max_gap >= 0, got {min_sentence}, {max_sentence}, {max_gap}"
+        )
     rows = len(sample_ids)
     total = rows * seq_len
     key = np.asarray(sample_ids[:1])
@@ -47,9 +56,9 @@ def sentence_gap_tokens(seed: int, sample_ids: np.ndarray, seq_len: int, n_rando
     for s, g in zip(sentences, gaps):
         if at >= total:
             break
-        sentence, gap = fresh[used:used + s], fresh[used + s:used + s + g]
+        sentence, gap = fresh[used : used + s], fresh[used + s : used + s + g]
         used += s + g
         segment = np.concatenate([[n_random], sentence, gap, sentence])
-        stream[at:at + len(segment)] = segment
+        stream[at : at + len(segment)] = segment
         at += len(segment)
     return torch.from_numpy(stream[:total].reshape(rows, seq_len).copy())

@@ -15,8 +15,8 @@ Used by the snapshot's SVDs (:mod:`metrics.composition.engine`) and eigenvalue s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -32,7 +32,9 @@ def _thread_pool(workers: int) -> ThreadPoolExecutor:
     return _pools[workers]
 
 
-def over_threads(decompose: Callable[[Tensor], Tensor | tuple[Tensor, ...]], matrices: Tensor) -> Tensor | tuple[Tensor, ...]:
+def over_threads(
+    decompose: Callable[[Tensor], Tensor | tuple[Tensor, ...]], matrices: Tensor
+) -> Tensor | tuple[Tensor, ...]:
     """``decompose(matrices)`` for a per-matrix ``torch.linalg`` function on ``matrices [..., m, n]``,
     its batch cut into ``torch.get_num_threads()`` slices decomposed at once on CPU threads (as one
     call on a GPU, on one thread, or for batches too small to gain). Returns what ``decompose``

@@ -48,7 +48,9 @@ class Snapshot:
     induction: Tensor
     duplicate_token: Tensor
     copying: Tensor | None  # weight copying score per head (Elhage et al. 2021)
-    empirical_copying: Tensor | None  # Olsson et al. 2022's copying evaluator on the probe batch per head, 2 r - 1 (r: share of the raise over the sequence's tokens)
+    empirical_copying: (
+        Tensor | None
+    )  # Olsson et al. 2022's copying evaluator on the probe batch per head, 2 r - 1 (r: share of the raise over the sequence's tokens)
     copying_top_rate: Tensor | None  # how often a head raises the token it attends to most (seed 004)
     matching: Tensor | None  # QK matching score per pair (Olsson et al. 2022), [L, H, L, H]
     first_occurrence_loss: float
@@ -128,8 +130,9 @@ def take_snapshot(
         ablation = method = None
         if ablate and shape.n_layers > 1:
             with timer.part("ablation"):
-                ablation, method = ablation_effects(model, probe, ablation_method, (logits, cache), max_chunk_bytes=max_chunk_bytes,
-                                                    kind=ablation_kind)
+                ablation, method = ablation_effects(
+                    model, probe, ablation_method, (logits, cache), max_chunk_bytes=max_chunk_bytes, kind=ablation_kind
+                )
     finally:
         model.train(was_training)
     with timer.part("head scores"):
@@ -141,9 +144,20 @@ def take_snapshot(
     with timer.part("composition"):
         circuits = head_circuits(model, dtype)
         whitenings = dict(whitenings or {})
-        composition = composition_of(model, measures, circuits, residual=cache["resid_pre"], whitenings=whitenings, max_chunk_bytes=max_chunk_bytes)
-        composition = {m: {kind: scores.cpu() for kind, scores in by_kind.items()} for m, by_kind in composition.items()}
-        baselines = {m: b for m, b in random_baselines(shape.d_model, shape.d_head, baseline_samples).items() if m in measures}
+        composition = composition_of(
+            model,
+            measures,
+            circuits,
+            residual=cache["resid_pre"],
+            whitenings=whitenings,
+            max_chunk_bytes=max_chunk_bytes,
+        )
+        composition = {
+            m: {kind: scores.cpu() for kind, scores in by_kind.items()} for m, by_kind in composition.items()
+        }
+        baselines = {
+            m: b for m, b in random_baselines(shape.d_model, shape.d_head, baseline_samples).items() if m in measures
+        }
     matching_scores_ = None
     if matching and shape.n_layers > 1:
         with timer.part("matching"):
@@ -152,15 +166,19 @@ def take_snapshot(
     if copying:
         with timer.part("copying"):
             weight_copying = copying_scores(model, circuits).cpu()
-            empirical = empirical_copying(torch.stack(cache["head_out"]), patterns, tokens, folded_unembedding(model), probe.first_start)
+            empirical = empirical_copying(
+                torch.stack(cache["head_out"]), patterns, tokens, folded_unembedding(model), probe.first_start
+            )
     validity = None
     if ablation is not None:
         with timer.part("validity"):
             scorers = {m: composition[m]["K"] for m in measures}
             if matching_scores_ is not None:
                 scorers[MATCHING] = matching_scores_
-            validity = {effect: agreements({name: scores.double() for name, scores in scorers.items()}, truth)
-                        for effect, truth in ablation.effects().items()}
+            validity = {
+                effect: agreements({name: scores.double() for name, scores in scorers.items()}, truth)
+                for effect, truth in ablation.effects().items()
+            }
     return Snapshot(
         composition=composition,
         baselines=baselines,

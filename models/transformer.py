@@ -147,7 +147,9 @@ class AttentionLayer(nn.Module):
         change the keys' input alone, e.g. for a K-only path ablation; ``pos``: shortformer positions.
         """
         x_key = x_query if x_key is None else x_key
-        return causal_pattern(self.project(x_query, self.W_Q, self.b_Q, pos), self.project(x_key, self.W_K, self.b_K, pos))
+        return causal_pattern(
+            self.project(x_query, self.W_Q, self.b_Q, pos), self.project(x_key, self.W_K, self.b_K, pos)
+        )
 
     def head_outputs(self, x: Tensor, pattern: Tensor) -> Tensor:
         """Each head's write into the residual stream, ``[batch, n_heads, pos, d_model]`` (``b_O``,

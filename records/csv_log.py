@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
 from records.layout import CSV_DIR
 
 

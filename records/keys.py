@@ -67,7 +67,7 @@ default 2 × 2 model with 8 measures and the ablation.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -111,8 +111,9 @@ def pair_key_count(n_pairs: int, n_measures: int) -> int:
     return n_pairs * (6 * n_measures + 3)
 
 
-def snapshot_metrics(snap: Snapshot, max_pair_keys: int = 300, top_pairs: int = 3, max_head_keys: int = 32,
-                     n_measures: int | None = None) -> dict[str, float]:
+def snapshot_metrics(
+    snap: Snapshot, max_pair_keys: int = 300, top_pairs: int = 3, max_head_keys: int = 32, n_measures: int | None = None
+) -> dict[str, float]:
     """Every key of ``snap`` (see the module docstring): one key per pair while those keys number at
     most ``max_pair_keys`` (:func:`pair_key_count`), else per-family max/mean, the ``top_pairs`` best pairs and the
     circuit pair. Per-head keys while the model has at most ``max_head_keys`` heads. Masked (NaN)
@@ -120,8 +121,11 @@ def snapshot_metrics(snap: Snapshot, max_pair_keys: int = 300, top_pairs: int = 
     a run tracks (default: those in ``snap``), so that a snapshot scoring only some of them (the
     whitened ones have their own schedule) keeps the run's mode, per pair or summary."""
     metrics: dict[str, float] = {}
-    for key, value in (("loss/first_occurrence", snap.first_occurrence_loss), ("loss/repeated", snap.repeated_loss),
-                       ("loss/icl_score", snap.icl_score)):
+    for key, value in (
+        ("loss/first_occurrence", snap.first_occurrence_loss),
+        ("loss/repeated", snap.repeated_loss),
+        ("loss/icl_score", snap.icl_score),
+    ):
         if value is not None:
             metrics[key] = float(value)
     for key, attribute in HEAD_SCORES.items():
@@ -138,11 +142,22 @@ def snapshot_metrics(snap: Snapshot, max_pair_keys: int = 300, top_pairs: int = 
             metrics.update(families.metrics("match", _numpy(snap.matching), "match", "top/match"))
         if snap.ablation is not None:
             for effect, values in snap.ablation.effects().items():
-                metrics.update(families.metrics(f"ablation/{effect}", _numpy(values), f"ablation/{effect}", f"top/ablation/{effect}"))
+                metrics.update(
+                    families.metrics(
+                        f"ablation/{effect}", _numpy(values), f"ablation/{effect}", f"top/ablation/{effect}"
+                    )
+                )
     metrics.update(validity_metrics(snap))
     if snap.circuit is not None:
         (l1, h1), (l2, h2) = snap.circuit
-        metrics.update({"circuit/writer_layer": l1, "circuit/writer_head": h1, "circuit/reader_layer": l2, "circuit/reader_head": h2})
+        metrics.update(
+            {
+                "circuit/writer_layer": l1,
+                "circuit/writer_head": h1,
+                "circuit/reader_layer": l2,
+                "circuit/reader_head": h2,
+            }
+        )
     return metrics
 
 
@@ -173,7 +188,9 @@ class PairFamilies:
         self.top_pairs = top_pairs
         self.circuit = circuit
 
-    def metrics(self, prefix: str, values: np.ndarray, circuit_key: str | None = None, top_prefix: str | None = None) -> dict[str, float]:
+    def metrics(
+        self, prefix: str, values: np.ndarray, circuit_key: str | None = None, top_prefix: str | None = None
+    ) -> dict[str, float]:
         """``values [L, H, L, H]`` under ``prefix``; ``circuit_key`` is prefixed with ``circuit/``
         and, like ``top_prefix``, only used in summary mode."""
         L, H = values.shape[:2]
@@ -286,7 +303,7 @@ def _without_nan(keys: tuple[str, ...], values: list[float]) -> dict[str, float]
     return {key: value for key, value in zip(keys, values) if value == value}
 
 
-@lru_cache(maxsize=None)
+@cache
 def scored_flat_indices(n_layers: int, n_heads: int) -> np.ndarray:
     """Flat indices into ``[L, H, L, H]`` of the pairs whose reader layer is later, row-major."""
     layer = np.arange(n_layers)
@@ -294,16 +311,18 @@ def scored_flat_indices(n_layers: int, n_heads: int) -> np.ndarray:
     return np.flatnonzero(later)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pair_keys(prefix: str, n_layers: int, n_heads: int) -> tuple[str, ...]:
     """``{prefix}/L0H1->L1H3`` for every scored pair, in :func:`scored_flat_indices` order; built
     once per prefix and shape, since a run flattens hundreds of snapshots of one shape."""
     heads = [head_name(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     readers_per_writer = n_layers * n_heads
-    return tuple(f"{prefix}/{heads[i // readers_per_writer]}->{heads[i % readers_per_writer]}"
-                 for i in scored_flat_indices(n_layers, n_heads).tolist())
+    return tuple(
+        f"{prefix}/{heads[i // readers_per_writer]}->{heads[i % readers_per_writer]}"
+        for i in scored_flat_indices(n_layers, n_heads).tolist()
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _head_keys(prefix: str, n_layers: int, n_heads: int) -> tuple[str, ...]:
     return tuple(f"{prefix}/{head_name(layer, head)}" for layer in range(n_layers) for head in range(n_heads))

@@ -41,9 +41,23 @@ PAIR_CURVES_FIGURE = "pair_curves.png"
 ANALYSIS_DIR = "analysis"
 
 SWEEP_JOBS_TABLE, SWEEP_GROUPS_TABLE = "sweep_jobs.csv", "sweep_groups.csv"
-SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE = "sweep_loss_curves.png", "sweep_midpoints.png", "sweep_aligned.png"
+SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE = (
+    "sweep_loss_curves.png",
+    "sweep_midpoints.png",
+    "sweep_aligned.png",
+)
 
-RUN_MARKERS = (HYDRA_DIR, CHECKPOINTS, CSV_DIR, WANDB_DIR, TENSORS_DIR, TRAJECTORY_DIR, ANALYSIS_DIR, SUMMARY_NAME, TRAIN_LOG)
+RUN_MARKERS = (
+    HYDRA_DIR,
+    CHECKPOINTS,
+    CSV_DIR,
+    WANDB_DIR,
+    TENSORS_DIR,
+    TRAJECTORY_DIR,
+    ANALYSIS_DIR,
+    SUMMARY_NAME,
+    TRAIN_LOG,
+)
 RUN_KEY = "run"  # checkpoint["run"] = {"config": the resolved config, "wandb_id": the W&B run id or None}
 
 

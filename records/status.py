@@ -16,7 +16,9 @@ from records.layout import STATUS_FILE
 FINISHED, RUNNING, FAILED, PREEMPTED = "finished", "running", "failed", "preempted"
 
 
-def write_status(run_dir: Path, status: str, exit_code: int = 0, step: int | None = None, error: str | None = None) -> None:
+def write_status(
+    run_dir: Path, status: str, exit_code: int = 0, step: int | None = None, error: str | None = None
+) -> None:
     record = {"status": status, "exit_code": exit_code, "step": step, "error": error}
     path = Path(run_dir) / STATUS_FILE
     temporary = path.with_suffix(".json.tmp")

@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import numpy as np
@@ -65,7 +66,9 @@ class TensorStore:
         """Add one record per name at ``step``; each array is stored as float32 and must keep the
         shape its name was first stored with. Raises ValueError if ``step`` is not past a name's
         last stored step (on resume, call :meth:`truncate_after` first)."""
-        arrays = {name: np.asarray(values, dtype=VALUE_DTYPE, order="C") for name, values in tensors.items()}  # 0-d stays 0-d
+        arrays = {
+            name: np.asarray(values, dtype=VALUE_DTYPE, order="C") for name, values in tensors.items()
+        }  # 0-d stays 0-d
         for name, values in arrays.items():  # check everything before writing anything
             entry = self.entries.get(name)
             if entry is not None and tuple(entry["shape"]) != values.shape:
@@ -76,7 +79,11 @@ class TensorStore:
         if new:
             used = {entry["file"] for entry in self.entries.values()}
             for name in new:
-                self.entries[name] = {"file": _unique_stem(name, used), "shape": list(arrays[name].shape), "dtype": "float32"}
+                self.entries[name] = {
+                    "file": _unique_stem(name, used),
+                    "shape": list(arrays[name].shape),
+                    "dtype": "float32",
+                }
             _write_index(self.directory, self.entries)  # before any data file: every data file has an entry
         step_bytes = np.array([step], dtype=STEP_DTYPE).tobytes()
         for name, values in arrays.items():
@@ -113,12 +120,16 @@ class TensorStore:
         if name not in self._handles:
             stem = self.directory / self.entries[name]["file"]
             # unbuffered: every write reaches the OS at once, so a killed process leaves whole records
-            self._handles[name] = (open(f"{stem}{VALUES_SUFFIX}", "ab", buffering=0), open(f"{stem}{STEPS_SUFFIX}", "ab", buffering=0))
+            self._handles[name] = (
+                open(f"{stem}{VALUES_SUFFIX}", "ab", buffering=0),
+                open(f"{stem}{STEPS_SUFFIX}", "ab", buffering=0),
+            )
         return self._handles[name]
 
 
-def read_tensor_store(directory: str | Path, names: Iterable[str] | None = None, mmap: bool = False
-                      ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def read_tensor_store(
+    directory: str | Path, names: Iterable[str] | None = None, mmap: bool = False
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{name: (steps int64 [n], values float32 [n, *shape])}`` of every complete record, for all
     names or only ``names`` (those not stored are left out). ``mmap``: values as read-only memory
     maps, not read into memory (a 12 × 12 run holds ~80 KB per pair tensor per snapshot)."""
@@ -226,7 +237,10 @@ def _complete_steps(directory: Path, entry: dict) -> np.ndarray:
 
 def _cut_to(directory: Path, entry: dict, records: int) -> None:
     """Shorten both files of ``entry`` to ``records`` whole records (no-op on a missing file)."""
-    for suffix, size in ((VALUES_SUFFIX, _record_size(entry) * VALUE_DTYPE.itemsize), (STEPS_SUFFIX, STEP_DTYPE.itemsize)):
+    for suffix, size in (
+        (VALUES_SUFFIX, _record_size(entry) * VALUE_DTYPE.itemsize),
+        (STEPS_SUFFIX, STEP_DTYPE.itemsize),
+    ):
         path = _path(directory, entry, suffix)
         if path.is_file() and path.stat().st_size != records * size:
             os.truncate(path, records * size)

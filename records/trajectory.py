@@ -61,8 +61,9 @@ class TrajectoryPlan:
     budget: int
 
     @classmethod
-    def fit(cls, max_steps: int, log_steps: int, every_n_steps: int, bytes_per_step: int, budget: int, adaptive: bool
-            ) -> TrajectoryPlan:
+    def fit(
+        cls, max_steps: int, log_steps: int, every_n_steps: int, bytes_per_step: int, budget: int, adaptive: bool
+    ) -> TrajectoryPlan:
         room = budget // 2 if adaptive else budget
         fits = lambda: len(sparse_steps(max_steps, log_steps, every_n_steps)) * bytes_per_step <= room
         while not fits() and every_n_steps and every_n_steps < max_steps:
@@ -72,8 +73,10 @@ class TrajectoryPlan:
         while not fits() and log_steps > 1:
             log_steps //= 2
         if not fits():
-            raise ValueError(f"a budget of {budget / 2**20:.3g} MB holds fewer than the first and last step"
-                             f" ({bytes_per_step / 2**20:.2f} MB each{', half the budget kept for the phase change' * adaptive})")
+            raise ValueError(
+                f"a budget of {budget / 2**20:.3g} MB holds fewer than the first and last step"
+                f" ({bytes_per_step / 2**20:.2f} MB each{', half the budget kept for the phase change' * adaptive})"
+            )
         return cls(sparse_steps(max_steps, log_steps, every_n_steps), log_steps, every_n_steps, bytes_per_step, budget)
 
 
@@ -93,8 +96,14 @@ class TrajectoryWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         index_path = self.directory / INDEX_NAME
         existing = json.loads(index_path.read_text()) if index_path.is_file() else {}
-        self.index = {"version": 1, "format": FORMAT, "shape": asdict(shape), "config": config, "run": run or {},
-                      "steps": existing.get("steps", {})}
+        self.index = {
+            "version": 1,
+            "format": FORMAT,
+            "shape": asdict(shape),
+            "config": config,
+            "run": run or {},
+            "steps": existing.get("steps", {}),
+        }
 
     @property
     def steps(self) -> list[int]:
@@ -115,7 +124,11 @@ class TrajectoryWriter:
             tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
             save_file(tensors, str(temporary), metadata={"step": str(step)})
             os.replace(temporary, self.directory / name)
-            self.index["steps"][str(step)] = {"file": name, "reasons": sorted(reasons), "bytes": (self.directory / name).stat().st_size}
+            self.index["steps"][str(step)] = {
+                "file": name,
+                "reasons": sorted(reasons),
+                "bytes": (self.directory / name).stat().st_size,
+            }
         self._write_index()
 
     def truncate_after(self, step: int) -> None:
@@ -140,8 +153,10 @@ class Trajectory:
         self.directory = self.run_dir / TRAJECTORY_DIR
         index_path = self.directory / INDEX_NAME
         if not index_path.is_file():
-            raise TrajectoryError(f"{self.run_dir} has no {TRAJECTORY_DIR}/{INDEX_NAME}: the run kept no weights "
-                                  "(trajectory.enabled=false, or not a train.py run directory)")
+            raise TrajectoryError(
+                f"{self.run_dir} has no {TRAJECTORY_DIR}/{INDEX_NAME}: the run kept no weights "
+                "(trajectory.enabled=false, or not a train.py run directory)"
+            )
         try:
             self.index = json.loads(index_path.read_text())
             self.shape = TransformerShape(**self.index["shape"])
@@ -155,7 +170,9 @@ class Trajectory:
 
     def path(self, step: int) -> Path:
         if step not in self.entries:
-            raise TrajectoryError(f"step {step} was not saved in {self.directory} (saved: {describe_steps(self.steps)})")
+            raise TrajectoryError(
+                f"step {step} was not saved in {self.directory} (saved: {describe_steps(self.steps)})"
+            )
         return self.directory / self.entries[step]["file"]
 
     def check(self, step: int) -> None:
@@ -176,7 +193,9 @@ class Trajectory:
         if found != expected:
             missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
             wrong = sorted(n for n in set(found) & set(expected) if found[n] != expected[n])
-            raise TrajectoryError(f"{path}: not this run's model (missing {missing[:3]}, unexpected {extra[:3]}, other shapes {wrong[:3]})")
+            raise TrajectoryError(
+                f"{path}: not this run's model (missing {missing[:3]}, unexpected {extra[:3]}, other shapes {wrong[:3]})"
+            )
 
     def state_dict(self, step: int) -> dict[str, torch.Tensor]:
         self.check(step)

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from reports.run_report import read_series
-from reports.plots import plt
-from records.tensor_store import read_tensor_store
 from records.layout import CSV_RELATIVE_PATH, PAIR_CURVES_FIGURE, TENSORS_DIR, run_label
-
+from records.tensor_store import read_tensor_store
+from reports.plots import plt
+from reports.run_report import read_series
 
 
 def pair_series(run_dir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[tuple[int, int, int, int]]]:
@@ -50,7 +49,7 @@ def draw(run_dir: Path, out: Path, max_step: int | None = None) -> dict[str, tup
             ax.plot(steps[keep], values[keep, column], lw=1.1, label=label)
         ax.set_title(f"K-composition, {measure} (raw)", fontsize=9)
         ax.tick_params(labelsize=7)
-    for ax in list(axes[:-1].flat)[len(by_measure):]:
+    for ax in list(axes[:-1].flat)[len(by_measure) :]:
         ax.axis("off")
     axes[0, 0].legend(fontsize=6)
     loss_ax = axes[-1, 0]
@@ -90,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         print("pair              frobenius K: step 0   max in steps 0-100 (step)   last")
         for column, (a, b, c, d) in enumerate(pairs):
             top = int(np.argmax(values[early, column]))
-            print(f"L{a}H{b}->L{c}H{d}      {values[0, column]:8.3f}     {values[early, column][top]:8.3f} ({int(steps[early][top]):4d})"
-                  f"          {values[-1, column]:8.3f}")
+            print(
+                f"L{a}H{b}->L{c}H{d}      {values[0, column]:8.3f}     {values[early, column][top]:8.3f} ({int(steps[early][top]):4d})"
+                f"          {values[-1, column]:8.3f}"
+            )
     print(f"figure: {out}")
     return 0
 

@@ -22,10 +22,22 @@ from metrics.dynamics.phase_change import PhaseChange
 
 Series = tuple[np.ndarray, np.ndarray]  # (steps, values)
 
-RDBU_R_ANCHORS = np.array([  # ColorBrewer RdBu, 11 classes, reversed: blue (negative) .. red (positive); matplotlib's RdBu_r
-    (5, 48, 97), (33, 102, 172), (67, 147, 195), (146, 197, 222), (209, 229, 240), (247, 247, 247),
-    (253, 219, 199), (244, 165, 130), (214, 96, 77), (178, 24, 43), (103, 0, 31),
-], dtype=np.float64)
+RDBU_R_ANCHORS = np.array(
+    [  # ColorBrewer RdBu, 11 classes, reversed: blue (negative) .. red (positive); matplotlib's RdBu_r
+        (5, 48, 97),
+        (33, 102, 172),
+        (67, 147, 195),
+        (146, 197, 222),
+        (209, 229, 240),
+        (247, 247, 247),
+        (253, 219, 199),
+        (244, 165, 130),
+        (214, 96, 77),
+        (178, 24, 43),
+        (103, 0, 31),
+    ],
+    dtype=np.float64,
+)
 COLOR_LEVELS = 251
 """Colour levels of the heatmap lookup table; odd, so 0 gets the middle (white) level exactly."""
 MASKED, SEPARATOR, BACKGROUND = COLOR_LEVELS, COLOR_LEVELS + 1, COLOR_LEVELS + 2
@@ -55,7 +67,9 @@ def default_cell_pixels(n_cells: int) -> int:
     return int(np.clip(200 // max(n_cells, 1), 4, 48))
 
 
-def heatmap_image(scores: dict[str, np.ndarray], limit: float | None = None, cell_pixels: int | None = None) -> np.ndarray:
+def heatmap_image(
+    scores: dict[str, np.ndarray], limit: float | None = None, cell_pixels: int | None = None
+) -> np.ndarray:
     """The composition heatmaps as one ``[height, width, 3]`` uint8 image: a panel per kind, left to
     right in ``scores`` order, ``PANEL_GAP`` white pixels apart.
 
@@ -75,7 +89,7 @@ def heatmap_image(scores: dict[str, np.ndarray], limit: float | None = None, cel
     pixel_to_cell = _pixel_to_cell(side, n_heads, cell_pixels)  # [panel side in pixels], -1 on a line
     gap = np.broadcast_to(LOOKUP_TABLE[BACKGROUND], (len(pixel_to_cell), PANEL_GAP, 3))
     panels = []
-    for kind, values in scores.items():
+    for values in scores.values():
         grid = values.reshape(n_layers * n_heads, n_layers * n_heads)[:side, n_heads:]  # writers x readers
         levels = np.full((side + 1, side + 1), SEPARATOR, dtype=np.uint8)  # the last row and column: the line colour
         levels[:side, :side] = _color_levels(grid, limit)
@@ -116,7 +130,9 @@ def composition_report(by_measure: dict[str, dict[str, np.ndarray]], title: str)
     n_rows = len(by_measure)
     n_cols = max(len(scores) for scores in by_measure.values())
     # shared axes: one set of tick labels per row and column, not per panel (labels dominate the drawing time)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.2 * n_cols + 1.2, 3.4 * n_rows), squeeze=False, sharex=True, sharey=True)
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(4.2 * n_cols + 1.2, 3.4 * n_rows), squeeze=False, sharex=True, sharey=True
+    )
     height = 3.4 * n_rows  # margins in inches, whatever the rows; set before the colour bars take their room
     fig.subplots_adjust(top=1 - 0.8 / height, bottom=0.7 / height, right=0.9, hspace=0.25)
     first = next(iter(next(iter(by_measure.values())).values()))
@@ -127,7 +143,7 @@ def composition_report(by_measure: dict[str, dict[str, np.ndarray]], title: str)
         for ax, kind in zip(axes[row], scores):
             image = _composition_panel(ax, scores[kind], limit)
             ax.set_title(f"{measure} {kind}-composition".strip(), fontsize=10)
-        for ax in axes[row][len(scores):]:
+        for ax in axes[row][len(scores) :]:
             ax.set_visible(False)
         axes[row][0].set_ylabel("writer")
         if image is not None:
@@ -222,16 +238,27 @@ def training_curves(
     if other_pairs_band is not None:
         ax_comp.fill_between(*other_pairs_band, color="0.9", lw=0, label="range over all pairs, minus baseline")
     if other_pairs_minus_baseline:
-        curves = LineCollection([np.column_stack(pair) for pair in other_pairs_minus_baseline], colors="0.75",
-                                linewidths=0.8, label=other_pairs_label)
+        curves = LineCollection(
+            [np.column_stack(pair) for pair in other_pairs_minus_baseline],
+            colors="0.75",
+            linewidths=0.8,
+            label=other_pairs_label,
+        )
         ax_comp.add_collection(curves)
         ax_comp.autoscale_view()
     if circuit_raw is not None:
         ax_comp.plot(*circuit_raw, color="tab:purple", label="circuit pair K-comp (raw)")
         ax_comp.plot(*circuit_minus_baseline, color="tab:purple", ls="--", label="circuit pair K-comp minus baseline")
     if circuit_raw is None and not other_pairs_minus_baseline and other_pairs_band is None:
-        ax_comp.text(0.5, 0.5, "no composition: one layer has no earlier->later head pairs",
-                     transform=ax_comp.transAxes, ha="center", va="center", color="0.4")
+        ax_comp.text(
+            0.5,
+            0.5,
+            "no composition: one layer has no earlier->later head pairs",
+            transform=ax_comp.transAxes,
+            ha="center",
+            va="center",
+            color="0.4",
+        )
     if baseline is not None:
         ax_comp.axhline(baseline, color="k", lw=0.8, ls=":", label=f"random baseline {baseline:.3f}")
     ax_comp.set_ylabel(f"K-composition ({measure})")

@@ -24,14 +24,23 @@ import numpy as np
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from reports import validity_table as validity
-from records.keys import scored_flat_indices
-from reports.plots import composition_report, plt, training_curves
-from records.tensor_store import read_tensor_store
 from metrics.dynamics.phase_change import PhaseChange, detect_phase_change
 from metrics.snapshot import COMPOSITION_MEASURES
+from records.keys import scored_flat_indices
+from records.layout import (
+    COMPOSITION_FIGURE,
+    CSV_RELATIVE_PATH,
+    PHASE_CHANGE_FIGURE,
+    SUMMARY_NAME,
+    TENSORS_DIR,
+    VALIDITY_FIGURE,
+    VALIDITY_TABLE,
+    run_label,
+)
+from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
-from records.layout import COMPOSITION_FIGURE, CSV_RELATIVE_PATH, PHASE_CHANGE_FIGURE, SUMMARY_NAME, TENSORS_DIR, VALIDITY_FIGURE, VALIDITY_TABLE, run_label
+from reports import validity_table as validity
+from reports.plots import composition_report, plt, training_curves
 
 MAX_GREY_CURVES = 100
 """More pairs than this: draw the range over all pairs and only this many curves, the highest peaks."""
@@ -67,8 +76,15 @@ def phase_change_of(series, key: str, falling: bool, window: int) -> PhaseChange
 def summarize(series, window: int = 5) -> dict[str, float]:
     """Final values and phase-change steps of a run, from its logged series."""
     summary: dict[str, float] = {}
-    for key in ("loss/repeated", "loss/first_occurrence", "heads/induction/top", "heads/prev_token/top",
-                "circuit/K/frobenius", "circuit/K/frobenius_minus_baseline", "circuit/K/frobenius_minus_baseline_rank"):
+    for key in (
+        "loss/repeated",
+        "loss/first_occurrence",
+        "heads/induction/top",
+        "heads/prev_token/top",
+        "circuit/K/frobenius",
+        "circuit/K/frobenius_minus_baseline",
+        "circuit/K/frobenius_minus_baseline_rank",
+    ):
         if key in series:
             summary[f"final/{key}"] = float(series[key][1][-1])
     for name, key, falling in (("loss", "loss/repeated", True), ("induction", "heads/induction/top", False)):
@@ -103,7 +119,11 @@ def other_pairs(series, store_dir: Path, measure: str) -> OtherPairs:
     per_pair = [series[k] for k in series if k.startswith(f"comp/K/{measure}_minus_baseline/") and "->" in k]
     if per_pair:
         return OtherPairs(per_pair)
-    summary = [series[k] for k in (f"comp/K/{measure}_minus_baseline/max", f"comp/K/{measure}_minus_baseline/mean") if k in series]
+    summary = [
+        series[k]
+        for k in (f"comp/K/{measure}_minus_baseline/max", f"comp/K/{measure}_minus_baseline/mean")
+        if k in series
+    ]
     return OtherPairs(summary, "max and mean over pairs, minus baseline")
 
 
@@ -116,7 +136,9 @@ def baseline_mean(series, stored, measure: str) -> float | None:
     return float(values[-1][0]) if len(steps) else None
 
 
-def stored_other_pairs(steps: np.ndarray, values: np.ndarray, baseline: float, max_curves: int = MAX_GREY_CURVES) -> OtherPairs:
+def stored_other_pairs(
+    steps: np.ndarray, values: np.ndarray, baseline: float, max_curves: int = MAX_GREY_CURVES
+) -> OtherPairs:
     """``values [n, L, H, L, H]`` (NaN where the reader is not later) -> one curve per scored pair
     minus ``baseline``; beyond ``max_curves`` pairs the range over all of them, and the curves of
     the ``max_curves`` with the highest peak."""
@@ -217,20 +239,27 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
     validity_path = None
     if rows:
         validity.write_table(rows, run_dir / VALIDITY_TABLE)
-        fig = validity.validity_figure(series, rows, change, f"which measure tells the truth: {run_label(run_dir)}", window)
+        fig = validity.validity_figure(
+            series, rows, change, f"which measure tells the truth: {run_label(run_dir)}", window
+        )
         validity_path = run_dir / VALIDITY_FIGURE
         fig.savefig(validity_path, dpi=110)
         plt.close(fig)
         for row in rows:
             for column in validity.SUMMARY_COLUMNS:
-                if row[column] is not None and not math.isnan(row[column]):  # a measure never first for good has no such step; older runs lack the head levels
+                if row[column] is not None and not math.isnan(
+                    row[column]
+                ):  # a measure never first for good has no such step; older runs lack the head levels
                     summary[f"validity/{row['measure']}/{column}"] = row[column]
     summary.update(trajectory_summary(run_dir, series, change))
     (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     because = None
     if not rows:
-        because = ("the ablation was off (tracker.ablation.every_n_steps=0)" if has_pairs(series, final)
-                   else "the model has no earlier->later head pairs (one layer)")
+        because = (
+            "the ablation was off (tracker.ablation.every_n_steps=0)"
+            if has_pairs(series, final)
+            else "the model has no earlier->later head pairs (one layer)"
+        )
     return RunReport(figure_path, summary, validity_path, rows or None, because, composition_path)
 
 
@@ -242,9 +271,11 @@ def trajectory_summary(run_dir: Path, series, change: PhaseChange | None) -> dic
     except TrajectoryError:
         return {}
     entries = trajectory.entries
-    summary = {"trajectory/steps": len(entries),
-               "trajectory/adaptive_steps": sum("adaptive" in e["reasons"] for e in entries.values()),
-               "trajectory/megabytes": sum(e["bytes"] for e in entries.values()) / 2**20}
+    summary = {
+        "trajectory/steps": len(entries),
+        "trajectory/adaptive_steps": sum("adaptive" in e["reasons"] for e in entries.values()),
+        "trajectory/megabytes": sum(e["bytes"] for e in entries.values()) / 2**20,
+    }
     if change is not None:
         tracked = series["loss/repeated"][0]
         inside = [int(s) for s in tracked if change.onset_step <= s <= change.end_step]
@@ -292,15 +323,21 @@ def publish_report(run_dir: Path, loggers: list, step: int, window: int = 5) -> 
                 logger.log_image(key="images/composition_final", images=[str(report.composition_figure)], step=step)
             if report.validity_rows:
                 logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
-                logger.log_table(key="validity/table", columns=validity.COLUMNS,
-                                 data=validity.table_as_lists(report.validity_rows), step=step)
+                logger.log_table(
+                    key="validity/table",
+                    columns=validity.COLUMNS,
+                    data=validity.table_as_lists(report.validity_rows),
+                    step=step,
+                )
             logger.experiment.summary.update(report.summary)
     print_report(report)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Re-render phase_change.png, summary.json, composition.png and the validity table and figure of a finished run.")
+    parser = argparse.ArgumentParser(
+        description="Re-render phase_change.png, summary.json, composition.png and the validity table and figure of a finished run."
+    )
     parser.add_argument("run_dir", type=Path, help="a train.py run directory (it holds csv/metrics.csv)")
     parser.add_argument("--window", type=int, default=5, help="smoothing window, in logged points")
     args = parser.parse_args(argv)

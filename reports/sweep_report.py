@@ -31,15 +31,26 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from reports.run_report import read_series
+from metrics.heads.circuit_pair import circuit_pair
 from records import wandb_records
-from reports.plots import plt
+from records.layout import (
+    ANALYSIS_DIR,
+    CSV_RELATIVE_PATH,
+    HYDRA_CONFIG,
+    HYDRA_DIR,
+    HYDRA_OVERRIDES,
+    SUMMARY_NAME,
+    SWEEP_ALIGNED_FIGURE,
+    SWEEP_CURVES_FIGURE,
+    SWEEP_GROUPS_TABLE,
+    SWEEP_JOBS_TABLE,
+    SWEEP_MIDPOINTS_FIGURE,
+    TENSORS_DIR,
+)
 from records.status import FINISHED, read_status
 from records.tensor_store import read_tensor_store
-from metrics.heads.circuit_pair import circuit_pair
-from records.layout import (
-    ANALYSIS_DIR, CSV_RELATIVE_PATH, HYDRA_CONFIG, HYDRA_DIR, HYDRA_OVERRIDES, SWEEP_ALIGNED_FIGURE, SWEEP_CURVES_FIGURE, SWEEP_GROUPS_TABLE, SWEEP_JOBS_TABLE, SWEEP_MIDPOINTS_FIGURE, SUMMARY_NAME, TENSORS_DIR,
-)
+from reports.plots import plt
+from reports.run_report import read_series
 
 SEED_KEYS = ("seed", "data.seed")  # what varies between repeats, not between settings
 
@@ -78,14 +89,21 @@ def read_overrides(run_dir: Path) -> dict[str, str]:
 def read_job(run_dir: Path, analysis: str | None = None) -> Job:
     """Everything the tables and figures need from one run directory; what is missing stays missing.
     ``analysis``: the numbers come from the run's re-scoring ``analysis/NAME/`` (:mod:`analysis.rescore`)."""
-    record = read_status(run_dir) or {"status": "unknown", "error": "no status.json (killed outright, or not a train.py run)"}
+    record = read_status(run_dir) or {
+        "status": "unknown",
+        "error": "no status.json (killed outright, or not a train.py run)",
+    }
     config = yaml.safe_load((run_dir / HYDRA_DIR / HYDRA_CONFIG).read_text()) or {}
     job = Job(run_dir, read_overrides(run_dir), record["status"], record.get("error") or "")
     results = run_dir / ANALYSIS_DIR / analysis if analysis else run_dir
     summary_path = results / SUMMARY_NAME
     csv_path = results / CSV_RELATIVE_PATH
-    fill_values(job, config.get("seed", ""), read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {},
-                json.loads(summary_path.read_text()) if summary_path.is_file() else {})
+    fill_values(
+        job,
+        config.get("seed", ""),
+        read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {},
+        json.loads(summary_path.read_text()) if summary_path.is_file() else {},
+    )
     job.values["circuit_pair"] = final_circuit_pair(results)
     return job
 
@@ -121,7 +139,7 @@ def read_wandb_jobs(files: list[Path]) -> list[Job]:
     for path in sorted(files, key=lambda f: f.parent.name):  # offline-run-DATE_TIME-ID: start order
         by_id.setdefault(wandb_records.run_id(path), []).append(path)
     jobs, configs = [], []
-    for run_id, paths in by_id.items():
+    for paths in by_id.values():
         config, rows = {}, []
         for path in paths:
             config.update(wandb_records.config(path))
@@ -159,7 +177,10 @@ def history_series(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]
         for key, value in row.items():
             if isinstance(value, (int, float)) and not key.startswith("_"):
                 points.setdefault(key, {})[int(step)] = float(value)
-    return {key: (np.array(sorted(by_step)), np.array([by_step[s] for s in sorted(by_step)])) for key, by_step in points.items()}
+    return {
+        key: (np.array(sorted(by_step)), np.array([by_step[s] for s in sorted(by_step)]))
+        for key, by_step in points.items()
+    }
 
 
 def final_circuit_pair(run_dir: Path) -> str:
@@ -170,9 +191,11 @@ def final_circuit_pair(run_dir: Path) -> str:
     scores = read_tensor_store(store, ["heads/prev_token", "heads/induction"])
     if len(scores) < 2 or not len(scores["heads/induction"][0]) or scores["heads/induction"][1].shape[1] < 2:
         return ""
-    import torch  # noqa: PLC0415
+    import torch
 
-    (l1, h1), (l2, h2) = circuit_pair(torch.from_numpy(scores["heads/prev_token"][1][-1]), torch.from_numpy(scores["heads/induction"][1][-1]))
+    (l1, h1), (l2, h2) = circuit_pair(
+        torch.from_numpy(scores["heads/prev_token"][1][-1]), torch.from_numpy(scores["heads/induction"][1][-1])
+    )
     return f"L{l1}H{h1}->L{l2}H{h2}"
 
 
@@ -185,13 +208,28 @@ def swept_keys(jobs: list[Job]) -> list[str]:
 
 def job_rows(jobs: list[Job], swept: list[str]) -> list[dict]:
     columns = sorted({k for job in jobs for k in job.values}, key=_column_order)
-    return [{"job": job.run_dir.name, **{k: job.overrides.get(k, "") for k in swept}, "status": job.status,
-             **{c: job.values.get(c, "") for c in columns}} for job in jobs]
+    return [
+        {
+            "job": job.run_dir.name,
+            **{k: job.overrides.get(k, "") for k in swept},
+            "status": job.status,
+            **{c: job.values.get(c, "") for c in columns},
+        }
+        for job in jobs
+    ]
 
 
 def _column_order(column: str) -> tuple[int, str]:
-    first = ("seed", "phase_change_onset", "phase_change_midpoint", "phase_change_end", "repeated_loss_start",
-             "repeated_loss_end", "top_induction_score", "circuit_pair")
+    first = (
+        "seed",
+        "phase_change_onset",
+        "phase_change_midpoint",
+        "phase_change_end",
+        "repeated_loss_start",
+        "repeated_loss_end",
+        "top_induction_score",
+        "circuit_pair",
+    )
     return (first.index(column), "") if column in first else (len(first) + (column.startswith("spearman_")), column)
 
 
@@ -202,13 +240,19 @@ def group_rows(jobs: list[Job], swept: list[str]) -> list[dict]:
     groups: dict[tuple, list[Job]] = {}
     for job in jobs:
         groups.setdefault(tuple(job.overrides.get(k, "") for k in settings), []).append(job)
-    numeric = sorted({k for job in jobs for k, v in job.values.items() if isinstance(v, (int, float)) and k != "seed"}, key=_column_order)
+    numeric = sorted(
+        {k for job in jobs for k, v in job.values.items() if isinstance(v, (int, float)) and k != "seed"},
+        key=_column_order,
+    )
     rows = []
     for values, members in groups.items():
         done = [job for job in members if job.status == FINISHED]
         row = {**dict(zip(settings, values)), "jobs": len(members), "finished": len(done)}
         for column in numeric:
-            numbers = np.array([float(job.values[column]) for job in done if isinstance(job.values.get(column), (int, float))], dtype=float)
+            numbers = np.array(
+                [float(job.values[column]) for job in done if isinstance(job.values.get(column), (int, float))],
+                dtype=float,
+            )
             numbers = numbers[np.isfinite(numbers)]
             row[f"{column}_mean"] = float(numbers.mean()) if len(numbers) else math.nan
             row[f"{column}_sd"] = float(numbers.std(ddof=1)) if len(numbers) > 1 else math.nan
@@ -250,7 +294,9 @@ def draw_loss_curves(jobs: list[Job], colour_by: str | None, path: Path) -> None
         colour = colours[values.index(value)]
         label = f"{colour_by}={value}" if colour_by and value not in labelled else None
         labelled.add(value)
-        ax.plot(*job.loss_curve, color=colour, lw=1.2, alpha=0.85, label=label, ls="-" if job.status == FINISHED else ":")
+        ax.plot(
+            *job.loss_curve, color=colour, lw=1.2, alpha=0.85, label=label, ls="-" if job.status == FINISHED else ":"
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("loss on repeated tokens")
     ax.set_title(f"{len(jobs)} jobs" + (f", coloured by {colour_by}" if colour_by else "") + " (dotted: not finished)")
@@ -275,7 +321,12 @@ def draw_aligned(jobs: list[Job], colour_by: str | None, path: Path) -> None:
         value = job.overrides.get(colour_by, "") if colour_by else ""
         label = f"{colour_by}={value}" if colour_by and value not in labelled else None
         labelled.add(value)
-        style = {"color": colours[values.index(value)], "lw": 1.2, "alpha": 0.85, "ls": "-" if job.status == FINISHED else ":"}
+        style = {
+            "color": colours[values.index(value)],
+            "lw": 1.2,
+            "alpha": 0.85,
+            "ls": "-" if job.status == FINISHED else ":",
+        }
         ax_loss.plot(job.loss_curve[0] - midpoint, job.loss_curve[1], label=label, **style)
         if job.induction_curve is not None:
             ax_induction.plot(job.induction_curve[0] - midpoint, job.induction_curve[1], **style)
@@ -305,10 +356,18 @@ def draw_midpoints(jobs: list[Job], settings: list[str], path: Path) -> None:
         labels = sorted(by_value, key=_numeric_first)
         means = [np.mean(by_value[v]) for v in labels]
         spreads = [np.std(by_value[v], ddof=1) if len(by_value[v]) > 1 else 0.0 for v in labels]
-        positions = [float(v) for v in labels] if labels and all(_is_number(v) for v in labels) else list(range(len(labels)))
+        positions = (
+            [float(v) for v in labels] if labels and all(_is_number(v) for v in labels) else list(range(len(labels)))
+        )
         ax.errorbar(positions, means, yerr=spreads, fmt="o-", capsize=4)
         for x, v in zip(positions, labels):
-            ax.annotate(f"n={len(by_value[v])}", (x, np.mean(by_value[v])), textcoords="offset points", xytext=(5, 5), fontsize=7)
+            ax.annotate(
+                f"n={len(by_value[v])}",
+                (x, np.mean(by_value[v])),
+                textcoords="offset points",
+                xytext=(5, 5),
+                fontsize=7,
+            )
         if positions and not all(_is_number(v) for v in labels):
             ax.set_xticks(positions, labels)
         ax.set_xlabel(setting or "")
@@ -346,7 +405,16 @@ class SweepReport:
         return [job for job in self.jobs if job.status != FINISHED]
 
     def files(self) -> dict[str, Path]:
-        return {name: self.directory / name for name in (SWEEP_JOBS_TABLE, SWEEP_GROUPS_TABLE, SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE)}
+        return {
+            name: self.directory / name
+            for name in (
+                SWEEP_JOBS_TABLE,
+                SWEEP_GROUPS_TABLE,
+                SWEEP_CURVES_FIGURE,
+                SWEEP_MIDPOINTS_FIGURE,
+                SWEEP_ALIGNED_FIGURE,
+            )
+        }
 
 
 def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str | None = None) -> SweepReport:
@@ -356,10 +424,21 @@ def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str |
     paths = [Path(p) for p in paths]
     jobs = [read_job(d, analysis) for d in job_dirs(paths)]
     if not jobs:  # no train.py run directories: W&B offline runs, then
-        jobs = read_wandb_jobs([f for p in paths for f in (p.glob("run-*.wandb") if p.name.startswith("offline-run-")
-                                                           else p.glob("**/offline-run-*/run-*.wandb"))])
+        jobs = read_wandb_jobs(
+            [
+                f
+                for p in paths
+                for f in (
+                    p.glob("run-*.wandb")
+                    if p.name.startswith("offline-run-")
+                    else p.glob("**/offline-run-*/run-*.wandb")
+                )
+            ]
+        )
     if not jobs:
-        raise FileNotFoundError(f"no run directories (with .hydra/overrides.yaml) or W&B offline runs under {', '.join(map(str, paths))}")
+        raise FileNotFoundError(
+            f"no run directories (with .hydra/overrides.yaml) or W&B offline runs under {', '.join(map(str, paths))}"
+        )
     swept = swept_keys(jobs)
     settings = [k for k in swept if k not in SEED_KEYS]
     first = paths[0] if paths[0].is_dir() and not paths[0].name.startswith("offline-run-") else paths[0].parent
@@ -376,25 +455,52 @@ def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str |
 
 
 def print_sweep_report(report: SweepReport) -> None:
-    brief = ["job", *report.swept, "status", "phase_change_midpoint", "repeated_loss_start", "repeated_loss_end",
-             "top_induction_score", "circuit_pair", "K_frobenius"]
-    print(f"\nsweep: {len(report.jobs)} jobs in {report.directory} ({len(report.failed)} not finished); full table {report.files()[SWEEP_JOBS_TABLE]}")
+    brief = [
+        "job",
+        *report.swept,
+        "status",
+        "phase_change_midpoint",
+        "repeated_loss_start",
+        "repeated_loss_end",
+        "top_induction_score",
+        "circuit_pair",
+        "K_frobenius",
+    ]
+    print(
+        f"\nsweep: {len(report.jobs)} jobs in {report.directory} ({len(report.failed)} not finished); full table {report.files()[SWEEP_JOBS_TABLE]}"
+    )
     print(format_table(report.job_table, [c for c in brief if any(c in row for row in report.job_table)]))
     settings = [k for k in report.swept if k not in SEED_KEYS]
-    group_columns = [*settings, "jobs", "finished", "phase_change_midpoint_mean", "phase_change_midpoint_sd",
-                     "repeated_loss_end_mean", "repeated_loss_end_sd", "top_induction_score_mean"]
+    group_columns = [
+        *settings,
+        "jobs",
+        "finished",
+        "phase_change_midpoint_mean",
+        "phase_change_midpoint_sd",
+        "repeated_loss_end_mean",
+        "repeated_loss_end_sd",
+        "top_induction_score_mean",
+    ]
     print(f"\nover seeds ({report.files()[SWEEP_GROUPS_TABLE]}):")
     print(format_table(report.group_table, [c for c in group_columns if any(c in row for row in report.group_table)]))
-    print(f"figures: {', '.join(str(report.files()[name]) for name in (SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE))}")
+    print(
+        f"figures: {', '.join(str(report.files()[name]) for name in (SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE))}"
+    )
     for job in report.failed:
-        print(f"not finished: job {job.run_dir.name} ({' '.join(f'{k}={v}' for k, v in job.overrides.items())}): {job.status}"
-              + (f": {job.error}" if job.error else ""))
+        print(
+            f"not finished: job {job.run_dir.name} ({' '.join(f'{k}={v}' for k, v in job.overrides.items())}): {job.status}"
+            + (f": {job.error}" if job.error else "")
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", type=Path, nargs="+", help="a sweep directory (multirun/DATE/TIME), or run directories")
-    parser.add_argument("--out", type=Path, default=None, help="where to write the tables and figures (default: the first path)")
+    parser.add_argument(
+        "paths", type=Path, nargs="+", help="a sweep directory (multirun/DATE/TIME), or run directories"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where to write the tables and figures (default: the first path)"
+    )
     args = parser.parse_args(argv)
     try:
         report = sweep_report(args.paths, args.out)

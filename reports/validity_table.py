@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from reports.plots import mark_phase_change, plt
 from metrics.dynamics.phase_change import PhaseChange, smooth
-from metrics.snapshot import COMPOSITION_MEASURES, MATCHING
 from metrics.ground_truth.validity import LEVELS, first_step_ranked_first_for_good
+from metrics.snapshot import COMPOSITION_MEASURES, MATCHING
+from reports.plots import mark_phase_change, plt
 
 EFFECTS = {"loss_change": "repeated-token loss", "pattern_change": "attention pattern"}
 COLUMNS = [
@@ -35,17 +35,37 @@ COLUMNS = [
     "mean_spearman_after_cliff_loss",
     "first_step_ranked_first_pattern",
     "final_spearman_pattern",
-    *(f"{column}_{level}_loss" for level in LEVELS
-      for column in ("first_step_ranked_first", "final_rank", "final_spearman", "mean_spearman_after_cliff")),
+    *(
+        f"{column}_{level}_loss"
+        for level in LEVELS
+        for column in ("first_step_ranked_first", "final_rank", "final_spearman", "mean_spearman_after_cliff")
+    ),
 ]
 """Pair-level columns first (their order is fixed: the W&B table and tests index them), then the
 writer- and reader-level ones (``first_step_ranked_first_writer_loss``, ...)."""
-HEADERS = ["measure", "first for good (loss)", "- midpoint", "rank", "Spearman", "after cliff",
-           "first for good (pattern)", "Spearman (pattern)",
-           *(f"{name} ({level[0].upper()})" for level in LEVELS for name in ("first for good", "rank", "Spearman", "after cliff"))]
+HEADERS = [
+    "measure",
+    "first for good (loss)",
+    "- midpoint",
+    "rank",
+    "Spearman",
+    "after cliff",
+    "first for good (pattern)",
+    "Spearman (pattern)",
+    *(
+        f"{name} ({level[0].upper()})"
+        for level in LEVELS
+        for name in ("first for good", "rank", "Spearman", "after cliff")
+    ),
+]
 """Console headers of ``COLUMNS``; (W) and (R) are the writer and reader levels."""
-SUMMARY_COLUMNS = ("first_step_ranked_first_loss", "final_spearman_loss", "first_step_ranked_first_writer_loss",
-                   "final_rank_writer_loss", "final_spearman_writer_loss")
+SUMMARY_COLUMNS = (
+    "first_step_ranked_first_loss",
+    "final_spearman_loss",
+    "first_step_ranked_first_writer_loss",
+    "final_rank_writer_loss",
+    "final_spearman_writer_loss",
+)
 """The columns a run's summary.json keeps per measure (as ``validity/{measure}/{column}``), when defined."""
 
 
@@ -127,10 +147,14 @@ def format_table(rows: list[dict[str, object]]) -> str:
         columns, headers = [COLUMNS[i] for i in block], [HEADERS[i] for i in block]
         cells = [[row["measure"]] + [_cell(row[c], c) for c in columns[1:]] for row in rows]
         widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-        line = lambda items: "  ".join(item.rjust(w) if i else item.ljust(w) for i, (item, w) in enumerate(zip(items, widths)))
+        line = lambda items, widths=widths: "  ".join(
+            item.rjust(w) if i else item.ljust(w) for i, (item, w) in enumerate(zip(items, widths))
+        )
         lines += ([""] if lines else []) + [line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)]
-    lines.append("(W): writers, each ranked by its loss effect summed over its readers and by the measure summed "
-                 "likewise; (R): readers, summed over their writers")
+    lines.append(
+        "(W): writers, each ranked by its loss effect summed over its readers and by the measure summed "
+        "likewise; (R): readers, summed over their writers"
+    )
     return "\n".join(lines)
 
 
@@ -152,8 +176,13 @@ def validity_figure(
     a moving average over ``window`` ablation steps (with few pairs a single step moves in coarse jumps)."""
     measures = [row["measure"] for row in rows]
     colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(measures)}
-    fig, (ax_span, ax_rho) = plt.subplots(2, 1, figsize=(8, 2.2 + 0.45 * len(measures) + 3.2), sharex=True,
-                                          gridspec_kw={"height_ratios": [0.45 * len(measures) + 0.8, 3.2]})
+    fig, (ax_span, ax_rho) = plt.subplots(
+        2,
+        1,
+        figsize=(8, 2.2 + 0.45 * len(measures) + 3.2),
+        sharex=True,
+        gridspec_kw={"height_ratios": [0.45 * len(measures) + 0.8, 3.2]},
+    )
     last_step = max(float(series[f"validity/loss_change/{m}/rank_of_truth"][0][-1]) for m in measures)
     for y, row in enumerate(rows):
         first = row["first_step_ranked_first_loss"]
@@ -164,13 +193,16 @@ def validity_figure(
             ax_span.plot([first], [y], "k|", ms=12)
     ax_span.set_yticks(range(len(measures)), measures, fontsize=8)
     ax_span.invert_yaxis()
-    ax_span.set_title("ranks the ablation's top pair first from then on (K-composition; ablation = repeated-token loss)",
-                      fontsize=9)
+    ax_span.set_title(
+        "ranks the ablation's top pair first from then on (K-composition; ablation = repeated-token loss)", fontsize=9
+    )
     for measure in measures:
         key = f"validity/loss_change/{measure}/spearman"
         if key in series:
             steps, rho = series[key]
-            ax_rho.plot(steps, smooth(torch.from_numpy(rho), window).numpy(), color=colors[measure], lw=1.2, label=measure)
+            ax_rho.plot(
+                steps, smooth(torch.from_numpy(rho), window).numpy(), color=colors[measure], lw=1.2, label=measure
+            )
     ax_rho.axhline(0, color="k", lw=0.6)
     ax_rho.set_ylim(-1.05, 1.05)
     ax_rho.set_ylabel(f"Spearman ρ with ablation effect\nover pairs (mean of {window} steps)")

@@ -48,7 +48,9 @@ def tee_console(path: Path) -> Iterator[None]:
     log = open(path, "a", buffering=1, encoding="utf-8")
     stdout, stderr = sys.stdout, sys.stderr
     tees = {id(stdout): Tee(stdout, log), id(stderr): Tee(stderr, log)}
-    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler) and id(h.stream) in tees]
+    handlers = [
+        h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler) and id(h.stream) in tees
+    ]
     streams = [h.stream for h in handlers]  # Hydra's console handler holds the original stream
     for handler in handlers:
         handler.setStream(tees[id(handler.stream)])
@@ -65,7 +67,12 @@ def tee_console(path: Path) -> Iterator[None]:
         log.close()
 
 
-HYDRA_NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "To append to your config use", "reference_type=", "object_type=")
+HYDRA_NOISE = (
+    "Set the environment variable HYDRA_FULL_ERROR",
+    "To append to your config use",
+    "reference_type=",
+    "object_type=",
+)
 
 
 def one_line(report: str) -> str:

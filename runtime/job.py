@@ -88,8 +88,13 @@ def training_outcome(run_dir: Path) -> Iterator[None]:
         if wandb.run is not None:
             wandb.run.mark_preempting()
         wandb.finish(exit_code=stop.exit_code)
-        ended = JobEnded(stop.exit_code, f"stopped by {stop.signum.name} at step {stop.step}; checkpoint: {stop.checkpoint};"
-                         f" continue with: {resume_command(run_dir)}", PREEMPTED, stop.step)
+        ended = JobEnded(
+            stop.exit_code,
+            f"stopped by {stop.signum.name} at step {stop.step}; checkpoint: {stop.checkpoint};"
+            f" continue with: {resume_command(run_dir)}",
+            PREEMPTED,
+            stop.step,
+        )
         ended.announce(run_dir)
         requeued, said = requeue_this_job()
         if said:

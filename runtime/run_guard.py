@@ -24,10 +24,10 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from runtime.console import release_startup_errors
-from records.layout import holds_a_run, resumed_run_dir
-from runtime.slurm import requeued_slurm_run
 from conf.validate import ConfigError, validate
+from records.layout import holds_a_run, resumed_run_dir
+from runtime.console import release_startup_errors
+from runtime.slurm import requeued_slurm_run
 
 
 def task_config(config: DictConfig) -> DictConfig:
@@ -64,5 +64,7 @@ class RunGuard(Callback):
             sys.exit(f"config error: {error}")
         found = holds_a_run(run_dir) if run_dir.is_dir() else []
         if found and in_place != run_dir:
-            sys.exit(f"error: {run_dir} already holds a run ({', '.join(found)}): continue it with resume={run_dir},"
-                     " or choose another hydra.run.dir; nothing was written")
+            sys.exit(
+                f"error: {run_dir} already holds a run ({', '.join(found)}): continue it with resume={run_dir},"
+                " or choose another hydra.run.dir; nothing was written"
+            )

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
 from records.layout import SWEEP_ALIGNED_FIGURE, SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE
 
 
 class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from reports.sweep_report import print_sweep_report, sweep_report  # noqa: PLC0415  (matplotlib: only when needed)
+        from reports.sweep_report import print_sweep_report, sweep_report  # matplotlib: only when needed
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
@@ -32,18 +33,29 @@ class SweepReport(Callback):
 
 def log_to_wandb(config: DictConfig, report) -> None:
     """The report's tables and figures, in a W&B run named ``sweep report`` in the jobs' group."""
-    import wandb  # noqa: PLC0415
+    import wandb
 
-    from conf.build import wandb_mode, wandb_naming  # noqa: PLC0415
+    from conf.build import wandb_mode, wandb_naming
 
     w = config.logger.wandb
-    run = wandb.init(project=w.project, entity=w.entity, group=wandb_naming(config, [], str(config.hydra.sweep.dir)).group,
-                     name="sweep report", job_type="sweep_report", dir=str(report.directory), mode=wandb_mode(config))
+    run = wandb.init(
+        project=w.project,
+        entity=w.entity,
+        group=wandb_naming(config, [], str(config.hydra.sweep.dir)).group,
+        name="sweep report",
+        job_type="sweep_report",
+        dir=str(report.directory),
+        mode=wandb_mode(config),
+    )
     columns = list(dict.fromkeys(k for row in report.job_table for k in row))
-    run.log({
-        "sweep/jobs": wandb.Table(columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]),
-        "sweep/loss_curves": wandb.Image(str(report.files()[SWEEP_CURVES_FIGURE])),
-        "sweep/midpoints": wandb.Image(str(report.files()[SWEEP_MIDPOINTS_FIGURE])),
-        "sweep/aligned": wandb.Image(str(report.files()[SWEEP_ALIGNED_FIGURE])),
-    })
+    run.log(
+        {
+            "sweep/jobs": wandb.Table(
+                columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]
+            ),
+            "sweep/loss_curves": wandb.Image(str(report.files()[SWEEP_CURVES_FIGURE])),
+            "sweep/midpoints": wandb.Image(str(report.files()[SWEEP_MIDPOINTS_FIGURE])),
+            "sweep/aligned": wandb.Image(str(report.files()[SWEEP_ALIGNED_FIGURE])),
+        }
+    )
     run.finish(exit_code=1 if report.failed else 0)

@@ -11,7 +11,9 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py: no spinning threads on a shared machine
 # random baselines are cached on disk: keep the tests' cache out of the user's home
-os.environ.setdefault("INDUCTION_TRACKER_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"induction-tracker-tests-{os.getuid()}"))
+os.environ.setdefault(
+    "INDUCTION_TRACKER_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"induction-tracker-tests-{os.getuid()}")
+)
 
 import pytest  # noqa: E402  (after the environment: OpenMP reads OMP_WAIT_POLICY when torch loads)
 import torch  # noqa: E402
@@ -21,11 +23,15 @@ from models.transformer import AttentionOnlyTransformer, TransformerShape  # noq
 REPO = Path(__file__).resolve().parents[1]
 
 
-def random_model(normalization: str = "none", n_layers: int = 3, n_heads: int = 3, seed: int = 0) -> AttentionOnlyTransformer:
+def random_model(
+    normalization: str = "none", n_layers: int = 3, n_heads: int = 3, seed: int = 0
+) -> AttentionOnlyTransformer:
     """A small model with random weights and, with normalization, random non-unit gains."""
     torch.manual_seed(seed)
     model = AttentionOnlyTransformer(
-        TransformerShape(n_layers=n_layers, n_heads=n_heads, d_model=24, d_head=5, n_ctx=17, d_vocab=11, normalization=normalization)
+        TransformerShape(
+            n_layers=n_layers, n_heads=n_heads, d_model=24, d_head=5, n_ctx=17, d_vocab=11, normalization=normalization
+        )
     )
     with torch.no_grad():
         for module in model.modules():
@@ -42,7 +48,13 @@ def run_train(args: list[str], tmp_path: Path, timeout: int = 300, env: dict[str
     """Run ``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path``."""
     import subprocess
 
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path}", "trainer.enable_progress_bar=false", *args]
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        f"hydra.run.dir={tmp_path}",
+        "trainer.enable_progress_bar=false",
+        *args,
+    ]
     return subprocess.run(command, cwd=REPO, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -51,8 +63,16 @@ def run_train_until(args: list[str], step: int, signum: int, env: dict[str, str]
     line every step). Returns (exit code, everything it printed)."""
     import subprocess
 
-    command = [sys.executable, str(REPO / "train.py"), "trainer.enable_progress_bar=true", "trainer.progress_every_n_steps=1", *args]
-    process = subprocess.Popen(command, cwd=REPO, env=env or train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "trainer.enable_progress_bar=true",
+        "trainer.progress_every_n_steps=1",
+        *args,
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env or train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     printed, sent = [], False
     try:
         for line in process.stdout:

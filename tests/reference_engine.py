@@ -15,10 +15,6 @@ from torch import Tensor
 from models.transformer import AttentionOnlyTransformer, norm_gain
 
 
-
-
-
-
 def triangular_factor(factor: Tensor) -> Tensor:
     """``T`` of the reduced QR ``factor = Q T``: ``[..., d_model, r] -> [..., r, r]``.
 
@@ -116,10 +112,6 @@ def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype = torch.fl
     return HeadCircuits(qk=LowRank(W_Q, W_K).with_triangles(), ov=LowRank(W_V, W_O.mT).with_triangles())
 
 
-
-
-
-
 COMPOSITION_KINDS = ("Q", "K", "V")
 
 PairMeasure = Callable[[LowRank, LowRank], Tensor]
@@ -170,8 +162,12 @@ def pair_stacks(circuits: HeadCircuits, kinds: tuple[str, ...] = COMPOSITION_KIN
     writers, readers = layer_order_pairs(circuits.n_layers, circuits.n_heads)
     ov = circuits.ov.flatten_heads().index(writers.repeat(len(kinds)))
     stacked = [reader_circuit(circuits, kind).flatten_heads().index(readers) for kind in kinds]
-    reader = LowRank(*(None if ts[0] is None else torch.cat(ts) for ts in zip(*(
-        (r.left, r.right, r.left_t, r.right_t) for r in stacked))))
+    reader = LowRank(
+        *(
+            None if ts[0] is None else torch.cat(ts)
+            for ts in zip(*((r.left, r.right, r.left_t, r.right_t) for r in stacked))
+        )
+    )
     return ov, reader
 
 
@@ -190,17 +186,15 @@ def composition_scores(
     L, H = circuits.n_layers, circuits.n_heads
     writers, readers = layer_order_pairs(L, H)
     P = len(writers)
-    values = measure(*(pair_stacks(circuits, kinds) if stacks is None else stacks))  # (len(kinds) * P,): one call scores every kind
+    values = measure(
+        *(pair_stacks(circuits, kinds) if stacks is None else stacks)
+    )  # (len(kinds) * P,): one call scores every kind
     scores = {}
     for i, kind in enumerate(kinds):
         full = torch.full((L * H, L * H), float("nan"), dtype=values.dtype, device=values.device)
         full[writers, readers] = values[i * P : (i + 1) * P]
         scores[kind] = full.reshape(L, H, L, H)
     return scores
-
-
-
-
 
 
 def padded_singular_values(matrix: LowRank, length: int) -> Tensor:

@@ -7,9 +7,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from data.probe import ProbeBatch, make_probe_batch
+from metrics.dynamics.loss_views import repeated_loss, token_losses
 from metrics.ground_truth import ablation
 from metrics.ground_truth.ablation import ABLATION_KINDS, _blocks, ablation_cost, key_ablation_effects
-from metrics.dynamics.loss_views import repeated_loss, token_losses
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
@@ -26,7 +26,9 @@ def test_ablating_the_previous_token_head_from_the_induction_keys_breaks_inducti
     assert effects.pattern_change[0, 0, 1, 0] > 0.25
     assert effects.loss_change[0, 0, 1, 0] > 1.0  # and the repeated tokens become unpredictable
     # the K-composing pair is the one the ablation hurts most
-    assert int(effects.loss_change.nan_to_num(-1.0).flatten().argmax()) == int(torch.tensor([0, 0, 1, 0]) @ torch.tensor([8, 4, 2, 1]))
+    assert int(effects.loss_change.nan_to_num(-1.0).flatten().argmax()) == int(
+        torch.tensor([0, 0, 1, 0]) @ torch.tensor([8, 4, 2, 1])
+    )
     assert effects.pattern_change[0, 1, 1, 0] < 0.05  # the small random distractor barely matters
     assert effects.pattern_change[1, 0, 0, 0].isnan()  # masked: layer order
 
@@ -79,8 +81,12 @@ def per_pair_loop(model, probe, kind="per_position"):
         patterns = torch.full((L, H, L, H), float("nan"), dtype=torch.float64)
         losses = patterns.clone()
         pos = model.positions(tokens.shape[1])  # shortformer positions (None: they are in the stream)
-        out = lambda layer, x, pattern: x + layer.head_outputs(x, pattern).sum(dim=1) + (0 if layer.b_O is None else layer.b_O)
-        for l1, h1, l2, h2 in [(a, b, c, d) for a in range(L) for b in range(H) for c in range(a + 1, L) for d in range(H)]:
+        out = lambda layer, x, pattern: (
+            x + layer.head_outputs(x, pattern).sum(dim=1) + (0 if layer.b_O is None else layer.b_O)
+        )
+        for l1, h1, l2, h2 in [
+            (a, b, c, d) for a in range(L) for b in range(H) for c in range(a + 1, L) for d in range(H)
+        ]:
             write = cache["head_out"][l1][:, h1]
             x = cache["resid_pre"][l2]
             ablated = model.layers[l2].pattern(x, x - write + replaced(write, kind), pos)[:, h2]
@@ -90,7 +96,9 @@ def per_pair_loop(model, probe, kind="per_position"):
             x = out(model.layers[l2], x, mixed)
             for layer in model.layers[l2 + 1 :]:
                 x = out(layer, x, layer.pattern(x, pos=pos))
-            losses[l1, h1, l2, h2] = repeated_loss(token_losses(model.unembed(x), tokens), probe.repeat_start, probe.n) - clean
+            losses[l1, h1, l2, h2] = (
+                repeated_loss(token_losses(model.unembed(x), tokens), probe.repeat_start, probe.n) - clean
+            )
     return patterns, losses
 
 

@@ -11,8 +11,8 @@ from metrics.ground_truth.ablation import ABLATION_KINDS, ablation_cost, key_abl
 from metrics.ground_truth.attribution import EXACT_MAX_FLOPS, ablation_effects, choose_method, key_attribution_effects
 from metrics.ground_truth.validity import spearman
 from models.transformer import TransformerShape
-from tests.conftest import random_model
 from tests import hand_built
+from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
 from tests.test_ablation import PROBE
 
@@ -54,7 +54,10 @@ def test_attribution_ranks_the_hand_built_circuit_first(monkeypatch):
     monkeypatch.setattr(hand_built, "SHARP", 3.0)
     model = hand_built.induction_circuit_model()
     # pooled: with 3 probe sequences a per-position mean keeps a third of the head's own write
-    exact, estimate = key_ablation_effects(model, PROBE, kind="pooled"), key_attribution_effects(model, PROBE, kind="pooled")
+    exact, estimate = (
+        key_ablation_effects(model, PROBE, kind="pooled"),
+        key_attribution_effects(model, PROBE, kind="pooled"),
+    )
     top = lambda effects: int(effects.loss_change.nan_to_num(-float("inf")).flatten().argmax())
     assert top(estimate) == top(exact) == 0 * 8 + 0 * 4 + 1 * 2 + 0  # L0H0 -> L1H0
     others = estimate.loss_change[0, :, 1, :].flatten()[1:]
@@ -67,7 +70,9 @@ def test_attribution_misses_an_effect_behind_saturated_softmaxes():
     costs 2.5 nats. The estimate cannot rank the pairs there; the exact ablation must."""
     model = induction_circuit_model()
     exact, estimate = key_ablation_effects(model, PROBE), key_attribution_effects(model, PROBE)
-    print(f"\nhand-built L0H0 -> L1H0: exact {exact.loss_change[0, 0, 1, 0]:.3f} nats, first-order {estimate.loss_change[0, 0, 1, 0]:.1e}")
+    print(
+        f"\nhand-built L0H0 -> L1H0: exact {exact.loss_change[0, 0, 1, 0]:.3f} nats, first-order {estimate.loss_change[0, 0, 1, 0]:.1e}"
+    )
     assert exact.loss_change[0, 0, 1, 0] > 1.0 and estimate.loss_change[0, 0, 1, 0].abs() < 1e-6
 
 
@@ -76,7 +81,10 @@ def test_attribution_leaves_weights_grads_mode_and_rng_alone():
     for i, p in enumerate(model.parameters()):
         if i % 2:
             p.grad = torch.randn_like(p)  # half the parameters with a gradient, half with None
-    weights, grads = [p.clone() for p in model.parameters()], [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    weights, grads = (
+        [p.clone() for p in model.parameters()],
+        [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+    )
     rng = torch.get_rng_state()
     key_attribution_effects(model, make_probe_batch(0, 4, 8, 10))
     assert model.training
@@ -111,7 +119,9 @@ def test_attribution_ranks_pairs_like_the_full_ablation(normalization):
     probe = make_probe_batch(0, 8, 8, 10)
     exact, estimate = key_ablation_effects(model, probe), key_attribution_effects(model, probe)
     rho = spearman(later(estimate.loss_change), later(exact.loss_change))
-    print(f"\n{normalization}: Spearman(attribution, exact loss change) = {rho:.3f} over {later(exact.loss_change).numel()} pairs")
+    print(
+        f"\n{normalization}: Spearman(attribution, exact loss change) = {rho:.3f} over {later(exact.loss_change).numel()} pairs"
+    )
     assert rho > 0.3
 
 

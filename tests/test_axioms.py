@@ -34,7 +34,9 @@ def test_axiom_1_aligned_rank_three_closed_forms():
     assert got["subspace"] == pytest.approx(1.0, rel=1e-12)
     frobenius = ((S_A * S_B).norm() / (S_A.norm() * S_B.norm())).item()
     assert got["frobenius"] == pytest.approx(frobenius, rel=1e-12) and frobenius < 0.8  # never 1 for rank > 1
-    assert got["whitened"] == got["whitened_resid"] == got["token_space"] == got["frobenius"]  # Σ = I on constructed matrices
+    assert (
+        got["whitened"] == got["whitened_resid"] == got["token_space"] == got["frobenius"]
+    )  # Σ = I on constructed matrices
     assert got["component"] == pytest.approx((S_B[0] / S_B.norm()).item(), rel=1e-12)
     energy = (S_A * S_B).square()
     assert got["component_share"] == pytest.approx((energy[0] / energy.sum()).item(), rel=1e-12)
@@ -114,12 +116,22 @@ def test_the_logit_check_catches_a_map_that_is_no_symmetry():
 
 @pytest.mark.slow
 def test_axioms_command_prints_the_table():
-    result = subprocess.run([sys.executable, "-m", "bench.axioms", "--steps", "20"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.axioms", "--steps", "20"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
-    rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in result.stdout.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
     assert set(rows) == {"measure", *COMPOSITION_MEASURES, "match"}
     assert rows["whitened"].count("invariant") == rows["whitened_resid"].count("invariant") == 5
-    assert rows["token_space"].count("invariant") == 4 and "**changes**" in rows["token_space"].split("|")[10]  # the embedding shift
+    assert (
+        rows["token_space"].count("invariant") == 4 and "**changes**" in rows["token_space"].split("|")[10]
+    )  # the embedding shift
     assert "**changes**" in rows["frobenius"].split("|")[7]  # the residual GL column
-    bad = subprocess.run([sys.executable, "-m", "bench.axioms", "--steps", "-1"], cwd=REPO, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "bench.axioms", "--steps", "-1"], cwd=REPO, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "--steps=-1" in bad.stderr

@@ -49,10 +49,16 @@ BAD_INPUTS = [
     (["trainer.max_steps=0"], "trainer.max_steps=0 must be >= 1"),
     (["trainer.checkpoint_every_n_steps=0"], "must be >= 1"),
     (["model.init=normal"], "model.init=normal needs model.init_std > 0 (got None)"),
-    (["data=sentence_gap_copy", "data.min_sentence=60"], "data.min_sentence=60, data.max_sentence=50, data.max_gap=50: need 1 <= min_sentence"),
+    (
+        ["data=sentence_gap_copy", "data.min_sentence=60"],
+        "data.min_sentence=60, data.max_sentence=50, data.max_gap=50: need 1 <= min_sentence",
+    ),
     (["model.init_std=0.02"], "model.init_std=0.02 goes with model.init=normal (model.init=fan_in)"),
     (["model.positions=sideways"], "expected one of"),
-    (["trajectory.budget_mb=0.1"], "trajectory.budget_mb=0.1: a budget of 0.1 MB holds fewer than the first and last step"),
+    (
+        ["trajectory.budget_mb=0.1"],
+        "trajectory.budget_mb=0.1: a budget of 0.1 MB holds fewer than the first and last step",
+    ),
     (["trajectory.threshold=nan"], "trajectory.threshold=nan must be a finite number > 0"),
     (["trajectory.trigger=sometimes"], "expected one of"),
     (["trainer.log_every_n_steps=0"], "must be >= 1"),
@@ -82,8 +88,12 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("overrides, message", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
 def test_bad_input_is_one_line_before_anything_is_created(tmp_path, overrides, message):
-    overrides = [o.format(**{k: checkpoint_file(tmp_path, k) for k in ("empty", "truncated", "foreign", "payload") if f"{{{k}}}" in o})
-                 for o in overrides]
+    overrides = [
+        o.format(
+            **{k: checkpoint_file(tmp_path, k) for k in ("empty", "truncated", "foreign", "payload") if f"{{{k}}}" in o}
+        )
+        for o in overrides
+    ]
     run_dir = tmp_path / "run"
     result = run_train(overrides, run_dir, timeout=120)
     assert result.returncode != 0
@@ -93,4 +103,3 @@ def test_bad_input_is_one_line_before_anything_is_created(tmp_path, overrides, m
     assert not run_dir.exists()  # no run directory, no .hydra/, no W&B run
     assert not list(tmp_path.rglob("wandb"))
     assert not (tmp_path / "payload-ran").exists()  # a crafted checkpoint's code never ran
-

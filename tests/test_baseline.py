@@ -30,7 +30,9 @@ def test_d_head_sampler_has_the_law_of_gaussian_factors(d_model, d_head):
         a, b = a[a.isfinite()], b[b.isfinite()]
         se = math.hypot(a.std() / math.sqrt(len(a)), b.std() / math.sqrt(len(b)))
         assert abs(a.mean() - b.mean()) < 4.5 * se, (name, a.mean().item(), b.mean().item())
-        assert a.std().item() == pytest.approx(b.std().item(), rel=0.1, abs=1e-6), name  # same spread, not just the same mean
+        assert a.std().item() == pytest.approx(b.std().item(), rel=0.1, abs=1e-6), (
+            name
+        )  # same spread, not just the same mean
 
 
 def test_baselines_match_known_values():

@@ -14,7 +14,8 @@ import torch
 from bench import composition as bench
 
 needs_transformer_lens = pytest.mark.skipif(
-    importlib.util.find_spec("transformer_lens") is None, reason="TransformerLens is not installed (pip install -e '.[tl]')"
+    importlib.util.find_spec("transformer_lens") is None,
+    reason="TransformerLens is not installed (pip install -e '.[tl]')",
 )
 
 

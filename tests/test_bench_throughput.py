@@ -18,10 +18,16 @@ def test_the_benchmark_runs_and_its_steady_state_charges_each_part_at_its_period
     results = main(["--steps", "20", "--repeats", "1", "--out", str(out), "tracker.copying.every_n_steps=20"])
     printed = capsys.readouterr().out
     assert "tracker overhead" in printed and "steady state" in printed
-    assert json.loads(out.read_text())["tracker_overhead_steady_state"] == pytest.approx(results["tracker_overhead_steady_state"])
+    assert json.loads(out.read_text())["tracker_overhead_steady_state"] == pytest.approx(
+        results["tracker_overhead_steady_state"]
+    )
     ms = results["tracker_part_ms"]
-    per_10_steps = ms["probe"] + ms["head scores"] + ms["composition"] + ms["logging"]  # every 10 steps: Frobenius alone
+    per_10_steps = (
+        ms["probe"] + ms["head scores"] + ms["composition"] + ms["logging"]
+    )  # every 10 steps: Frobenius alone
     others = ms[WITH_ALL] - ms["composition"]  # what every other measure adds, every 100
-    per_step = per_10_steps / 10 + (others + ms["matching"] + ms["ablation"] + ms["validity"]) / 100 + ms["copying"] / 20
+    per_step = (
+        per_10_steps / 10 + (others + ms["matching"] + ms["ablation"] + ms["validity"]) / 100 + ms["copying"] / 20
+    )
     step_ms = 1000 * results["median_seconds"]["lightning"] / 20
     assert results["tracker_overhead_steady_state"] == pytest.approx(per_step / step_ms, rel=1e-9)

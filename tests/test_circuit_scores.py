@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrics.heads.circuit_scores import copying_scores, matching_scores
 from metrics.composition.circuits import head_circuits
+from metrics.heads.circuit_scores import copying_scores, matching_scores
 from tests.conftest import random_model
 from tests.hand_built import induction_circuit_model
 
@@ -21,7 +21,11 @@ def test_copying_score_matches_dense_full_ov_circuit(normalization):
     model = random_model(normalization)
     circuits = head_circuits(model, torch.float64)
     W_E = model.W_E.detach().double()
-    gain = model.final_norm.weight.detach().double() if normalization != "none" else torch.ones(model.shape.d_model, dtype=torch.float64)
+    gain = (
+        model.final_norm.weight.detach().double()
+        if normalization != "none"
+        else torch.ones(model.shape.d_model, dtype=torch.float64)
+    )
     W_U = gain[:, None] * model.W_U.detach().double()
     W_U = W_U - W_U.mean(0, keepdim=True) if normalization == "layernorm" else W_U  # LayerNorm's centring
     scores = copying_scores(model, circuits)

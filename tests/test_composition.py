@@ -32,7 +32,14 @@ def dense_weights(model):
         centres = isinstance(layer.norm, torch.nn.LayerNorm)
         C = torch.eye(d, dtype=torch.float64) - centres * torch.full((d, d), 1 / d, dtype=torch.float64)
         fold = lambda w, g=g, C=C: C @ torch.diag(g) @ w.detach().double()
-        out.append(([fold(w) for w in layer.W_Q], [fold(w) for w in layer.W_K], [fold(w) for w in layer.W_V], [w.detach().double() for w in layer.W_O]))
+        out.append(
+            (
+                [fold(w) for w in layer.W_Q],
+                [fold(w) for w in layer.W_K],
+                [fold(w) for w in layer.W_V],
+                [w.detach().double() for w in layer.W_O],
+            )
+        )
     return out
 
 
@@ -48,7 +55,9 @@ def dense_reference(model, kind):
                 for h2 in range(H):
                     Q, K, V, O = (weights[l2][i][h2] for i in range(4))
                     reader = {"Q": Q @ K.T, "K": (Q @ K.T).T, "V": V @ O}[kind]
-                    ref[l1, h1, l2, h2] = torch.linalg.norm(W_OV @ reader) / (torch.linalg.norm(W_OV) * torch.linalg.norm(reader))
+                    ref[l1, h1, l2, h2] = torch.linalg.norm(W_OV @ reader) / (
+                        torch.linalg.norm(W_OV) * torch.linalg.norm(reader)
+                    )
     return ref
 
 

@@ -48,7 +48,10 @@ def test_multirun_with_several_devices_is_refused():
         (["tracker.ablation.every_n_steps=-1"], "ablation.every_n_steps=-1 must be >= 0"),
         (["tracker.copying.every_n_steps=7"], "copying.every_n_steps=7 must be a multiple"),
         (["tracker.whitening.every_n_steps=-5"], "must be >= 0 (0 at every snapshot)"),
-        (["tracker.all_measures.every_n_steps=15"], "all_measures.every_n_steps=15 must be a multiple of tracker.every_n_steps=10 (every measure is scored"),
+        (
+            ["tracker.all_measures.every_n_steps=15"],
+            "all_measures.every_n_steps=15 must be a multiple of tracker.every_n_steps=10 (every measure is scored",
+        ),
         (["tracker.all_measures.every_n_steps=-1"], "all_measures.every_n_steps=-1 must be >= 0 (0 at every snapshot)"),
         (["tracker.every_n_steps=30"], "all_measures.every_n_steps=100 must be a multiple of tracker.every_n_steps=30"),
         (["tracker.dense_measures=[frobenius,nope]"], "tracker.dense_measures has unknown ['nope']"),
@@ -109,7 +112,11 @@ def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
         torch.save({"weights": torch.ones(3)}, checkpoint)  # loads, but is no checkpoint of ours
     problems = [p for p in config_problems(composed(f"resume={checkpoint}")) if p.startswith("resume=")]
     assert len(problems) == 1 and "\n" not in problems[0], problems
-    expected = {"empty": "is empty", "truncated": "not a loadable checkpoint", "foreign": "not a checkpoint of this project"}[damage]
+    expected = {
+        "empty": "is empty",
+        "truncated": "not a loadable checkpoint",
+        "foreign": "not a checkpoint of this project",
+    }[damage]
     assert expected in problems[0]
 
 
@@ -137,5 +144,11 @@ def test_a_run_made_before_an_option_existed_resumes_unchanged():
 def test_seed_002s_presets_compose_with_their_library_options():
     cfg = composed("experiment=seed002")
     assert config_problems(cfg) == [] and cfg.model.init == "normal" and cfg.model.init_std == 0.02
-    library = composed("experiment=seed002", "model.positions=shortformer", "model.biases=true", "model.init=gpt2", "model.init_std=null")
+    library = composed(
+        "experiment=seed002",
+        "model.positions=shortformer",
+        "model.biases=true",
+        "model.init=gpt2",
+        "model.init_std=null",
+    )
     assert config_problems(library) == []

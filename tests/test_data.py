@@ -117,8 +117,10 @@ def test_sentence_gap_copy_packs_bos_sentence_gap_sentence_segments():
     assert starts[0] == 0 and len(starts) > 5  # packed: segments run across rows
     assert any(tokens[r, 0] != n_random for r in range(1, 8))  # so a row need not start with BOS
     for begin, end in zip(starts, starts[1:]):  # every complete segment is s g s, |s| in 1..50, |g| in 0..50
-        segment = flat[begin + 1:end]
-        assert any(segment[:s] == segment[len(segment) - s:] and 0 <= len(segment) - 2 * s <= 50 for s in range(1, 51)), segment
+        segment = flat[begin + 1 : end]
+        assert any(
+            segment[:s] == segment[len(segment) - s :] and 0 <= len(segment) - 2 * s <= 50 for s in range(1, 51)
+        ), segment
     again = sentence_gap_tokens(3, np.arange(40, 48), 100, n_random)
     assert torch.equal(tokens, again)  # a pure function of (seed, first id, batch size)
     assert not torch.equal(tokens, sentence_gap_tokens(3, np.arange(48, 56), 100, n_random))
@@ -133,8 +135,10 @@ def test_sentence_gap_copy_in_the_seed_scripts_form_copies_two_to_fifty_one_toke
     starts = [i for i, token in enumerate(flat) if token == n_random]
     lengths = set()
     for begin, end in zip(starts, starts[1:]):
-        segment = flat[begin + 1:end]
-        fits = [s for s in range(1, 52) if segment[:s] == segment[len(segment) - s:] and 0 <= len(segment) - 2 * s <= 50]
+        segment = flat[begin + 1 : end]
+        fits = [
+            s for s in range(1, 52) if segment[:s] == segment[len(segment) - s :] and 0 <= len(segment) - 2 * s <= 50
+        ]
         assert fits and max(fits) >= 2, segment  # a 1-token sentence never occurs
         lengths.add(max(fits))
     assert min(lengths) == 2 and max(lengths) == 51, sorted(lengths)
@@ -144,6 +148,10 @@ def test_init_std_draws_every_weight_matrix_from_that_normal():
     from models.transformer import AttentionOnlyTransformer, TransformerShape
 
     torch.manual_seed(0)
-    model = AttentionOnlyTransformer(TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=32, n_ctx=100, d_vocab=1000), init="normal", init_std=0.02)
+    model = AttentionOnlyTransformer(
+        TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=32, n_ctx=100, d_vocab=1000),
+        init="normal",
+        init_std=0.02,
+    )
     for name, weight in model.named_parameters():
         assert abs(weight.std().item() - 0.02) < 0.002 and abs(weight.mean().item()) < 0.002, name

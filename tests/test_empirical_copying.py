@@ -30,7 +30,9 @@ def ov_heads_model(n_random_heads: int = N_RANDOM_HEADS, seed: int = 0) -> Atten
     """
     V, P = N_RANDOM + 1, 2 * N + 1
     TOKEN, POS = 0, V
-    shape = TransformerShape(n_layers=1, n_heads=2 + n_random_heads, d_model=V + P, d_head=max(V, P), n_ctx=P, d_vocab=V)
+    shape = TransformerShape(
+        n_layers=1, n_heads=2 + n_random_heads, d_model=V + P, d_head=max(V, P), n_ctx=P, d_vocab=V
+    )
     model = AttentionOnlyTransformer(shape).double()
     generator = torch.Generator().manual_seed(seed)
     layer = model.layers[0]
@@ -84,7 +86,9 @@ def paper_copying_reference(model: AttentionOnlyTransformer, tokens: torch.Tenso
 def model_copying(model: AttentionOnlyTransformer, tokens: torch.Tensor, first_query: int):
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
-    return empirical_copying(torch.stack(cache["head_out"]), torch.stack(cache["pattern"]), tokens, folded_unembedding(model), first_query)
+    return empirical_copying(
+        torch.stack(cache["head_out"]), torch.stack(cache["pattern"]), tokens, folded_unembedding(model), first_query
+    )
 
 
 def test_paper_copying_score_on_hand_built_copying_anti_copying_and_random_heads():

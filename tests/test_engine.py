@@ -8,7 +8,15 @@ import torch
 
 from data.probe import make_probe_batch
 from metrics.composition.circuits import HeadCircuits, LowRank, head_circuits
-from metrics.composition.engine import all_pair_stats, composition_flops, composition_scores, gram_blocks, gram_frobenius, head_spectra, uses_gram_products
+from metrics.composition.engine import (
+    all_pair_stats,
+    composition_flops,
+    composition_scores,
+    gram_blocks,
+    gram_frobenius,
+    head_spectra,
+    uses_gram_products,
+)
 from metrics.composition.measures import COMPOSITION_MEASURES
 from metrics.composition.scores import composition_of
 from metrics.composition.whitening import embedding_covariance, residual_covariance, symmetric_powers
@@ -28,7 +36,9 @@ def test_new_engine_equals_old_engine(normalization):
     for name in RAW:
         want = old.composition_scores(circuits, old.OLD_MEASURES[name])
         for kind in "QKV":
-            torch.testing.assert_close(new[name][kind], want[kind], rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"{name} {kind}")
+            torch.testing.assert_close(
+                new[name][kind], want[kind], rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"{name} {kind}"
+            )
 
 
 @pytest.mark.parametrize("normalization", ["none", "layernorm"])
@@ -37,10 +47,17 @@ def test_whitened_measures_equal_old_engine(normalization):
     tokens = make_probe_batch(0, 4, 5, 10).tokens
     residual = model.run_with_cache(tokens)[1]["resid_pre"]
     new = composition_of(model, ("whitened", "whitened_resid"), residual=residual)
-    for name, covariance in (("whitened", embedding_covariance(model)), ("whitened_resid", residual_covariance(residual))):
-        want = old.composition_scores(old.whiten(old.head_circuits(model), *symmetric_powers(covariance)), old.frobenius_ratio)
+    for name, covariance in (
+        ("whitened", embedding_covariance(model)),
+        ("whitened_resid", residual_covariance(residual)),
+    ):
+        want = old.composition_scores(
+            old.whiten(old.head_circuits(model), *symmetric_powers(covariance)), old.frobenius_ratio
+        )
         for kind in "QKV":
-            torch.testing.assert_close(new[name][kind], want[kind], rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"{name} {kind}")
+            torch.testing.assert_close(
+                new[name][kind], want[kind], rtol=1e-9, atol=1e-12, equal_nan=True, msg=f"{name} {kind}"
+            )
 
 
 def test_chunking_changes_nothing():
@@ -54,9 +71,10 @@ def test_chunking_changes_nothing():
             torch.testing.assert_close(one_writer[name][kind], whole[name][kind], rtol=1e-12, atol=0, equal_nan=True)
 
 
-
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
-@pytest.mark.parametrize("max_chunk_bytes", [256 * 2**20, 100_000, 1], ids=["whole", "two-layer-groups", "one-head-chunks"])
+@pytest.mark.parametrize(
+    "max_chunk_bytes", [256 * 2**20, 100_000, 1], ids=["whole", "two-layer-groups", "one-head-chunks"]
+)
 def test_gram_frobenius_equals_the_cosines_path(normalization, max_chunk_bytes):
     # (d_model 24 is one Gram block; test_gram_blocks_tile_the_upper_triangle covers the cut)
     """The Gram-matrix Frobenius ratio (the path a Frobenius-only call takes when d_model < d_head²)
@@ -135,18 +153,27 @@ def test_float32_agrees_with_float64(normalization):
     for name in names:
         for kind in "QKV":
             assert single[name][kind].dtype == torch.float32 and double[name][kind].dtype == torch.float64
-            torch.testing.assert_close(single[name][kind].double(), double[name][kind], rtol=FLOAT32_TOLERANCE, atol=1e-6,
-                                       equal_nan=True, msg=f"{name} {kind}")
-
+            torch.testing.assert_close(
+                single[name][kind].double(),
+                double[name][kind],
+                rtol=FLOAT32_TOLERANCE,
+                atol=1e-6,
+                equal_nan=True,
+                msg=f"{name} {kind}",
+            )
 
 
 def test_float32_token_space_agrees_with_float64_where_the_token_gram_has_full_rank():
     torch.manual_seed(0)
-    model = AttentionOnlyTransformer(TransformerShape(n_layers=3, n_heads=3, d_model=24, d_head=5, n_ctx=17, d_vocab=50))
+    model = AttentionOnlyTransformer(
+        TransformerShape(n_layers=3, n_heads=3, d_model=24, d_head=5, n_ctx=17, d_vocab=50)
+    )
     single = composition_of(model, ("token_space",))["token_space"]
     double = composition_of(model, ("token_space",), dtype=torch.float64)["token_space"]
     for kind in "QKV":
-        torch.testing.assert_close(single[kind].double(), double[kind], rtol=FLOAT32_TOLERANCE, atol=1e-6, equal_nan=True, msg=kind)
+        torch.testing.assert_close(
+            single[kind].double(), double[kind], rtol=FLOAT32_TOLERANCE, atol=1e-6, equal_nan=True, msg=kind
+        )
 
 
 def test_flop_count_is_the_pair_gemms():
@@ -163,6 +190,8 @@ def test_flop_count_is_the_pair_gemms():
     mixed = composition_flops(2, 2, 64, 16, ["sv_bound", "whitened"])
     assert mixed == 2 * composition_flops(2, 2, 64, 16, ["sv_bound"]) + 2 * 64 * 64 * 16 * 4 * 4
     # an ill-conditioned whitened basis goes through the cosines; the raw one keeps the Grams
-    assert composition_flops(2, 2, 64, 16, ["whitened"], well_conditioned=False) == mixed - composition_flops(2, 2, 64, 16, ["sv_bound"])
+    assert composition_flops(2, 2, 64, 16, ["whitened"], well_conditioned=False) == mixed - composition_flops(
+        2, 2, 64, 16, ["sv_bound"]
+    )
     # where d_model >= d_head², cosines are cheaper and Frobenius goes through them too
     assert composition_flops(2, 2, 64, 8, ["frobenius"]) == 2 * (2 * 8) * 64 * (3 * 2 * 8)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from data.probe import ProbeBatch
-from metrics.heads.circuit_pair import circuit_pair
 from metrics.heads.attention_scores import duplicate_token_score, induction_score, previous_token_score
+from metrics.heads.circuit_pair import circuit_pair
 from metrics.snapshot import take_snapshot
 from tests.hand_built import induction_circuit_model
 

@@ -10,7 +10,19 @@ from pathlib import Path
 from tests.conftest import REPO
 
 # Lower rooms first: a module may import its own room and rooms listed before it, never after.
-ROOMS = ["data", "models", "metrics", "records", "reports", "callbacks", "conf", "analysis", "runtime", "bench", "train"]
+ROOMS = [
+    "data",
+    "models",
+    "metrics",
+    "records",
+    "reports",
+    "callbacks",
+    "conf",
+    "analysis",
+    "runtime",
+    "bench",
+    "train",
+]
 
 
 def imported_rooms(path: Path) -> set[str]:
@@ -29,9 +41,13 @@ def room_files(room: str) -> list[Path]:
 
 
 def test_imports_flow_one_way_between_rooms():
-    wrong = [f"{path.relative_to(REPO)} imports {other}"
-             for rank, room in enumerate(ROOMS) for path in room_files(room)
-             for other in imported_rooms(path) if ROOMS.index(other) > rank]
+    wrong = [
+        f"{path.relative_to(REPO)} imports {other}"
+        for rank, room in enumerate(ROOMS)
+        for path in room_files(room)
+        for other in imported_rooms(path)
+        if ROOMS.index(other) > rank
+    ]
     assert not wrong, "\n".join(wrong)
 
 
@@ -59,14 +75,23 @@ def test_callbacks_holds_lightning_callbacks_only():
 def test_train_py_only_composes_and_fits():
     text = (REPO / "train.py").read_text()
     assert len(text.splitlines()) <= 80
-    assert "except" not in text and "sys.exit" not in text and "os._exit" not in text  # the exit policy is runtime/job.py
+    assert (
+        "except" not in text and "sys.exit" not in text and "os._exit" not in text
+    )  # the exit policy is runtime/job.py
 
 
 def test_one_module_names_the_files_of_a_run_directory():
     """No product module but records/layout.py spells a run file's name."""
-    names = re.compile(r"""["'](status\.json|summary\.json|metrics\.csv|last\.ckpt|train\.log|phase_change\.png|composition\.png|"""
-                       r"""validity\.(csv|png)|pair_curves\.png|sweep_\w+\.(csv|png))["']|/ ["'](checkpoints|tensors|trajectory|analysis|csv)["']""")
-    spelled = [f"{path.relative_to(REPO)}:{number}" for room in ROOMS for path in room_files(room)
-               if path != REPO / "records" / "layout.py"
-               for number, line in enumerate(path.read_text().splitlines(), 1) if names.search(line.split("#")[0])]
+    names = re.compile(
+        r"""["'](status\.json|summary\.json|metrics\.csv|last\.ckpt|train\.log|phase_change\.png|composition\.png|"""
+        r"""validity\.(csv|png)|pair_curves\.png|sweep_\w+\.(csv|png))["']|/ ["'](checkpoints|tensors|trajectory|analysis|csv)["']"""
+    )
+    spelled = [
+        f"{path.relative_to(REPO)}:{number}"
+        for room in ROOMS
+        for path in room_files(room)
+        if path != REPO / "records" / "layout.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if names.search(line.split("#")[0])
+    ]
     assert not spelled, spelled

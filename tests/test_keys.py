@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from records.keys import pair_key_count, scored_pair_count, snapshot_metrics
 from metrics.composition.baseline import Baseline
 from metrics.ground_truth.ablation import KeyAblation
 from metrics.ground_truth.validity import Agreement
 from metrics.snapshot import COMPOSITION_MEASURES, MATCHING, Snapshot
+from records.keys import pair_key_count, scored_pair_count, snapshot_metrics
 
 ALL_MEASURES = tuple(COMPOSITION_MEASURES)
 PER_HEAD_KEY = re.compile(r"/L\d+H\d+$")
@@ -34,13 +34,26 @@ def fake_snapshot(n_layers: int, n_heads: int, measures=ALL_MEASURES, seed: int 
     fields = dict(
         composition={m: {kind: pair_tensor(n_layers, n_heads, g) for kind in "QKV"} for m in measures},
         baselines={m: Baseline(mean=0.1 + 0.01 * i, stderr=0.001, n_samples=100) for i, m in enumerate(measures)},
-        previous_token=heads(), induction=heads(), duplicate_token=heads(), copying=heads(),
-        empirical_copying=heads(), copying_top_rate=heads(), matching=pair_tensor(n_layers, n_heads, g),
-        first_occurrence_loss=5.0, repeated_loss=2.0, icl_score=-1.0,
+        previous_token=heads(),
+        induction=heads(),
+        duplicate_token=heads(),
+        copying=heads(),
+        empirical_copying=heads(),
+        copying_top_rate=heads(),
+        matching=pair_tensor(n_layers, n_heads, g),
+        first_occurrence_loss=5.0,
+        repeated_loss=2.0,
+        icl_score=-1.0,
         circuit=((0, min(1, n_heads - 1)), (1, 0)) if n_layers > 1 else None,
-        ablation=KeyAblation(pattern_change=pair_tensor(n_layers, n_heads, g), loss_change=pair_tensor(n_layers, n_heads, g)),
-        validity={effect: {m: Agreement(2, 0.5, writer=Agreement(1, 1.0), reader=Agreement(1, 1.0)) for m in (*measures, MATCHING)}
-                  for effect in ("loss_change", "pattern_change")},
+        ablation=KeyAblation(
+            pattern_change=pair_tensor(n_layers, n_heads, g), loss_change=pair_tensor(n_layers, n_heads, g)
+        ),
+        validity={
+            effect: {
+                m: Agreement(2, 0.5, writer=Agreement(1, 1.0), reader=Agreement(1, 1.0)) for m in (*measures, MATCHING)
+            }
+            for effect in ("loss_change", "pattern_change")
+        },
     )
     fields.update(overrides)
     return Snapshot(**fields)
@@ -56,7 +69,8 @@ def test_default_shape_keeps_every_per_pair_key():
     assert len(metrics) == 3 + 30 + 16 + 4 * 51 + 28 + 36 + 36 == 353
     assert metrics["comp/K/frobenius/L0H1->L1H0"] == snap.composition["frobenius"]["K"][0, 1, 1, 0].item()
     assert metrics["comp/Q/subspace_minus_baseline/L0H0->L1H1"] == pytest.approx(
-        snap.composition["subspace"]["Q"][0, 0, 1, 1].item() - snap.baselines["subspace"].mean)
+        snap.composition["subspace"]["Q"][0, 0, 1, 1].item() - snap.baselines["subspace"].mean
+    )
     assert metrics["match/L0H1->L1H1"] == snap.matching[0, 1, 1, 1].item()
     assert metrics["ablation/loss_change/L0H0->L1H0"] == snap.ablation.loss_change[0, 0, 1, 0].item()
     assert metrics["heads/induction/L1H1"] == snap.induction[1, 1].item()
@@ -80,7 +94,9 @@ def test_any_shape_emits_at_most_a_few_hundred_keys():
 def test_mode_switches_on_the_number_of_pair_keys():
     assert scored_pair_count(2, 8) == 64 and scored_pair_count(3, 5) == 75 and scored_pair_count(1, 9) == 0
     assert pair_key_count(33, 1) == 297 and pair_key_count(4, 7) == 180  # 6 M + 3 per pair
-    assert "comp/K/frobenius/L0H3->L1H3" in snapshot_metrics(fake_snapshot(2, 4, ("frobenius",)))  # 16 pairs x 9 = 144: per pair
+    assert "comp/K/frobenius/L0H3->L1H3" in snapshot_metrics(
+        fake_snapshot(2, 4, ("frobenius",))
+    )  # 16 pairs x 9 = 144: per pair
     assert not [k for k in snapshot_metrics(fake_snapshot(2, 6, ("frobenius",))) if "->" in k]
     summary = snapshot_metrics(fake_snapshot(3, 5, ("frobenius",)))
     assert "comp/K/frobenius/max" in summary and not [k for k in summary if "->" in k]
@@ -99,9 +115,15 @@ def test_summary_statistics_and_top_pairs_are_the_right_numbers():
     assert metrics["comp/K/frobenius/max"] == 5.0
     assert metrics["comp/K/frobenius/mean"] == pytest.approx(scored.mean().item())
     assert metrics["comp/K/frobenius_minus_baseline/mean"] == pytest.approx(scored.mean().item() - 0.1)
-    assert metrics["comp/Q/frobenius/max"] == pytest.approx(snap.composition["frobenius"]["Q"].nan_to_num(-1).max().item())
+    assert metrics["comp/Q/frobenius/max"] == pytest.approx(
+        snap.composition["frobenius"]["Q"].nan_to_num(-1).max().item()
+    )
     assert [metrics[f"top/K/frobenius/{i}"] for i in (1, 2, 3)] == [5.0, 4.0, 4.0]
-    assert [(metrics[f"top/K/frobenius/{i}/writer"], metrics[f"top/K/frobenius/{i}/reader"]) for i in (1, 2, 3)] == [(1, 4), (0, 3), (2, 5)]
+    assert [(metrics[f"top/K/frobenius/{i}/writer"], metrics[f"top/K/frobenius/{i}/reader"]) for i in (1, 2, 3)] == [
+        (1, 4),
+        (0, 3),
+        (2, 5),
+    ]
     assert "top/K/frobenius/4" not in metrics and "top/Q/frobenius/1" not in metrics
     # the circuit pair (L0H1 -> L1H0) keeps its keys, and gets its matching score and ablation effects
     assert metrics["circuit/K/frobenius"] == k[0, 1, 1, 0].item()
@@ -111,7 +133,9 @@ def test_summary_statistics_and_top_pairs_are_the_right_numbers():
     assert metrics["match/max"] == snap.matching.nan_to_num(-1).max().item()
     assert metrics["ablation/loss_change/mean"] == pytest.approx(snap.ablation.loss_change.nanmean().item())
     best = snap.ablation.loss_change.nan_to_num(-1).flatten().argmax().item()
-    assert (metrics["top/ablation/loss_change/1/writer"], metrics["top/ablation/loss_change/1/reader"]) == divmod(best, 6)
+    assert (metrics["top/ablation/loss_change/1/writer"], metrics["top/ablation/loss_change/1/reader"]) == divmod(
+        best, 6
+    )
 
 
 def test_fewer_pairs_than_top_pairs_and_nan_pairs():
@@ -135,11 +159,34 @@ def test_many_heads_log_only_the_best_head():
 
 @pytest.mark.parametrize("max_pair_keys", [300, 0])
 def test_parts_that_are_none_emit_no_keys(max_pair_keys):
-    snap = fake_snapshot(2, 2, ("frobenius",), empirical_copying=None, copying_top_rate=None, matching=None, ablation=None,
-                         validity=None, icl_score=None)
+    snap = fake_snapshot(
+        2,
+        2,
+        ("frobenius",),
+        empirical_copying=None,
+        copying_top_rate=None,
+        matching=None,
+        ablation=None,
+        validity=None,
+        icl_score=None,
+    )
     metrics = snapshot_metrics(snap, max_pair_keys=max_pair_keys)
-    assert not [k for k in metrics if k.startswith(("heads/copying_empirical", "heads/copying_top_rate", "match",
-                                                     "ablation", "validity", "top/match", "circuit/match", "loss/icl"))]
+    assert not [
+        k
+        for k in metrics
+        if k.startswith(
+            (
+                "heads/copying_empirical",
+                "heads/copying_top_rate",
+                "match",
+                "ablation",
+                "validity",
+                "top/match",
+                "circuit/match",
+                "loss/icl",
+            )
+        )
+    ]
     assert "heads/copying/top" in metrics and "circuit/K/frobenius" in metrics and "loss/repeated" in metrics
     bare = fake_snapshot(2, 2, ("frobenius",), composition={}, baselines={}, matching=None, ablation=None)
     assert not [k for k in snapshot_metrics(bare) if k.startswith(("comp/", "circuit/K"))]
@@ -166,14 +213,19 @@ def test_float32_scores_keep_their_precision():
 def test_a_real_snapshot_flows_through_keys_store_and_heatmap(tmp_path):
     """``take_snapshot``'s own tensors (dtypes, devices, ablation), not the fake's: the keys read the
     right entries in both modes, the store keeps them, the heatmap draws them."""
-    from reports.plots import heatmap_image
-    from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors
     from data.probe import make_probe_batch
     from metrics.snapshot import take_snapshot
+    from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors
+    from reports.plots import heatmap_image
     from tests.conftest import random_model
 
-    snap = take_snapshot(random_model(n_layers=3, n_heads=3), make_probe_batch(0, 4, 8, 10), ("frobenius", "subspace"),
-                         baseline_samples=50, ablate=True)
+    snap = take_snapshot(
+        random_model(n_layers=3, n_heads=3),
+        make_probe_batch(0, 4, 8, 10),
+        ("frobenius", "subspace"),
+        baseline_samples=50,
+        ablate=True,
+    )
     k = snap.composition["subspace"]["K"]
     per_pair = snapshot_metrics(snap, max_pair_keys=1000)  # 27 pairs x 15 keys
     assert per_pair["comp/K/subspace/L0H2->L2H1"] == k[0, 2, 2, 1].item()

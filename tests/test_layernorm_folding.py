@@ -27,6 +27,7 @@ def transformerlens_fold(model):
     fold_biases=False, center_weights=True)`` does for LayerNorm: multiply by the gain over d_model,
     then subtract the mean over d_model (``"head_index d_model d_head -> head_index 1 d_head"``); the
     unembedding likewise (its d_model axis is 0). No centring under RMSNorm or without a norm."""
+
     def fold(norm, W, d_model_axis):
         W = W.detach().double().clone()
         if isinstance(norm, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
@@ -51,7 +52,12 @@ def test_circuits_equal_a_transformerlens_style_fold_by_hand(normalization):
     model = random_model(normalization)
     W_Q, W_K, W_V, W_O, W_U = transformerlens_fold(model)
     circuits = head_circuits(model, torch.float64)
-    for got, want in ((circuits.qk.left, W_Q), (circuits.qk.right, W_K), (circuits.ov.left, W_V), (circuits.ov.right, W_O.mT)):
+    for got, want in (
+        (circuits.qk.left, W_Q),
+        (circuits.qk.right, W_K),
+        (circuits.ov.left, W_V),
+        (circuits.ov.right, W_O.mT),
+    ):
         assert relative_error(got, want) < 1e-9
     assert relative_error(circuits.qk.dense(), W_Q @ W_K.mT) < 1e-9  # W_QK = W_Q W_Kᵀ
     assert relative_error(circuits.ov.dense(), W_V @ W_O) < 1e-9  # W_OV = W_V W_O
@@ -101,15 +107,23 @@ def test_folded_weights_reproduce_the_models_own_reads(normalization):
     with torch.no_grad():
         for l, layer in enumerate(model.layers):
             unscaled = x / norm_scale(layer.norm, x)  # (b, t, d): the input, divided by s(x), not centred
-            for W, folded in ((layer.W_Q, circuits.qk.left[l]), (layer.W_K, circuits.qk.right[l]), (layer.W_V, circuits.ov.left[l])):
+            for W, folded in (
+                (layer.W_Q, circuits.qk.left[l]),
+                (layer.W_K, circuits.qk.right[l]),
+                (layer.W_V, circuits.ov.left[l]),
+            ):
                 model_path = layer.project(x, W)  # (b, h, t, e)
                 folded_path = torch.einsum("btd,hde->bhte", unscaled, folded)
                 torch.testing.assert_close(folded_path, model_path, rtol=1e-10, atol=1e-10)
             q, k = layer.project(x, layer.W_Q), layer.project(x, layer.W_K)
-            folded_logits = torch.einsum("btd,hde,hfe,bsf->bhts", unscaled, circuits.qk.left[l], circuits.qk.right[l], unscaled)
+            folded_logits = torch.einsum(
+                "btd,hde,hfe,bsf->bhts", unscaled, circuits.qk.left[l], circuits.qk.right[l], unscaled
+            )
             torch.testing.assert_close(folded_logits, q @ k.mT, rtol=1e-10, atol=1e-10)  # x_i W_QK x_jᵀ, per head
         unscaled = x / norm_scale(model.final_norm, x)
-        torch.testing.assert_close(unscaled @ folded_unembedding(model, torch.float64), model.unembed(x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            unscaled @ folded_unembedding(model, torch.float64), model.unembed(x), rtol=1e-10, atol=1e-10
+        )
         if normalization == "layernorm":  # the gain alone does not reproduce them: the centring is needed
             layer = model.layers[0]
             gain_only = layer.norm.weight[:, None] * layer.W_Q
@@ -142,13 +156,28 @@ def test_fold_equals_transformerlens_fold_layer_norm(normalization):
     transformer_lens = pytest.importorskip("transformer_lens")
     model = random_model(normalization).double()
     s = model.shape
-    config_class = getattr(transformer_lens, "TransformerBridgeConfig", None) or transformer_lens.HookedTransformerConfig
-    cfg = config_class(
-        n_layers=s.n_layers, d_model=s.d_model, n_ctx=s.n_ctx, d_head=s.d_head, n_heads=s.n_heads, d_vocab=s.d_vocab,
-        attn_only=True, normalization_type="LN" if normalization == "layernorm" else "RMS", act_fn=None,
-        positional_embedding_type="standard", dtype=torch.float64,
+    config_class = (
+        getattr(transformer_lens, "TransformerBridgeConfig", None) or transformer_lens.HookedTransformerConfig
     )
-    state = {"embed.W_E": model.W_E, "pos_embed.W_pos": model.W_pos, "unembed.W_U": model.W_U, "ln_final.w": model.final_norm.weight}
+    cfg = config_class(
+        n_layers=s.n_layers,
+        d_model=s.d_model,
+        n_ctx=s.n_ctx,
+        d_head=s.d_head,
+        n_heads=s.n_heads,
+        d_vocab=s.d_vocab,
+        attn_only=True,
+        normalization_type="LN" if normalization == "layernorm" else "RMS",
+        act_fn=None,
+        positional_embedding_type="standard",
+        dtype=torch.float64,
+    )
+    state = {
+        "embed.W_E": model.W_E,
+        "pos_embed.W_pos": model.W_pos,
+        "unembed.W_U": model.W_U,
+        "ln_final.w": model.final_norm.weight,
+    }
     for l, layer in enumerate(model.layers):
         state |= {f"blocks.{l}.attn.{n}": getattr(layer, n) for n in ("W_Q", "W_K", "W_V", "W_O")}
         state[f"blocks.{l}.ln1.w"] = layer.norm.weight
@@ -184,5 +213,7 @@ def test_how_much_the_centring_changes_each_measure():
     flat = lambda by_kind: torch.cat([v[~v.isnan()] for v in by_kind.values()])
     changes = {m: (flat(new[m]) - flat(old[m])).abs() / flat(old[m]).abs() for m in measures}
     for name, rel in changes.items():
-        print(f"{name:16s} relative change: mean {rel.mean().item():.4f}, median {rel.median().item():.4f}, max {rel.max().item():.4f}")
+        print(
+            f"{name:16s} relative change: mean {rel.mean().item():.4f}, median {rel.median().item():.4f}, max {rel.max().item():.4f}"
+        )
     assert changes["frobenius"].max() > 1e-3  # the centring is not a no-op on these weights

@@ -56,7 +56,7 @@ def test_a_slice_that_fails_raises_its_error_and_gives_the_threads_back(two_thre
         return torch.linalg.eigvals(part)
 
     matrices = torch.ones(4 * MIN_MATRICES_PER_THREAD, 3, 3)
-    matrices[2 * MIN_MATRICES_PER_THREAD:] = 2.0
+    matrices[2 * MIN_MATRICES_PER_THREAD :] = 2.0
     with pytest.raises(torch.linalg.LinAlgError, match="did not converge"):
         over_threads(fails_on_the_second_slice, matrices)
     assert torch.get_num_threads() == 2

@@ -14,27 +14,44 @@ import pytest
 import torch
 
 from records import wandb_records
-from reports.run_report import read_series
 from records.trajectory import Trajectory
+from reports.run_report import read_series
 from tests.conftest import REPO, run_train, train_env
 
 pytestmark = pytest.mark.slow
 
-TINY = ["trainer.max_steps=60", "tracker.every_n_steps=10", "tracker.all_measures.every_n_steps=30",
-        "tracker.ablation.every_n_steps=30", "tracker.copying.every_n_steps=30", "tracker.matching.every_n_steps=30",
-        "tracker.whitening.every_n_steps=30", "tracker.images.every_n_steps=0", "trajectory.log_steps=4",
-        "trajectory.every_n_steps=30"]
+TINY = [
+    "trainer.max_steps=60",
+    "tracker.every_n_steps=10",
+    "tracker.all_measures.every_n_steps=30",
+    "tracker.ablation.every_n_steps=30",
+    "tracker.copying.every_n_steps=30",
+    "tracker.matching.every_n_steps=30",
+    "tracker.whitening.every_n_steps=30",
+    "tracker.images.every_n_steps=0",
+    "trajectory.log_steps=4",
+    "trajectory.every_n_steps=30",
+]
 
 
 def module(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", name, *map(str, args)], cwd=REPO, env=train_env(), capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", name, *map(str, args)],
+        cwd=REPO,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def digest(run_dir) -> dict[str, str]:
     """Every file of a run directory outside ``analysis/``, by content hash."""
-    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run_dir.rglob("*")) if p.is_file() and "analysis" not in p.relative_to(run_dir).parts}
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and "analysis" not in p.relative_to(run_dir).parts
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +87,16 @@ def test_rescore_equals_training_writes_only_its_analysis_and_never_replaces_one
                 compared += 1
     assert compared >= 3 * 4  # the training run's subspace steps (0, 30, 60) x the pairs' K at least
     saved = Trajectory(trained).steps
-    assert list(rescored["comp/K/subspace/L0H1->L1H0"][0]) == saved  # a measure training scored thinly, at every saved step
+    assert (
+        list(rescored["comp/K/subspace/L0H1->L1H0"][0]) == saved
+    )  # a measure training scored thinly, at every saved step
     assert digest(trained) == before  # the training run's files are byte-identical
     (run_file,) = out.glob("wandb/offline-run-*/run-*.wandb")
     (training_file,) = trained.glob("wandb/offline-run-*/run-*.wandb")
-    run, training = (next(r.run for r in wandb_records.records(f) if r.WhichOneof("record_type") == "run") for f in (run_file, training_file))
+    run, training = (
+        next(r.run for r in wandb_records.records(f) if r.WhichOneof("record_type") == "run")
+        for f in (run_file, training_file)
+    )
     assert run.job_type == "analysis" and run.run_group == training.display_name  # a group named after the training run
     first = digest(out)
     again = module("analysis.rescore", trained, "tracker.measures=[subspace]")
@@ -82,13 +104,16 @@ def test_rescore_equals_training_writes_only_its_analysis_and_never_replaces_one
     assert digest(out) == first
 
 
-@pytest.mark.parametrize("args, message", [
-    (["tracker.nonsense=1"], "nonsense"),
-    (["model.n_heads=4"], "only tracker.* options"),
-    (["tracker.ablation.kind=sideways"], "sideways"),
-    (["--steps", "7"], "step 7 was not saved"),
-    (["--steps", "61:90"], "no saved step in that range"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["tracker.nonsense=1"], "nonsense"),
+        (["model.n_heads=4"], "only tracker.* options"),
+        (["tracker.ablation.kind=sideways"], "sideways"),
+        (["--steps", "7"], "step 7 was not saved"),
+        (["--steps", "61:90"], "no saved step in that range"),
+    ],
+)
 def test_bad_requests_are_one_line_and_write_nothing(trained, args, message):
     result = module("analysis.rescore", trained, *args, "--name", "bad")
     assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
@@ -123,15 +148,26 @@ def test_export_opens_in_transformer_lens_with_our_logits_and_logged_composition
     for writer in range(2):
         for reader in range(2):
             steps, values = logged[f"comp/K/frobenius/L0H{writer}->L1H{reader}"]
-            assert float(scores[0, writer, 1, reader]) == pytest.approx(float(values[np.flatnonzero(steps == 30)[0]]), rel=1e-5)
+            assert float(scores[0, writer, 1, reader]) == pytest.approx(
+                float(values[np.flatnonzero(steps == 30)[0]]), rel=1e-5
+            )
     refused = module("analysis.export", trained, "--step", 30, "--out", tmp_path / "tl")
     assert refused.returncode == 2 and "not an empty directory" in refused.stderr
 
 
 def test_a_sweep_is_rescored_job_by_job_then_reported(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    command = [sys.executable, str(REPO / "train.py"), "-m", f"hydra.sweep.dir={sweep_dir}", "trainer.enable_progress_bar=false",
-               "logger=csv", *TINY, "trainer.max_steps=30", "seed=0,1"]
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        f"hydra.sweep.dir={sweep_dir}",
+        "trainer.enable_progress_bar=false",
+        "logger=csv",
+        *TINY,
+        "trainer.max_steps=30",
+        "seed=0,1",
+    ]
     result = subprocess.run(command, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rescored = module("analysis.rescore", sweep_dir, "tracker.ablation.kind=resample", "--name", "resample")
@@ -150,8 +186,19 @@ def test_seed_002s_library_options_train_track_and_open_in_transformer_lens(tmp_
     from analysis.export import load_hooked_transformer
 
     run_dir = tmp_path / "run"
-    result = run_train([*TINY, "trainer.max_steps=20", "model.positions=shortformer", "model.biases=true", "model.init=gpt2",
-                        "model.normalization=layernorm", "tracker.ablation.every_n_steps=0", "logger=csv"], run_dir)
+    result = run_train(
+        [
+            *TINY,
+            "trainer.max_steps=20",
+            "model.positions=shortformer",
+            "model.biases=true",
+            "model.init=gpt2",
+            "model.normalization=layernorm",
+            "tracker.ablation.every_n_steps=0",
+            "logger=csv",
+        ],
+        run_dir,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     trajectory = Trajectory(run_dir)
     assert trajectory.shape.positions == "shortformer" and trajectory.shape.biases

@@ -18,12 +18,20 @@ def fit(tmp_path, max_steps, ckpt_path=None):
     L.seed_everything(0, verbose=False)
     recorder = LossRecorder()
     trainer = L.Trainer(
-        max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[recorder, ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0, every_n_train_steps=10)],
         gradient_clip_val=1.0,
     )
     module = InductionLM(SHAPE, lr=3e-3, warmup_steps=5)
-    trainer.fit(module, datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8), ckpt_path=ckpt_path)
+    trainer.fit(
+        module,
+        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
+        ckpt_path=ckpt_path,
+    )
     return recorder.losses, module
 
 

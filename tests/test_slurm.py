@@ -58,7 +58,7 @@ def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
     if not slurm_is_up():
         if os.environ.get("REQUIRE_SLURM"):
             pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
-        pytest.skip("no SLURM cluster here: eval \"$(.ci/start-local-slurm)\" starts one (root, Debian)")
+        pytest.skip('no SLURM cluster here: eval "$(.ci/start-local-slurm)" starts one (root, Debian)')
     log = tmp_path / "job.out"
     script = tmp_path / "job.sh"
     script.write_text(f"""#!/bin/bash
@@ -67,17 +67,24 @@ def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
 #SBATCH --output={log}
 #SBATCH --chdir={tmp_path}
 export WANDB_MODE=offline WANDB_SILENT=true PYTHONUNBUFFERED=1
-exec {sys.executable} {REPO / 'train.py'} trainer.max_steps=120 tracker.enabled=false logger=csv trainer.log_every_n_steps=1 \\
+exec {sys.executable} {REPO / "train.py"} trainer.max_steps=120 tracker.enabled=false logger=csv trainer.log_every_n_steps=1 \\
     trainer.progress_every_n_steps=1 trainer.checkpoint_every_n_steps=1000
 """)
-    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=dict(os.environ)).stdout.strip()
+    job = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=dict(os.environ)
+    ).stdout.strip()
     try:
         wait_for(lambda: log.is_file() and "step 15/" in log.read_text(), 180, "the job to reach step 15")
-        subprocess.run(["scancel", "-b", "--signal=USR1", job], check=True)  # what --signal=USR1@T sends before the time limit
+        subprocess.run(
+            ["scancel", "-b", "--signal=USR1", job], check=True
+        )  # what --signal=USR1@T sends before the time limit
         wait_for(lambda: job_field(job, "Restarts") == "1", 120, "SLURM to requeue the job")
         start_requeued_job_now(job)
-        state = wait_for(lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"), 300,
-                         "the requeued job to finish")
+        state = wait_for(
+            lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"),
+            300,
+            "the requeued job to finish",
+        )
     finally:
         subprocess.run(["scancel", job], capture_output=True)
     printed = log.read_text()

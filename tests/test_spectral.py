@@ -133,7 +133,10 @@ def dense_reader_factors(model, layer, head, kind):
 def test_new_measures_on_a_model_match_per_pair_dense(normalization, kind):
     model = random_model(normalization)
     circuits = head_circuits(model, torch.float64)
-    scores = {m: composition_scores(circuits, m)[m.name][kind] for m in (singular_value_bound_ratio, subspace_overlap, best_component_ratio, best_component_share)}
+    scores = {
+        m: composition_scores(circuits, m)[m.name][kind]
+        for m in (singular_value_bound_ratio, subspace_overlap, best_component_ratio, best_component_share)
+    }
     for l1, h1, l2, h2 in (~scores[subspace_overlap].isnan()).nonzero().tolist():
         writer = model.layers[l1]
         W_O = writer.W_O[h1].detach().double()
@@ -143,7 +146,9 @@ def test_new_measures_on_a_model_match_per_pair_dense(normalization, kind):
             singular_value_bound_ratio: dense_sv_bound(A, B),
             subspace_overlap: dense_overlap(W_O.T, read),
             best_component_ratio: dense_components(A, B, model.shape.d_head)[0].max(),
-            best_component_share: dense_components(A, B, model.shape.d_head)[1][dense_components(A, B, model.shape.d_head)[0].argmax()],
+            best_component_share: dense_components(A, B, model.shape.d_head)[1][
+                dense_components(A, B, model.shape.d_head)[0].argmax()
+            ],
         }
         for measure, value in want.items():
             assert scores[measure][l1, h1, l2, h2].item() == pytest.approx(value.item(), rel=1e-5), measure.__name__

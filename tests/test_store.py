@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from reports import run_report as figure
-from reports.plots import BACKGROUND, LOOKUP_TABLE, MASKED, SEPARATOR, heatmap_image, symmetric_limit
 from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors
+from reports import run_report as figure
+from reports.plots import BACKGROUND, LOOKUP_TABLE, MASKED, SEPARATOR, heatmap_image, symmetric_limit
 from tests.test_keys import fake_snapshot
 
 # --- the store -----------------------------------------------------------------------------------
@@ -20,7 +20,10 @@ from tests.test_keys import fake_snapshot
 
 def test_round_trip_with_slashes_in_names(tmp_path):
     rng = np.random.default_rng(0)
-    records = {step: {"comp/K/frobenius": rng.standard_normal((2, 3, 2, 3)), "loss": np.float64(step / 7)} for step in (0, 10, 20)}
+    records = {
+        step: {"comp/K/frobenius": rng.standard_normal((2, 3, 2, 3)), "loss": np.float64(step / 7)}
+        for step in (0, 10, 20)
+    }
     with TensorStore(tmp_path) as store:
         for step, tensors in records.items():
             store.append(step, tensors)
@@ -113,8 +116,18 @@ def test_snapshot_tensors_names_shapes_and_values(tmp_path):
     tensors = snapshot_tensors(snap)
     assert sorted(tensors) == sorted(
         [f"comp/{k}/{m}" for m in ("frobenius", "subspace") for k in "QKV"]
-        + ["comp/baseline/frobenius", "comp/baseline/subspace", "match", "ablation/loss_change", "ablation/pattern_change"]
-        + [f"heads/{s}" for s in ("induction", "prev_token", "duplicate", "copying", "copying_empirical", "copying_top_rate")])
+        + [
+            "comp/baseline/frobenius",
+            "comp/baseline/subspace",
+            "match",
+            "ablation/loss_change",
+            "ablation/pattern_change",
+        ]
+        + [
+            f"heads/{s}"
+            for s in ("induction", "prev_token", "duplicate", "copying", "copying_empirical", "copying_top_rate")
+        ]
+    )
     assert tensors["comp/K/subspace"].shape == (3, 2, 3, 2) and tensors["heads/induction"].shape == (3, 2)
     assert tensors["comp/baseline/subspace"].tolist() == [0.11, 0.001]
     with TensorStore(tmp_path) as store:
@@ -122,7 +135,9 @@ def test_snapshot_tensors_names_shapes_and_values(tmp_path):
     steps, values = read_tensor_store(tmp_path)["comp/K/subspace"]
     np.testing.assert_array_equal(values[0], snap.composition["subspace"]["K"].float().numpy())  # NaN where masked
     assert np.isnan(values[0, 2, 0, 1, 1]) and steps.tolist() == [30]
-    partial = snapshot_tensors(fake_snapshot(2, 2, ("frobenius",), ablation=None, empirical_copying=None, matching=None))
+    partial = snapshot_tensors(
+        fake_snapshot(2, 2, ("frobenius",), ablation=None, empirical_copying=None, matching=None)
+    )
     assert not [name for name in partial if name.startswith(("ablation", "match", "heads/copying_empirical"))]
 
 
@@ -143,17 +158,17 @@ def test_heatmap_image_layout_and_colours():
     image = heatmap_image(scores, cell_pixels=5)
     side = 4 * 5 + 1
     assert image.dtype == np.uint8 and image.shape == (side, 2 * side + 8, 3)
-    k = image[:, side + 8:]
+    k = image[:, side + 8 :]
     pixel = lambda panel, row, col: panel[row * 5 + row // 2 + 2, col * 5 + col // 2 + 2].tolist()  # a cell's middle
     assert pixel(k, 1, 2) == [103, 0, 31] and rgb(250) == [103, 0, 31]  # +limit: the darkest red
     assert pixel(k, 0, 1) == [5, 48, 97]  # -limit: the darkest blue
     assert pixel(image, 2, 3) == [247, 247, 247]  # 0: white, the middle level
     assert pixel(k, 2, 0) == rgb(MASKED) == [217, 217, 217]  # L1H0 -> L1H0: not a later layer, grey
     assert k[10, :].tolist() == [rgb(SEPARATOR)] * side  # the line after layer 0's writers
-    assert image[:, side:side + 8].reshape(-1, 3).tolist() == [rgb(BACKGROUND)] * (side * 8)
+    assert image[:, side : side + 8].reshape(-1, 3).tolist() == [rgb(BACKGROUND)] * (side * 8)
     assert symmetric_limit(scores) == 2.0
     halved = heatmap_image(scores, limit=1.0, cell_pixels=5)  # beyond the limit saturates
-    assert pixel(halved[:, side + 8:], 1, 2) == [103, 0, 31]
+    assert pixel(halved[:, side + 8 :], 1, 2) == [103, 0, 31]
 
 
 def test_heatmap_image_default_cells_and_one_layer():
@@ -177,14 +192,25 @@ def write_run(run_dir, n_layers: int, n_heads: int, per_pair_csv: bool = False, 
     at step 200; returns the stored K-composition ``[steps, L, H, L, H]``."""
     rng = np.random.default_rng(0)
     cliff = 1 / (1 + np.exp(-(STEPS - 200) / 15.0))
-    k = np.stack([fake_snapshot(n_layers, n_heads, ("frobenius",), seed=i).composition["frobenius"]["K"].numpy()
-                  for i in range(len(STEPS))]).astype(np.float32) * 0.1 + 0.1
+    k = (
+        np.stack(
+            [
+                fake_snapshot(n_layers, n_heads, ("frobenius",), seed=i).composition["frobenius"]["K"].numpy()
+                for i in range(len(STEPS))
+            ]
+        ).astype(np.float32)
+        * 0.1
+        + 0.1
+    )
     k[:, 0, 1, 1, 0] += 0.3 * cliff  # the circuit pair grows through the cliff
     columns = {
         "loss/repeated": 5.5 - 5.3 * cliff + 0.01 * rng.standard_normal(len(STEPS)),
-        "loss/first_occurrence": np.full(len(STEPS), 5.5), "heads/induction/top": 0.8 * cliff,
-        "heads/prev_token/top": 0.6 * cliff, "comp/baseline/frobenius": np.full(len(STEPS), 0.125),
-        "circuit/K/frobenius": k[:, 0, 1, 1, 0], "circuit/K/frobenius_minus_baseline": k[:, 0, 1, 1, 0] - 0.125,
+        "loss/first_occurrence": np.full(len(STEPS), 5.5),
+        "heads/induction/top": 0.8 * cliff,
+        "heads/prev_token/top": 0.6 * cliff,
+        "comp/baseline/frobenius": np.full(len(STEPS), 0.125),
+        "circuit/K/frobenius": k[:, 0, 1, 1, 0],
+        "circuit/K/frobenius_minus_baseline": k[:, 0, 1, 1, 0] - 0.125,
     }
     flat = k.reshape(len(STEPS), -1)
     if per_pair_csv:
@@ -200,8 +226,11 @@ def write_run(run_dir, n_layers: int, n_heads: int, per_pair_csv: bool = False, 
     if store:
         with TensorStore(run_dir / TENSORS_DIR) as tensors:
             for i, step in enumerate(STEPS):
-                tensors.append(int(step), {f"comp/{kind}/frobenius": k[i] * (0.5 if kind == "Q" else 1) for kind in "QKV"}
-                               | {"comp/baseline/frobenius": np.array([0.125, 0.001])})
+                tensors.append(
+                    int(step),
+                    {f"comp/{kind}/frobenius": k[i] * (0.5 if kind == "Q" else 1) for kind in "QKV"}
+                    | {"comp/baseline/frobenius": np.array([0.125, 0.001])},
+                )
     return k
 
 
@@ -229,17 +258,26 @@ def test_other_pairs_fall_back_to_the_csv(tmp_path):
     write_run(tmp_path / "summary", 3, 6, store=False)
     series = figure.read_series(tmp_path / "summary" / "csv" / "metrics.csv")
     others = figure.other_pairs(series, tmp_path / "summary" / TENSORS_DIR, "frobenius")
-    assert [curve[1][-1] for curve in others.curves] == [series["comp/K/frobenius_minus_baseline/max"][1][-1],
-                                                        series["comp/K/frobenius_minus_baseline/mean"][1][-1]]
+    assert [curve[1][-1] for curve in others.curves] == [
+        series["comp/K/frobenius_minus_baseline/max"][1][-1],
+        series["comp/K/frobenius_minus_baseline/mean"][1][-1],
+    ]
 
 
 def test_render_draws_the_final_composition_from_the_store(tmp_path):
     k = write_run(tmp_path, 3, 6)
     report = figure.render(tmp_path)
     assert report.figure.read_bytes()[:4] == b"\x89PNG"
-    assert report.composition_figure == tmp_path / "composition.png" and report.composition_figure.read_bytes()[:4] == b"\x89PNG"
-    assert report.no_validity_because == "the ablation was off (tracker.ablation.every_n_steps=0)"  # pairs, from the summary keys
-    by_measure, step = figure.final_composition(tmp_path / TENSORS_DIR, figure.read_series(tmp_path / "csv" / "metrics.csv"))
+    assert (
+        report.composition_figure == tmp_path / "composition.png"
+        and report.composition_figure.read_bytes()[:4] == b"\x89PNG"
+    )
+    assert (
+        report.no_validity_because == "the ablation was off (tracker.ablation.every_n_steps=0)"
+    )  # pairs, from the summary keys
+    by_measure, step = figure.final_composition(
+        tmp_path / TENSORS_DIR, figure.read_series(tmp_path / "csv" / "metrics.csv")
+    )
     assert step == 400 and list(by_measure) == ["frobenius"] and list(by_measure["frobenius"]) == ["Q", "K", "V"]
     np.testing.assert_allclose(by_measure["frobenius"]["K"], k[-1] - 0.125, rtol=1e-6)
     assert report.summary["phase_change/loss_midpoint_step"] == pytest.approx(200, abs=30)

@@ -23,12 +23,25 @@ from tests.test_slurm import FINISHED, job_field, slurm_is_up, start_requeued_jo
 
 pytestmark = pytest.mark.slow
 
-QUICK = ["trainer.max_steps=30", "tracker.every_n_steps=10", "tracker.ablation.every_n_steps=0", "tracker.copying.every_n_steps=0",
-         "tracker.images.every_n_steps=0", "trainer.log_every_n_steps=1"]
+QUICK = [
+    "trainer.max_steps=30",
+    "tracker.every_n_steps=10",
+    "tracker.ablation.every_n_steps=0",
+    "tracker.copying.every_n_steps=0",
+    "tracker.images.every_n_steps=0",
+    "trainer.log_every_n_steps=1",
+]
 
 
 def sweep(args: list[str], sweep_dir, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(REPO / "train.py"), "-m", f"hydra.sweep.dir={sweep_dir}", "trainer.enable_progress_bar=false", *args]
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        f"hydra.sweep.dir={sweep_dir}",
+        "trainer.enable_progress_bar=false",
+        *args,
+    ]
     return subprocess.run(command, cwd=REPO, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -56,7 +69,13 @@ def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
     (run_file,) = diverged.glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_records.exit_code(run_file) == 1  # marked failed in W&B, not successful
     assert not list((tmp_path / rows[(3e-3, -1)]["job"]).glob("wandb"))  # refused before W&B started
-    for name in ("sweep_jobs.csv", "sweep_groups.csv", "sweep_loss_curves.png", "sweep_midpoints.png", "sweep_aligned.png"):
+    for name in (
+        "sweep_jobs.csv",
+        "sweep_groups.csv",
+        "sweep_loss_curves.png",
+        "sweep_midpoints.png",
+        "sweep_aligned.png",
+    ):
         assert (tmp_path / name).is_file(), name
     (report_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # the sweep's summary run, in its group
     report_run = next(r.run for r in wandb_records.records(report_file) if r.WhichOneof("record_type") == "run")
@@ -83,7 +102,9 @@ def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(t
 
     from_wandb = sweep_report([tmp_path / job / "wandb" for job in ("0", "1")], out_dir=tmp_path / "from_wandb")
     from_dirs = sweep_report([tmp_path], out_dir=tmp_path / "from_dirs")
-    by_seed = lambda report: {row["seed"]: (row["repeated_loss_end"], row["K_frobenius"], row["status"]) for row in report.job_table}
+    by_seed = lambda report: {
+        row["seed"]: (row["repeated_loss_end"], row["K_frobenius"], row["status"]) for row in report.job_table
+    }
     assert by_seed(from_wandb) == by_seed(from_dirs) and len(by_seed(from_dirs)) == 2
 
 
@@ -102,11 +123,25 @@ def test_submitit_slurm_sweep_survives_a_pre_timeout_signal(tmp_path):
     if not slurm_is_up():
         if os.environ.get("REQUIRE_SLURM"):
             pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
-        pytest.skip("no SLURM cluster here: eval \"$(.ci/start-local-slurm)\" starts one (root, Debian)")
-    command = [sys.executable, str(REPO / "train.py"), "-m", f"hydra.sweep.dir={tmp_path}", "hydra/launcher=submitit_slurm",
-               "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1", "seed=0,1", "trainer.max_steps=400",
-               "tracker.enabled=false", "logger=csv", "trainer.log_every_n_steps=1", "trainer.progress_every_n_steps=10"]
-    process = subprocess.Popen(command, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        pytest.skip('no SLURM cluster here: eval "$(.ci/start-local-slurm)" starts one (root, Debian)')
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        f"hydra.sweep.dir={tmp_path}",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.timeout_min=10",
+        "hydra.launcher.cpus_per_task=1",
+        "seed=0,1",
+        "trainer.max_steps=400",
+        "tracker.enabled=false",
+        "logger=csv",
+        "trainer.log_every_n_steps=1",
+        "trainer.progress_every_n_steps=10",
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         log = wait_for(lambda: next(iter(tmp_path.glob(".submitit/*_0/*_0_0_log.out")), None), 180, "job 0 to start")
         wait_for(lambda: "step 50/" in log.read_text(), 180, "job 0 to reach step 50")
@@ -116,8 +151,14 @@ def test_submitit_slurm_sweep_survives_a_pre_timeout_signal(tmp_path):
         start_requeued_job_now(job)
         # submitit cannot see a job's state here (no accounting), so a relaunch that fails would
         # leave the sweep waiting: watch it in SLURM and fail with its state instead
-        state = wait_for(lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"), 300, "requeued job 0 to finish")
-        assert state == "COMPLETED", f"requeued job 0 ended {state} ({job_field(job, 'Reason')}):\n{log.read_text()[-3000:]}"
+        state = wait_for(
+            lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"),
+            300,
+            "requeued job 0 to finish",
+        )
+        assert state == "COMPLETED", (
+            f"requeued job 0 ended {state} ({job_field(job, 'Reason')}):\n{log.read_text()[-3000:]}"
+        )
         printed, _ = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
@@ -140,8 +181,15 @@ def test_an_interrupted_sweep_rerun_finishes_as_if_uninterrupted(tmp_path):
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     interrupted = tmp_path / "interrupted"
-    command = [sys.executable, str(REPO / "train.py"), "-m", f"hydra.sweep.dir={interrupted}", "trainer.enable_progress_bar=true",
-               "trainer.progress_every_n_steps=1", *args]
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        f"hydra.sweep.dir={interrupted}",
+        "trainer.enable_progress_bar=true",
+        "trainer.progress_every_n_steps=1",
+        *args,
+    ]
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     printed = []
     for line in process.stdout:
@@ -157,9 +205,14 @@ def test_an_interrupted_sweep_rerun_finishes_as_if_uninterrupted(tmp_path):
     assert "resuming" in (interrupted / "0" / "train.log").read_text()
     for job in ("0", "1"):
         assert loss_steps(interrupted / job) == list(range(40))
-        with open(interrupted / job / "csv" / "metrics.csv", newline="") as a, open(tmp_path / "reference" / job / "csv" / "metrics.csv", newline="") as b:
+        with (
+            open(interrupted / job / "csv" / "metrics.csv", newline="") as a,
+            open(tmp_path / "reference" / job / "csv" / "metrics.csv", newline="") as b,
+        ):
             assert sorted(map(sorted_row, csv.DictReader(a))) == sorted(map(sorted_row, csv.DictReader(b)))
-        assert wandb_history(interrupted / job) == wandb_history(tmp_path / "reference" / job)  # no step twice, none lost
+        assert wandb_history(interrupted / job) == wandb_history(
+            tmp_path / "reference" / job
+        )  # no step twice, none lost
 
     again = sweep(args, interrupted, env=env)
     assert again.returncode == 0 and again.stdout.count("finished in an earlier launch of this sweep: skipped") == 2
@@ -174,7 +227,10 @@ def agent_command(spec: dict) -> list[str]:
     (or a distribution's minimum), made by wandb's own functions as ``wandb agent`` makes it."""
     from wandb.sdk.launch.sweeps import utils as sweep_utils
 
-    args = {name: {"value": p["values"][0] if "values" in p else p.get("value", p.get("min"))} for name, p in spec["parameters"].items()}
+    args = {
+        name: {"value": p["values"][0] if "values" in p else p.get("value", p.get("min"))}
+        for name, p in spec["parameters"].items()
+    }
     macros = sweep_utils.create_sweep_command_args({"args": args})
     macros.update(env=["/usr/bin/env"], interpreter=[sys.executable], program=[spec["program"]])
     command = []
@@ -198,7 +254,12 @@ def test_each_wandb_sweep_spec_runs_train_py_as_an_agent_would(spec_file, tmp_pa
         port = probe.getsockname()[1]
     env = train_env(WANDB_SWEEP_ID="testsweep", WANDB_RUN_ID="agentrun1", WANDB_BASE_URL=f"http://127.0.0.1:{port}")
     env.pop("WANDB_MODE")
-    shorter = [f"hydra.run.dir={tmp_path}", "trainer.max_steps=20", "tracker.enabled=false", "trainer.enable_progress_bar=false"]
+    shorter = [
+        f"hydra.run.dir={tmp_path}",
+        "trainer.max_steps=20",
+        "tracker.enabled=false",
+        "trainer.enable_progress_bar=false",
+    ]
     result = subprocess.run(command + shorter, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
@@ -212,8 +273,17 @@ def test_each_wandb_sweep_spec_runs_train_py_as_an_agent_would(spec_file, tmp_pa
 
 def test_optuna_searches_with_the_objective_each_job_returns(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    result = sweep(["experiment=smallest_cliff", "hydra.sweeper.n_trials=3", "trainer.max_steps=30", "objective_cliff_by=null",
-                    "tracker.every_n_steps=10", "logger=csv"], tmp_path)
+    result = sweep(
+        [
+            "experiment=smallest_cliff",
+            "hydra.sweeper.n_trials=3",
+            "trainer.max_steps=30",
+            "objective_cliff_by=null",
+            "tracker.every_n_steps=10",
+            "logger=csv",
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     optimization = (tmp_path / "optimization_results.yaml").read_text()  # written by the Optuna sweeper
     assert "best_params" in optimization and "best_value" in optimization

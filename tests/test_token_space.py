@@ -116,7 +116,9 @@ def test_residual_gl_leaves_token_space_unchanged_but_not_frobenius():
     model = small_model()
     g = torch.Generator().manual_seed(3)
     d = SHAPE.d_model
-    T = torch.randn(d, d, generator=g, dtype=torch.float64) / d**0.5 + torch.eye(d, dtype=torch.float64)  # far from orthogonal
+    T = torch.randn(d, d, generator=g, dtype=torch.float64) / d**0.5 + torch.eye(
+        d, dtype=torch.float64
+    )  # far from orthogonal
     transformed = residual_transform(model, T)
     tokens = torch.randint(0, SHAPE.d_vocab, (3, SHAPE.n_ctx), generator=g)
     with torch.no_grad():
@@ -126,7 +128,9 @@ def test_residual_gl_leaves_token_space_unchanged_but_not_frobenius():
     after = composition_of(transformed, measures, dtype=torch.float64)
     for kind in "QKV":
         valid = ~before["token_space"][kind].isnan()
-        torch.testing.assert_close(after["token_space"][kind][valid], before["token_space"][kind][valid], rtol=1e-8, atol=0)
+        torch.testing.assert_close(
+            after["token_space"][kind][valid], before["token_space"][kind][valid], rtol=1e-8, atol=0
+        )
         change = (after["frobenius"][kind][valid] - before["frobenius"][kind][valid]).abs().max()
         assert change > 1e-2, kind  # the plain ratio is not invariant
 
@@ -160,8 +164,14 @@ def test_the_tracker_keeps_the_token_basis_like_the_embedding_one():
     restored = CompositionTracker(probe, measures=measures)
     restored.load_state_dict(tracker.state_dict())
     torch.testing.assert_close(restored.whitenings["token"].half, snap.whitenings["token"].half, rtol=0, atol=0)
-    again = take_snapshot(model, probe, measures, baseline_samples=50, dtype=torch.float64, whitenings=restored.whitenings)
+    again = take_snapshot(
+        model, probe, measures, baseline_samples=50, dtype=torch.float64, whitenings=restored.whitenings
+    )
     for kind in "QKV":
         torch.testing.assert_close(
-            again.composition["token_space"][kind], snap.composition["token_space"][kind], rtol=1e-12, atol=0, equal_nan=True
+            again.composition["token_space"][kind],
+            snap.composition["token_space"][kind],
+            rtol=1e-12,
+            atol=0,
+            equal_nan=True,
         )

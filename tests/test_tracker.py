@@ -9,12 +9,12 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from reports.run_report import read_series
 from callbacks.tracker import WITH_ALL, CompositionTracker, Schedule
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
+from reports.run_report import read_series
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=17, d_vocab=21)
 
@@ -34,13 +34,25 @@ def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_
     tracker_cb = None
     if tracker:
         schedule = Schedule(every_n_steps=5, ablation=ablation_every, copying=5, matching=5, images=0)
-        tracker_cb = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100,
-                                        measures=("frobenius", "subspace"), cost_report=False)
+        tracker_cb = CompositionTracker(
+            make_probe_batch(0, 8, 8, 20),
+            schedule,
+            baseline_samples=100,
+            measures=("frobenius", "subspace"),
+            cost_report=False,
+        )
         callbacks.append(tracker_cb)
     trainer = L.Trainer(
-        max_steps=steps, accelerator="cpu", logger=CSVLogger(tmp_path, name="csv", version=""), callbacks=callbacks,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        log_every_n_steps=5, gradient_clip_val=1.0, accumulate_grad_batches=accumulate,
+        max_steps=steps,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="csv", version=""),
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=5,
+        gradient_clip_val=1.0,
+        accumulate_grad_batches=accumulate,
     )
     module = InductionLM(SHAPE, lr=3e-3, warmup_steps=5)
     trainer.fit(module, datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
@@ -80,7 +92,15 @@ def test_tracker_logs_at_every_nth_optimizer_step(tmp_path):
     steps, _ = series["comp/K/frobenius/L0H0->L1H1"]
     assert steps.tolist() == [0, 5, 10, 15, 20]  # once per optimizer step, despite accumulation
     assert "comp/K/frobenius/L1H0->L0H0" not in series  # masked pairs are never logged
-    for key in ("heads/induction/L1H0", "heads/prev_token/top", "heads/copying/L0H1", "match/L0H0->L1H1", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius_stderr"):
+    for key in (
+        "heads/induction/L1H0",
+        "heads/prev_token/top",
+        "heads/copying/L0H1",
+        "match/L0H0->L1H1",
+        "loss/repeated",
+        "circuit/K/frobenius_minus_baseline",
+        "comp/baseline/frobenius_stderr",
+    ):
         assert series[key][0].tolist() == [0, 5, 10, 15, 20], key
 
 
@@ -89,9 +109,13 @@ def test_ablation_and_validity_are_logged_at_every_ablation_step(tmp_path):
     trainer.loggers[0].save()
     series = read_series(tmp_path / "csv" / "metrics.csv")
     assert series["comp/K/frobenius/L0H0->L1H1"][0].tolist() == [0, 5, 10, 15, 20, 25]
-    for key in ("ablation/loss_change/L0H0->L1H1", "ablation/pattern_change/L0H1->L1H0",
-                "validity/loss_change/frobenius/rank_of_truth", "validity/pattern_change/subspace/rank_of_truth",
-                "validity/loss_change/match/rank_of_truth"):
+    for key in (
+        "ablation/loss_change/L0H0->L1H1",
+        "ablation/pattern_change/L0H1->L1H0",
+        "validity/loss_change/frobenius/rank_of_truth",
+        "validity/pattern_change/subspace/rank_of_truth",
+        "validity/loss_change/match/rank_of_truth",
+    ):
         assert series[key][0].tolist() == [0, 10, 20, 25], key  # and the final step, whatever max_steps is
     assert "ablation/loss_change/L1H0->L0H0" not in series  # masked pairs never logged
     ranks = series["validity/pattern_change/frobenius/rank_of_truth"][1]
@@ -106,12 +130,29 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
     seconds at their own period."""
     L.seed_everything(0, verbose=False)
     schedule = Schedule(every_n_steps=5, ablation=15, copying=10, matching=0, images=0, all_measures=10, whitening=10)
-    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100,
-                                 measures=("frobenius", "sv_bound", "whitened", "whitened_resid"), dense_measures=("frobenius", "subspace"),
-                                 cost_report=False, max_pair_keys=50)  # 4 pairs: 36 keys for frobenius alone, 108 for all four
-    trainer = L.Trainer(max_steps=27, accelerator="cpu", logger=CSVLogger(tmp_path, name="csv", version=""), callbacks=[tracker],
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=5)
-    trainer.fit(InductionLM(SHAPE, lr=3e-3), datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    tracker = CompositionTracker(
+        make_probe_batch(0, 8, 8, 20),
+        schedule,
+        baseline_samples=100,
+        measures=("frobenius", "sv_bound", "whitened", "whitened_resid"),
+        dense_measures=("frobenius", "subspace"),
+        cost_report=False,
+        max_pair_keys=50,
+    )  # 4 pairs: 36 keys for frobenius alone, 108 for all four
+    trainer = L.Trainer(
+        max_steps=27,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="csv", version=""),
+        callbacks=[tracker],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=5,
+    )
+    trainer.fit(
+        InductionLM(SHAPE, lr=3e-3),
+        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
+    )
     trainer.loggers[0].save()
     series = read_series(tmp_path / "csv" / "metrics.csv")
     assert tracker.dense_measures == ("frobenius",)  # a dense measure the run does not track is not scored
@@ -126,7 +167,14 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
     assert not any("->" in key for key in series if key.startswith("comp/"))
     ledger = tracker.ledger
     assert ledger.runs["composition"] == 2 and ledger.runs[WITH_ALL] == 5  # steps 5, 25; 0, 10, 15, 20, 27
-    seconds = {"probe": 0.004, "head scores": 0.001, "logging": 0.001, "composition": 0.002, WITH_ALL: 0.007, "copying": 0.003}
+    seconds = {
+        "probe": 0.004,
+        "head scores": 0.001,
+        "logging": 0.001,
+        "composition": 0.002,
+        WITH_ALL: 0.007,
+        "copying": 0.003,
+    }
     per_step = tracker.amortised_seconds_per_step(seconds)
     assert per_step["snapshot"] == pytest.approx(0.008 / 5) and per_step["other measures"] == pytest.approx(0.005 / 10)
     assert per_step["copying"] == pytest.approx(0.003 / 10)
@@ -141,10 +189,20 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
     *_, trainer = fit(tmp_path, tracker=False, steps=1)  # warm-up: imports, first-call costs
     schedule = Schedule(every_n_steps=5, ablation=0, copying=0, matching=0, images=0)
     tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100, measures=("frobenius",))
-    trainer = L.Trainer(max_steps=12, accelerator="cpu", logger=False, callbacks=[tracker], enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=12,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[tracker],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     start = time.perf_counter()
-    trainer.fit(InductionLM(SHAPE, lr=3e-3), datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    trainer.fit(
+        InductionLM(SHAPE, lr=3e-3),
+        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
+    )
     per_step_upper = 1000 * (time.perf_counter() - start) / 5  # ms: a loose upper bound per training step
     report = capsys.readouterr().out
     line = next(line for line in report.splitlines() if "ms/step" in line)
@@ -160,7 +218,13 @@ def test_cost_report_leaves_out_the_first_heatmaps_until_drawn_again():
     estimate charges heatmaps only from their second drawing, and the report says so meanwhile."""
     schedule = Schedule(every_n_steps=10, ablation=0, copying=0, matching=0, images=200, all_measures=0)
     tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, measures=("frobenius",), cost_report=False)
-    for part, seconds in (("probe", 0.002), ("head scores", 0.001), ("composition", 0.001), ("logging", 0.001), ("images", 0.4)):
+    for part, seconds in (
+        ("probe", 0.002),
+        ("head scores", 0.001),
+        ("composition", 0.001),
+        ("logging", 0.001),
+        ("images", 0.4),
+    ):
         tracker.ledger.add(part, seconds)
     assert tracker.amortised_seconds_per_step() == {"snapshot": pytest.approx(0.005 / 10)}
     lines = tracker.cost_lines(step_seconds=0.01)
@@ -184,12 +248,27 @@ class PoisonWeights(L.Callback):
 
 
 def test_non_finite_weights_are_logged_as_nan_with_the_reason_not_a_crash(tmp_path, capsys):
-    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), Schedule(every_n_steps=5, ablation=5, copying=5, matching=5, images=0),
-                                 baseline_samples=100, measures=("frobenius", "subspace"), cost_report=False)
-    trainer = L.Trainer(max_steps=15, accelerator="cpu", logger=CSVLogger(tmp_path, name="csv", version=""),
-                        callbacks=[PoisonWeights(at=7), tracker], enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, log_every_n_steps=5)
-    trainer.fit(InductionLM(SHAPE, lr=3e-3, warmup_steps=5), datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    tracker = CompositionTracker(
+        make_probe_batch(0, 8, 8, 20),
+        Schedule(every_n_steps=5, ablation=5, copying=5, matching=5, images=0),
+        baseline_samples=100,
+        measures=("frobenius", "subspace"),
+        cost_report=False,
+    )
+    trainer = L.Trainer(
+        max_steps=15,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="csv", version=""),
+        callbacks=[PoisonWeights(at=7), tracker],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=5,
+    )
+    trainer.fit(
+        InductionLM(SHAPE, lr=3e-3, warmup_steps=5),
+        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
+    )
     assert "tracker: step 10 not measured, logged as NaN: the weights are not finite" in capsys.readouterr().out
     series = read_series(tmp_path / "csv" / "metrics.csv")
     steps, values = series["comp/K/frobenius/L0H0->L1H0"]

@@ -14,21 +14,35 @@ import numpy as np
 import pytest
 import torch
 
-from reports.run_report import read_series
 from records import wandb_records
+from reports.run_report import read_series
 from tests.conftest import REPO, run_train
 
 pytestmark = pytest.mark.slow
 
 
 TRACKED_KEYS = (
-    "comp/K/frobenius/L0H1->L1H0", "comp/Q/frobenius_minus_baseline/L0H0->L1H1", "heads/induction/L1H1",
-    "heads/prev_token/top", "loss/repeated", "circuit/K/frobenius_minus_baseline", "comp/baseline/frobenius",
+    "comp/K/frobenius/L0H1->L1H0",
+    "comp/Q/frobenius_minus_baseline/L0H0->L1H1",
+    "heads/induction/L1H1",
+    "heads/prev_token/top",
+    "loss/repeated",
+    "circuit/K/frobenius_minus_baseline",
+    "comp/baseline/frobenius",
     # every default measure, the empirical copying score, the ablation and each measure's agreement with it
-    "comp/V/sv_bound/L0H0->L1H0", "comp/K/whitened/L0H1->L1H1", "comp/V/token_space/L0H1->L1H0", "comp/Q/whitened_resid/L0H0->L1H1", "comp/Q/subspace/L0H1->L1H0",
-    "comp/K/component/L0H0->L1H1", "comp/K/component_share/L0H0->L1H1", "heads/copying_empirical/L1H0", "heads/copying_top_rate/L0H1",
-    "ablation/loss_change/L0H1->L1H0", "ablation/pattern_change/L0H0->L1H1",
-    "validity/loss_change/sv_bound/rank_of_truth", "validity/pattern_change/match/rank_of_truth",
+    "comp/V/sv_bound/L0H0->L1H0",
+    "comp/K/whitened/L0H1->L1H1",
+    "comp/V/token_space/L0H1->L1H0",
+    "comp/Q/whitened_resid/L0H0->L1H1",
+    "comp/Q/subspace/L0H1->L1H0",
+    "comp/K/component/L0H0->L1H1",
+    "comp/K/component_share/L0H0->L1H1",
+    "heads/copying_empirical/L1H0",
+    "heads/copying_top_rate/L0H1",
+    "ablation/loss_change/L0H1->L1H0",
+    "ablation/pattern_change/L0H0->L1H1",
+    "validity/loss_change/sv_bound/rank_of_truth",
+    "validity/pattern_change/match/rank_of_truth",
 )
 
 
@@ -41,8 +55,16 @@ def wandb_file(run_dir):
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("short")
-    result = run_train(["trainer.max_steps=60", "tracker.images.every_n_steps=30", "tracker.ablation.every_n_steps=10",
-                                "tracker.copying.every_n_steps=10", "logger.wandb.name=short-test"], run_dir)
+    result = run_train(
+        [
+            "trainer.max_steps=60",
+            "tracker.images.every_n_steps=30",
+            "tracker.ablation.every_n_steps=10",
+            "tracker.copying.every_n_steps=10",
+            "logger.wandb.name=short-test",
+        ],
+        run_dir,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result
 
@@ -68,7 +90,16 @@ def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
     figure_rows = [row for row in rows if "images/phase_change/_type" in row]
     assert [row["trainer/global_step"] for row in figure_rows] == [60]
     heatmap_keys = {key.split("/")[2] for row in rows for key in row if key.startswith("images/composition/")}
-    assert heatmap_keys == {"frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share"}
+    assert heatmap_keys == {
+        "frobenius",
+        "sv_bound",
+        "whitened",
+        "whitened_resid",
+        "token_space",
+        "subspace",
+        "component",
+        "component_share",
+    }
 
 
 def test_validity_table_reaches_wandb_csv_and_console(short_run):
@@ -79,7 +110,17 @@ def test_validity_table_reaches_wandb_csv_and_console(short_run):
     logged = json.loads((wandb_file(run_dir).parent / "files" / tables[0]["validity/table/path"]).read_text())
     with open(run_dir / "validity.csv", newline="") as handle:
         on_disk = list(csv.DictReader(handle))
-    measures = ["frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share", "match"]
+    measures = [
+        "frobenius",
+        "sv_bound",
+        "whitened",
+        "whitened_resid",
+        "token_space",
+        "subspace",
+        "component",
+        "component_share",
+        "match",
+    ]
     assert [row[0] for row in logged["data"]] == [row["measure"] for row in on_disk] == measures
     assert logged["columns"] == list(on_disk[0])
     series = read_series(run_dir / "csv" / "metrics.csv")
@@ -115,17 +156,25 @@ def test_summary_figure_and_csv_are_written(short_run):
 def test_figure_command_rerenders_a_finished_run(short_run):
     run_dir, _ = short_run
     (run_dir / "phase_change.png").unlink()
-    result = subprocess.run([sys.executable, "-m", "reports.run_report", str(run_dir)], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "reports.run_report", str(run_dir)], cwd=REPO, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert (run_dir / "phase_change.png").is_file()
-    missing = subprocess.run([sys.executable, "-m", "reports.run_report", str(run_dir / "nope")], cwd=REPO, capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-m", "reports.run_report", str(run_dir / "nope")], cwd=REPO, capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "no CSV log" in missing.stderr
 
 
 def test_pair_curves_command_draws_every_pairs_raw_composition(short_run, tmp_path):
     run_dir, _ = short_run
-    result = subprocess.run([sys.executable, "-m", "reports.pair_curves", str(run_dir), "--out", str(tmp_path / "pairs.png")],
-                            cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "reports.pair_curves", str(run_dir), "--out", str(tmp_path / "pairs.png")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "pairs.png").is_file() and "L0H1->L1H0" in result.stdout
     from reports.pair_curves import pair_series
@@ -158,7 +207,9 @@ def test_default_experiment_shows_the_phase_change(tmp_path):
     assert induction[-1] > 0.5
     # the pair that K-composes most is a previous-token head feeding an induction head
     series = read_series(tmp_path / "csv" / "metrics.csv")
-    pairs = {k.rsplit("/", 1)[1]: v[-1] for k, (_, v) in series.items() if k.startswith("comp/K/frobenius_minus_baseline/")}
+    pairs = {
+        k.rsplit("/", 1)[1]: v[-1] for k, (_, v) in series.items() if k.startswith("comp/K/frobenius_minus_baseline/")
+    }
     top_pair = max(pairs, key=pairs.get)
     writer, reader = top_pair.split("->")
     assert series[f"heads/prev_token/{writer}"][1][-1] > 0.4
@@ -183,9 +234,18 @@ def test_one_layer_control_shows_no_cliff(tmp_path):
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
     """Two jobs launched at once (a sweep on a cluster) must not share, and mix, one run directory."""
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
-    command = [sys.executable, str(REPO / "train.py"), "trainer.max_steps=2", "tracker.enabled=false", "logger=csv",
-               "trainer.enable_progress_bar=false"]
-    jobs = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "trainer.max_steps=2",
+        "tracker.enabled=false",
+        "logger=csv",
+        "trainer.enable_progress_bar=false",
+    ]
+    jobs = [
+        subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
     for job in jobs:
         assert job.wait(timeout=300) == 0, job.stderr.read().decode()[-2000:]
     run_dirs = sorted(p.parent for p in tmp_path.glob("outputs/*/*/.hydra"))
@@ -196,9 +256,19 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
 def test_divergence_stops_with_the_step_named_and_keeps_the_finite_checkpoint(tmp_path):
     """optim.lr=1e6: the loss leaves the finite numbers within a few steps; the run must exit
     non-zero naming the step, and no checkpoint of the diverged weights may be written."""
-    result = run_train(["optim.lr=1e6", "optim.warmup_steps=0", "trainer.max_steps=200", "trainer.checkpoint_every_n_steps=1",
-                        "tracker.every_n_steps=1", "tracker.ablation.every_n_steps=0", "tracker.images.every_n_steps=0",
-                        "logger=csv"], tmp_path)
+    result = run_train(
+        [
+            "optim.lr=1e6",
+            "optim.warmup_steps=0",
+            "trainer.max_steps=200",
+            "trainer.checkpoint_every_n_steps=1",
+            "tracker.every_n_steps=1",
+            "tracker.ablation.every_n_steps=0",
+            "tracker.images.every_n_steps=0",
+            "logger=csv",
+        ],
+        tmp_path,
+    )
     assert result.returncode != 0
     line = next(line for line in result.stderr.splitlines() if "training diverged at step" in line)
     step = int(line.split("training diverged at step ")[1].split(":")[0])
@@ -211,8 +281,16 @@ def test_divergence_stops_with_the_step_named_and_keeps_the_finite_checkpoint(tm
 
 
 def test_a_log_that_is_not_a_terminal_gets_progress_lines_not_a_bar(tmp_path):
-    result = run_train(["trainer.max_steps=20", "trainer.enable_progress_bar=true", "trainer.progress_every_n_steps=10",
-                        "tracker.enabled=false", "logger=csv"], tmp_path)
+    result = run_train(
+        [
+            "trainer.max_steps=20",
+            "trainer.enable_progress_bar=true",
+            "trainer.progress_every_n_steps=10",
+            "tracker.enabled=false",
+            "logger=csv",
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == ["10/20", "20/20"], result.stdout[-2000:]

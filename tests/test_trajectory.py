@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from callbacks.trajectory import PhaseTrigger
 from metrics.dynamics.phase_change import detect_phase_change
-from records.trajectory import Trajectory, TrajectoryError, TrajectoryPlan, TrajectoryWriter, sparse_steps
 from models.transformer import AttentionOnlyTransformer, TransformerShape
+from records.trajectory import Trajectory, TrajectoryError, TrajectoryPlan, TrajectoryWriter, sparse_steps
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=16, d_head=4, n_ctx=9, d_vocab=11, normalization="layernorm")
 
@@ -31,7 +31,9 @@ def test_the_budget_thins_the_linear_grid_first_then_the_log_grid():
     full = TrajectoryPlan.fit(1000, 10, 50, 100, budget=10**9, adaptive=True)
     assert (full.log_steps, full.every_n_steps) == (10, 50)
     per_step = 100
-    thinned = TrajectoryPlan.fit(1000, 10, 50, per_step, budget=2 * 20 * per_step, adaptive=True)  # half the budget: 20 steps
+    thinned = TrajectoryPlan.fit(
+        1000, 10, 50, per_step, budget=2 * 20 * per_step, adaptive=True
+    )  # half the budget: 20 steps
     assert thinned.log_steps == 10 and thinned.every_n_steps > 50 and len(thinned.steps) <= 20
     no_linear = TrajectoryPlan.fit(1000, 10, 50, per_step, budget=2 * 8 * per_step, adaptive=True)
     assert no_linear.every_n_steps == 0 and no_linear.log_steps < 10 and len(no_linear.steps) <= 8
@@ -83,7 +85,9 @@ def test_written_steps_load_back_exactly_and_truncate(tmp_path):
     for (name, a), b in zip(models[10].state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(a, b), name
     TrajectoryWriter(tmp_path / "trajectory", SHAPE, {}).truncate_after(10)
-    assert Trajectory(tmp_path).steps == [0, 10] and not (tmp_path / "trajectory" / "step-00000020.safetensors").exists()
+    assert (
+        Trajectory(tmp_path).steps == [0, 10] and not (tmp_path / "trajectory" / "step-00000020.safetensors").exists()
+    )
 
 
 def test_bad_trajectories_are_one_line_errors(tmp_path):

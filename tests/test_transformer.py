@@ -34,7 +34,9 @@ def test_the_probe_pass_without_head_writes_reads_the_same_stream(normalization)
     for key in ("resid_pre", "pattern"):
         assert all(torch.equal(a, b) for a, b in zip(cache[key], lean[key]))
     for l in range(len(model.layers) - 1):
-        torch.testing.assert_close(cache["resid_pre"][l] + cache["head_out"][l].sum(1), cache["resid_pre"][l + 1], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            cache["resid_pre"][l] + cache["head_out"][l].sum(1), cache["resid_pre"][l + 1], rtol=1e-12, atol=1e-12
+        )
 
 
 def test_weight_layout_is_transformerlens():
@@ -67,7 +69,9 @@ def test_bad_shapes_are_refused():
 def seed002_like(positions: str, biases: bool, normalization: str = "none") -> AttentionOnlyTransformer:
     """A small model with the options of seed 002's library, biases drawn away from their zero start."""
     torch.manual_seed(0)
-    model = AttentionOnlyTransformer(TransformerShape(2, 2, 16, 4, 9, 11, normalization, positions, biases), "gpt2").double()
+    model = AttentionOnlyTransformer(
+        TransformerShape(2, 2, 16, 4, 9, 11, normalization, positions, biases), "gpt2"
+    ).double()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.rsplit(".", 1)[-1].startswith("b_") or "norm" in name:
@@ -87,7 +91,7 @@ def by_hand(model: AttentionOnlyTransformer, tokens: torch.Tensor) -> torch.Tens
         read_qk = read + model.W_pos[:t] if shortformer else read
         out = x + (zero(model.shape.d_model) if layer.b_O is None else layer.b_O)
         for h in range(model.shape.n_heads):
-            bias = lambda b: zero(model.shape.d_head) if b is None else b[h]
+            bias = lambda b, h=h: zero(model.shape.d_head) if b is None else b[h]
             q, k = read_qk @ layer.W_Q[h] + bias(layer.b_Q), read_qk @ layer.W_K[h] + bias(layer.b_K)
             v = read @ layer.W_V[h] + bias(layer.b_V)  # values read the stream: no position in it
             scores = (q @ k.mT) / model.shape.d_head**0.5
@@ -139,14 +143,17 @@ def test_biases_start_at_zero_and_train():
 @pytest.mark.parametrize("init, std", [("normal", 0.02), ("gpt2", 0.8 / 64**0.5)])
 def test_initialisations_by_name(init, std):
     torch.manual_seed(0)
-    model = AttentionOnlyTransformer(TransformerShape(2, 2, 64, 32, 100, 1000, "layernorm", biases=True), init,
-                                     0.02 if init == "normal" else None)
+    model = AttentionOnlyTransformer(
+        TransformerShape(2, 2, 64, 32, 100, 1000, "layernorm", biases=True), init, 0.02 if init == "normal" else None
+    )
     for name, parameter in model.named_parameters():
         last = name.rsplit(".", 1)[-1]
         if last.startswith("W_"):
             assert parameter.std().item() == pytest.approx(std, rel=0.05), name
         else:
-            assert torch.equal(parameter, torch.ones_like(parameter) if last == "weight" else torch.zeros_like(parameter)), name
+            assert torch.equal(
+                parameter, torch.ones_like(parameter) if last == "weight" else torch.zeros_like(parameter)
+            ), name
     with pytest.raises(ValueError, match="goes with init='normal'"):
         AttentionOnlyTransformer(TransformerShape(), "fan_in", 0.02)
     with pytest.raises(ValueError, match="goes with init='normal'"):

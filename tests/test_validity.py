@@ -5,26 +5,35 @@ reader-level readings (heads summed over their partners) that redundant heads ca
 from __future__ import annotations
 
 import math
-
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from metrics.dynamics.phase_change import PhaseChange
+from metrics.ground_truth.validity import (
+    Agreement,
+    agreement,
+    agreements,
+    average_ranks,
+    first_step_ranked_first_for_good,
+    head_agreement,
+    head_totals,
+    spearman,
+)
 from records.keys import validity_metrics
 from reports.validity_table import COLUMNS, format_table, validity_rows
-from metrics.dynamics.phase_change import PhaseChange
-from metrics.ground_truth.validity import (Agreement, agreement, agreements, average_ranks, first_step_ranked_first_for_good,
-                                           head_agreement, head_totals, spearman)
 
 NAN = float("nan")
 
 
 def brute_force_spearman(x, y):
     """Textbook definition: ranks with ties averaged by counting, then Pearson's r, in plain Python."""
+
     def ranks(v):
         return [sum(1 for w in v if w < a) + (sum(1 for w in v if w == a) + 1) / 2 for a in v]
+
     rx, ry = ranks(x), ranks(y)
     mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
@@ -88,9 +97,19 @@ def redundant_readers(circuit_score: float, others: tuple[float, float] = (0.100
     """2 x 2: both layer-1 heads are induction heads reading the previous-token head L0H0, with
     effects 0.500 and 0.501; the measure scores the truth L0H0->L1H1 at ``circuit_score``, the
     other L0H0 pair at 0.800 and L0H1's two pairs at ``others``."""
-    effects = pairs(2, 2, {((0, 0), (1, 0)): 0.500, ((0, 0), (1, 1)): 0.501, ((0, 1), (1, 0)): 0.020, ((0, 1), (1, 1)): 0.030})
-    scores = pairs(2, 2, {((0, 0), (1, 0)): 0.800, ((0, 0), (1, 1)): circuit_score,
-                          ((0, 1), (1, 0)): others[0], ((0, 1), (1, 1)): others[1]})
+    effects = pairs(
+        2, 2, {((0, 0), (1, 0)): 0.500, ((0, 0), (1, 1)): 0.501, ((0, 1), (1, 0)): 0.020, ((0, 1), (1, 1)): 0.030}
+    )
+    scores = pairs(
+        2,
+        2,
+        {
+            ((0, 0), (1, 0)): 0.800,
+            ((0, 0), (1, 1)): circuit_score,
+            ((0, 1), (1, 0)): others[0],
+            ((0, 1), (1, 1)): others[1],
+        },
+    )
     return scores, effects
 
 
@@ -108,7 +127,9 @@ def test_redundant_readers_flip_the_pair_rank_not_the_writer_rank():
     assert torch.allclose(totals[0], torch.tensor([1.599, 0.300], dtype=torch.float64))
     assert torch.allclose(totals[1], torch.tensor([1.001, 0.050], dtype=torch.float64))
     # readers L1H0, L1H1: effects 0.520, 0.531 (L1H1 the truth); scores 0.900, 0.999 | 1.001
-    assert torch.allclose(head_totals(*redundant_readers(0.799), "reader")[1], torch.tensor([0.520, 0.531], dtype=torch.float64))
+    assert torch.allclose(
+        head_totals(*redundant_readers(0.799), "reader")[1], torch.tensor([0.520, 0.531], dtype=torch.float64)
+    )
     assert below.reader == above.reader == Agreement(rank_of_truth=1, spearman=pytest.approx(1.0))
 
 
@@ -131,10 +152,30 @@ def test_each_level_is_fragile_to_redundancy_on_its_own_side():
 
 def test_head_levels_hand_computed_with_three_heads():
     """4 layers x 1 head, every pair scored: writers L0, L1, L2 and readers L1, L2, L3."""
-    effects = pairs(4, 1, {((0, 0), (1, 0)): 0.1, ((0, 0), (2, 0)): 0.2, ((0, 0), (3, 0)): 0.0,
-                           ((1, 0), (2, 0)): 0.4, ((1, 0), (3, 0)): 0.3, ((2, 0), (3, 0)): 0.5})
-    scores = pairs(4, 1, {((0, 0), (1, 0)): 0.5, ((0, 0), (2, 0)): 0.1, ((0, 0), (3, 0)): 0.3,
-                          ((1, 0), (2, 0)): 0.2, ((1, 0), (3, 0)): 0.2, ((2, 0), (3, 0)): 0.6})
+    effects = pairs(
+        4,
+        1,
+        {
+            ((0, 0), (1, 0)): 0.1,
+            ((0, 0), (2, 0)): 0.2,
+            ((0, 0), (3, 0)): 0.0,
+            ((1, 0), (2, 0)): 0.4,
+            ((1, 0), (3, 0)): 0.3,
+            ((2, 0), (3, 0)): 0.5,
+        },
+    )
+    scores = pairs(
+        4,
+        1,
+        {
+            ((0, 0), (1, 0)): 0.5,
+            ((0, 0), (2, 0)): 0.1,
+            ((0, 0), (3, 0)): 0.3,
+            ((1, 0), (2, 0)): 0.2,
+            ((1, 0), (3, 0)): 0.2,
+            ((2, 0), (3, 0)): 0.6,
+        },
+    )
     result = agreement(scores, effects)
     # writers: effects (0.3, 0.7, 0.5) ranks (1, 3, 2); scores (0.9, 0.4, 0.6) ranks (3, 1, 2); sum d^2 = 8
     s, e = head_totals(scores, effects, "writer")
@@ -216,21 +257,31 @@ def test_pair_level_is_unchanged_by_the_head_levels():
     result = agreement(scores, effects)
     valid = ~scores.isnan()
     assert (result.rank_of_truth, result.spearman) == (2, spearman(scores[valid], effects[valid]))
-    assert result.writer == head_agreement(scores, effects, "writer") and result.reader == head_agreement(scores, effects, "reader")
+    assert result.writer == head_agreement(scores, effects, "writer") and result.reader == head_agreement(
+        scores, effects, "reader"
+    )
     flat = agreement(scores[valid], effects[valid])  # one axis: no writer or reader to sum over
     assert (flat.rank_of_truth, flat.spearman, flat.writer, flat.reader) == (2, result.spearman, None, None)
 
 
 def test_validity_keys_name_the_levels():
     levels = Agreement(2, 0.8, writer=Agreement(1, 1.0), reader=Agreement(1, NAN))
-    snap = SimpleNamespace(validity={"loss_change": {"frobenius": levels, "match": Agreement(3, 0.5)},
-                                     "pattern_change": {"frobenius": levels}})
+    snap = SimpleNamespace(
+        validity={
+            "loss_change": {"frobenius": levels, "match": Agreement(3, 0.5)},
+            "pattern_change": {"frobenius": levels},
+        }
+    )
     assert validity_metrics(snap) == {
-        "validity/loss_change/frobenius/rank_of_truth": 2.0, "validity/loss_change/frobenius/spearman": 0.8,
-        "validity/loss_change/frobenius/writer_rank_of_truth": 1.0, "validity/loss_change/frobenius/writer_spearman": 1.0,
+        "validity/loss_change/frobenius/rank_of_truth": 2.0,
+        "validity/loss_change/frobenius/spearman": 0.8,
+        "validity/loss_change/frobenius/writer_rank_of_truth": 1.0,
+        "validity/loss_change/frobenius/writer_spearman": 1.0,
         "validity/loss_change/frobenius/reader_rank_of_truth": 1.0,  # an undefined Spearman is left out
-        "validity/loss_change/match/rank_of_truth": 3.0, "validity/loss_change/match/spearman": 0.5,  # no levels: no keys
-        "validity/pattern_change/frobenius/rank_of_truth": 2.0, "validity/pattern_change/frobenius/spearman": 0.8,  # pairs only
+        "validity/loss_change/match/rank_of_truth": 3.0,
+        "validity/loss_change/match/spearman": 0.5,  # no levels: no keys
+        "validity/pattern_change/frobenius/rank_of_truth": 2.0,
+        "validity/pattern_change/frobenius/spearman": 0.8,  # pairs only
     }
 
 
@@ -258,8 +309,14 @@ def test_validity_table_has_writer_and_reader_columns():
     assert match["first_step_ranked_first_writer_loss"] is None and math.isnan(match["final_rank_writer_loss"])
     table = format_table([frobenius, match])
     pair_header, _, pair_frobenius, _, blank, header, _, frobenius_line, match_line, legend = table.splitlines()
-    assert "Spearman (pattern)" in pair_header and "(W)" not in pair_header and pair_frobenius.split()[1:4] == ["300", "+200", "1"]
-    assert blank == "" and header.split()[0] == "measure" and "first for good (W)" in header and "Spearman (R)" in header
+    assert (
+        "Spearman (pattern)" in pair_header
+        and "(W)" not in pair_header
+        and pair_frobenius.split()[1:4] == ["300", "+200", "1"]
+    )
+    assert (
+        blank == "" and header.split()[0] == "measure" and "first for good (W)" in header and "Spearman (R)" in header
+    )
     assert frobenius_line.split() == ["frobenius", "100", "1", "+1.00", "+1.00", "never", "2", "-", "-"]
     assert match_line.split() == ["match"] + ["-"] * 8
     assert legend.startswith("(W): writers")
@@ -273,7 +330,7 @@ def test_batched_agreements_equal_one_by_one(seed):
     shape = (3, 2, 3, 2)
     later = torch.zeros(shape, dtype=torch.bool)
     for l1 in range(3):
-        later[l1, :, l1 + 1:, :] = True
+        later[l1, :, l1 + 1 :, :] = True
     masked = lambda t: t.masked_fill(~later, math.nan)
     effects = masked(torch.randn(shape, generator=generator, dtype=torch.float64))
     scorers = {f"m{i}": masked(torch.randn(shape, generator=generator, dtype=torch.float64)) for i in range(4)}

@@ -18,15 +18,23 @@ import time
 
 import pytest
 
-from records.wandb_reach import effective_mode, server_url, sync_command
 from records import wandb_records
+from records.wandb_reach import effective_mode, server_url, sync_command
 from tests.conftest import REPO
 
 
 @pytest.fixture(autouse=True)
 def environment(monkeypatch):
     """No proxy between the check and the local servers; what a fallback sets is undone after each test."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "WANDB_ERROR_REPORTING"):
+    for name in (
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "WANDB_ERROR_REPORTING",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -126,8 +134,16 @@ def train_online(args: list[str], run_dir, timeout: int = 120):
     """``run_train`` as a user runs it: W&B online from the config, no ``$WANDB_MODE`` in the environment."""
     env = {key: value for key, value in os.environ.items() if key != "WANDB_MODE"}
     env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1")
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false",
-               "logger.wandb.mode=online", "trainer.max_steps=20", "tracker.enabled=false", *args]
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        f"hydra.run.dir={run_dir}",
+        "trainer.enable_progress_bar=false",
+        "logger.wandb.mode=online",
+        "trainer.max_steps=20",
+        "tracker.enabled=false",
+        *args,
+    ]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -154,8 +170,12 @@ def test_train_online_without_server_completes_offline_losing_nothing(server, re
     runs = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(runs) == 1, runs
     # no metric lost: every training loss of the CSV log is in the W&B run file, at its step
-    logged = {row["trainer/global_step"]: row["train/loss"] for row in wandb_records.history(runs[0]) if "train/loss" in row}
+    logged = {
+        row["trainer/global_step"]: row["train/loss"] for row in wandb_records.history(runs[0]) if "train/loss" in row
+    }
     with open(tmp_path / "csv" / "metrics.csv", newline="") as handle:
-        expected = {int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(handle) if row.get("train/loss")}
+        expected = {
+            int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(handle) if row.get("train/loss")
+        }
     assert len(expected) >= 2 and sorted(logged) == sorted(expected)
     assert all(math.isclose(logged[step], loss, rel_tol=1e-6) for step, loss in expected.items())

@@ -11,8 +11,8 @@ from metrics.composition.circuits import head_circuits
 from metrics.composition.engine import composition_scores
 from metrics.composition.measures import frobenius_ratio
 from metrics.composition.reparametrize import residual_transform
-from metrics.snapshot import composition_of, take_snapshot
 from metrics.composition.whitening import embedding_covariance
+from metrics.snapshot import composition_of, take_snapshot
 from tests.conftest import random_model
 from tests.test_spectral import dense_reader_factors
 
@@ -80,8 +80,12 @@ def test_residual_gl_preserves_logits_and_whitened_scores_but_not_frobenius():
     for kind in "QKV":
         valid = ~before.composition["whitened"][kind].isnan()
         for whitened in ("whitened", "whitened_resid"):
-            torch.testing.assert_close(after.composition[whitened][kind][valid], before.composition[whitened][kind][valid], rtol=1e-4, atol=0)
-        change = (after.composition["frobenius"][kind][valid] - before.composition["frobenius"][kind][valid]).abs().max()
+            torch.testing.assert_close(
+                after.composition[whitened][kind][valid], before.composition[whitened][kind][valid], rtol=1e-4, atol=0
+            )
+        change = (
+            (after.composition["frobenius"][kind][valid] - before.composition["frobenius"][kind][valid]).abs().max()
+        )
         assert change > 1e-2, kind  # the plain ratio is not invariant
 
 
@@ -89,7 +93,9 @@ def test_residual_rotation_leaves_frobenius_unchanged():
     model = random_model(n_layers=2, n_heads=2)
     rotation = torch.linalg.qr(torch.randn(model.shape.d_model, model.shape.d_model)).Q
     before = composition_scores(head_circuits(model, torch.float64), frobenius_ratio)["frobenius"]["K"]
-    after = composition_scores(head_circuits(residual_transform(model, rotation), torch.float64), frobenius_ratio)["frobenius"]["K"]
+    after = composition_scores(head_circuits(residual_transform(model, rotation), torch.float64), frobenius_ratio)[
+        "frobenius"
+    ]["K"]
     valid = ~before.isnan()
     torch.testing.assert_close(after[valid], before[valid], rtol=1e-4, atol=0)
 
@@ -102,7 +108,11 @@ def test_with_shortformer_positions_the_embedding_covariance_is_the_tokens_alone
 
     for positions in ("standard", "shortformer"):
         model = seed002_like(positions, True)
-        rows = model.W_E.detach() if positions == "shortformer" else (model.W_E[:, None] + model.W_pos[None]).detach().flatten(0, 1)
+        rows = (
+            model.W_E.detach()
+            if positions == "shortformer"
+            else (model.W_E[:, None] + model.W_pos[None]).detach().flatten(0, 1)
+        )
         centred = rows - rows.mean(0)
         torch.testing.assert_close(embedding_covariance(model), centred.T @ centred / len(rows), rtol=1e-10, atol=1e-12)
 
@@ -113,6 +123,8 @@ def test_a_snapshot_of_a_model_with_seed_002s_options_has_every_part():
     from tests.test_transformer import seed002_like
 
     model = seed002_like("shortformer", True, "layernorm")
-    snap = take_snapshot(model, make_probe_batch(0, 4, 4, 10), tuple(COMPOSITION_MEASURES), 200, ablate=True, dtype=torch.float64)
+    snap = take_snapshot(
+        model, make_probe_batch(0, 4, 4, 10), tuple(COMPOSITION_MEASURES), 200, ablate=True, dtype=torch.float64
+    )
     assert snap.ablation is not None and snap.validity is not None and snap.copying is not None
     assert all(torch.isfinite(snap.composition[m]["K"][0, :, 1]).all() for m in COMPOSITION_MEASURES)

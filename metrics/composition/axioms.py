@@ -23,12 +23,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from metrics.heads.circuit_scores import matching_scores
 from metrics.composition.circuits import LowRank, head_circuits
 from metrics.composition.measures import COMPOSITION_MEASURES, Measure
-from metrics.composition.reparametrize import embedding_shift, query_key_transform, residual_transform, value_output_transform
+from metrics.composition.reparametrize import (
+    embedding_shift,
+    query_key_transform,
+    residual_transform,
+    value_output_transform,
+)
 from metrics.composition.scores import composition_of
-from metrics.heads.circuit_scores import MATCHING
+from metrics.heads.circuit_scores import MATCHING, matching_scores
 from models.transformer import AttentionOnlyTransformer
 
 LOGIT_TOLERANCE = 1e-5  # a reparametrisation must move no logit by more (float64)
@@ -99,7 +103,9 @@ def reparametrisations(model: AttentionOnlyTransformer, seed: int = 0) -> dict[s
     gaussian = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)
     rotation = torch.linalg.qr(gaussian(s.d_model, s.d_model)).Q
     general = gaussian(s.d_model, s.d_model) / s.d_model**0.5 + torch.eye(s.d_model, dtype=dtype)
-    per_head = lambda: gaussian(s.n_layers, s.n_heads, s.d_head, s.d_head) / s.d_head**0.5 + torch.eye(s.d_head, dtype=dtype)
+    per_head = lambda: (
+        gaussian(s.n_layers, s.n_heads, s.d_head, s.d_head) / s.d_head**0.5 + torch.eye(s.d_head, dtype=dtype)
+    )
     return {
         "residual rotation": residual_transform(model, rotation),
         "residual GL": residual_transform(model, general),
@@ -143,7 +149,10 @@ class AxiomTable:
 
 @torch.no_grad()
 def axiom_table(
-    model: AttentionOnlyTransformer, tokens: Tensor, measures: tuple[str, ...] = tuple(COMPOSITION_MEASURES), seed: int = 0
+    model: AttentionOnlyTransformer,
+    tokens: Tensor,
+    measures: tuple[str, ...] = tuple(COMPOSITION_MEASURES),
+    seed: int = 0,
 ) -> AxiomTable:
     """Axioms 1-3 for each measure, and axiom 4 for each measure and the matching score on a float64
     copy of ``model`` (logits compared on ``tokens [batch, pos]``)."""

@@ -31,7 +31,7 @@ import os
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +143,7 @@ def _summarise(scores: torch.Tensor) -> Baseline:
     return Baseline(scores.mean().item(), (scores.std() / math.sqrt(n)).item() if n > 1 else math.nan, n)
 
 
-@lru_cache(maxsize=None)
+@cache
 def random_baselines(d_model: int, d_head: int, n_samples: int = 2000, seed: int = 0) -> dict[str, Baseline]:
     """Every measure's baseline (mean and standard error over ``n_samples`` random pairs), by name.
 
@@ -159,7 +159,9 @@ def random_baselines(d_model: int, d_head: int, n_samples: int = 2000, seed: int
     return baselines
 
 
-def random_baseline(measure: Measure | str, d_model: int, d_head: int, n_samples: int = 2000, seed: int = 0) -> Baseline:
+def random_baseline(
+    measure: Measure | str, d_model: int, d_head: int, n_samples: int = 2000, seed: int = 0
+) -> Baseline:
     """The baseline of one measure (see :func:`random_baselines`)."""
     name = measure if isinstance(measure, str) else measure.name
     return random_baselines(d_model, d_head, n_samples, seed)[name]

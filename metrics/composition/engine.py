@@ -45,7 +45,9 @@ def head_spectra(circuits: HeadCircuits) -> tuple[Spectra, dict[str, Spectra]]:
     # LAPACK, not the arithmetic, is what a snapshot pays
     q, t = orthonormal_factor(torch.stack([ov.left, ov.right, qk.left, qk.right]))  # W_V, W_Oᵀ, W_Q, W_K
     q_v, q_o, q_q, q_k = q
-    p, s, wh = over_threads(torch.linalg.svd, torch.stack([t[0] @ t[1].mT, t[2] @ t[3].mT]))  # cores of W_OV = W_V W_O, W_QK = W_Q W_Kᵀ
+    p, s, wh = over_threads(
+        torch.linalg.svd, torch.stack([t[0] @ t[1].mT, t[2] @ t[3].mT])
+    )  # cores of W_OV = W_V W_O, W_QK = W_Q W_Kᵀ
     (p_ov, p_qk), (s_ov, s_qk), (wh_ov, wh_qk) = p, s.square(), wh
     writer = Spectra(q_o @ wh_ov.mT, s_ov)
     readers = {
@@ -144,8 +146,12 @@ def composition_scores(
         return {m.name: {kind: ratio[..., i, :, :, :, :] for i, kind in enumerate(kinds)} for m in measures}
     writer, readers = head_spectra(circuits)
     stats = all_pair_stats(
-        writer, {k: readers[k] for k in kinds}, L, H,
-        cosine_mass=any(m.needs_cosine_mass for m in measures), max_chunk_bytes=max_chunk_bytes,
+        writer,
+        {k: readers[k] for k in kinds},
+        L,
+        H,
+        cosine_mass=any(m.needs_cosine_mass for m in measures),
+        max_chunk_bytes=max_chunk_bytes,
     )
     scores = {m.name: m.score(stats).reshape(*lead, len(kinds), L, H, L, H) for m in measures}  # all kinds at once
     return {name: {kind: values[..., i, :, :, :, :] for i, kind in enumerate(kinds)} for name, values in scores.items()}
@@ -171,7 +177,9 @@ def gram_blocks(d_model: int) -> list[tuple[slice, slice]]:
     return [(cuts[i], cuts[j]) for i in range(pieces) for j in range(i, pieces)]
 
 
-def gram_frobenius(circuits: HeadCircuits, kinds: tuple[str, ...], max_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Tensor:
+def gram_frobenius(
+    circuits: HeadCircuits, kinds: tuple[str, ...], max_chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Tensor:
     """The Frobenius ratio ``‖A B‖_F / (‖A‖_F ‖B‖_F)`` (Elhage et al. 2021) of every writer → reader
     pair: ``[..., kind, L·H (writer), L·H (reader)]``, NaN unless the reader's layer is later.
 
@@ -190,10 +198,16 @@ def gram_frobenius(circuits: HeadCircuits, kinds: tuple[str, ...], max_chunk_byt
     n, K = L * H, len(kinds)
     blocks = gram_blocks(d)
     block_sizes = [(rows.stop - rows.start) * (cols.stop - cols.start) for rows, cols in blocks]
-    factors = {(c, side): getattr(getattr(circuits, c), side).reshape(-1, n, d, r) for c in ("qk", "ov") for side in ("left", "right")}
+    factors = {
+        (c, side): getattr(getattr(circuits, c), side).reshape(-1, n, d, r)
+        for c in ("qk", "ov")
+        for side in ("left", "right")
+    }
     small_grams = {key: f.mT @ f for key, f in factors.items()}  # (batch, n, r, r): W_Qᵀ W_Q, ... once each
 
-    def block_grams(inner: str, outer: str, heads: slice, into: list[Tensor] | None = None, off_diagonal: float = 1.0) -> list[Tensor]:
+    def block_grams(
+        inner: str, outer: str, heads: slice, into: list[Tensor] | None = None, off_diagonal: float = 1.0
+    ) -> list[Tensor]:
         """``inner (outerᵀ outer) innerᵀ`` of the heads ``heads`` (factors named by ``(circuit, side)``),
         block by block, each ``[batch, h, block]``, into the buffers ``into`` when given."""
         inner_factor = factors[inner][:, heads]
@@ -202,7 +216,11 @@ def gram_frobenius(circuits: HeadCircuits, kinds: tuple[str, ...], max_chunk_byt
         out = into or [left.new_empty(*shape, size) for size in block_sizes]
         for (rows, cols), buffer in zip(blocks, out):
             scaled = left[..., rows, :] if rows == cols or off_diagonal == 1.0 else off_diagonal * left[..., rows, :]
-            torch.matmul(scaled, inner_factor[..., cols, :].mT, out=buffer.view(*shape, rows.stop - rows.start, cols.stop - cols.start))
+            torch.matmul(
+                scaled,
+                inner_factor[..., cols, :].mT,
+                out=buffer.view(*shape, rows.stop - rows.start, cols.stop - cols.start),
+            )
         return out
 
     writer = (("ov", "right"), ("ov", "left"))  # A = W_V W_O: AᵀA = W_Oᵀ (W_Vᵀ W_V) W_O
@@ -218,24 +236,31 @@ def gram_frobenius(circuits: HeadCircuits, kinds: tuple[str, ...], max_chunk_byt
     # two groups at least: a group is scored against every writer before its last layer, so halving
     # it saves a quarter of the products (at 12 layers) while its GEMMs stay large
     layers_per_group = max(1, min(math.ceil((L - 1) / 2), max_chunk_bytes // (K * H * bytes_per_head)))
-    readers = [writer_norm.new_empty(batch, K * layers_per_group * H, size) for size in block_sizes]  # (batch, (kind, layer, head), block)
+    readers = [
+        writer_norm.new_empty(batch, K * layers_per_group * H, size) for size in block_sizes
+    ]  # (batch, (kind, layer, head), block)
     energy = writer_norm.new_full((batch, K, n, n), math.nan)
     for first in range(1, L, layers_per_group):
         layers = range(first, min(L, first + layers_per_group))
         heads, g = slice(first * H, (layers[-1] + 1) * H), len(layers) * H  # the group's heads, contiguous
         group = [buffer[:, : K * g] for buffer in readers]
         for k, pair in enumerate(readers_of):
-            block_grams(*pair, heads, [buffer[:, k * g:(k + 1) * g] for buffer in group], off_diagonal=2.0)
+            block_grams(*pair, heads, [buffer[:, k * g : (k + 1) * g] for buffer in group], off_diagonal=2.0)
         for w0 in range(0, layers[-1] * H, writers_per_chunk):
             w1 = min(layers[-1] * H, w0 + writers_per_chunk)
             writers = [w[:, w0:w1] for w in all_writers] if writers_fit else block_grams(*writer, slice(w0, w1))
-            products = sum(w @ q.mT for w, q in zip(writers, group)).unflatten(-1, (K, len(layers), H))  # (batch, w, K, g, H)
+            products = sum(w @ q.mT for w, q in zip(writers, group)).unflatten(
+                -1, (K, len(layers), H)
+            )  # (batch, w, K, g, H)
             for i, l2 in enumerate(layers):
                 if w0 < l2 * H:
                     end = min(w1, l2 * H)
-                    energy[:, :, w0:end, l2 * H:(l2 + 1) * H] = products[:, : end - w0, :, i].movedim(-2, -3)  # (batch, K, w, H)
+                    energy[:, :, w0:end, l2 * H : (l2 + 1) * H] = products[:, : end - w0, :, i].movedim(
+                        -2, -3
+                    )  # (batch, K, w, H)
     ratio = (energy.clamp_min(0) / (writer_norm[:, None, :, None] * reader_norm[:, :, None, :])).sqrt()
     return ratio.reshape(*lead, K, n, n)
+
 
 def layer_order_pairs(n_layers: int, n_heads: int) -> tuple[Tensor, Tensor]:
     """Flat head indices ``(writers [P], readers [P])`` of every pair with writer layer < reader layer."""
@@ -244,8 +269,17 @@ def layer_order_pairs(n_layers: int, n_heads: int) -> tuple[Tensor, Tensor]:
     return writers, readers
 
 
-def composition_flops(n_layers: int, n_heads: int, d_model: int, d_head: int, measures, kinds: int = 3,
-                      well_conditioned: bool = True, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES, itemsize: int = 4) -> float:
+def composition_flops(
+    n_layers: int,
+    n_heads: int,
+    d_model: int,
+    d_head: int,
+    measures,
+    kinds: int = 3,
+    well_conditioned: bool = True,
+    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    itemsize: int = 4,
+) -> float:
     """fp32 GEMM FLOPs of :func:`metrics.composition.scores.composition_of` for ``measures`` (names or
     :class:`Measure`), following its choices: the residual bases are scored together on small models
     and one at a time on large ones (``basis_groups``), and a group whose measures are all Frobenius
@@ -263,14 +297,20 @@ def composition_flops(n_layers: int, n_heads: int, d_model: int, d_head: int, me
     layer_pairs = n_layers * (n_layers - 1) / 2  # Σ over reader layers of the layers before it
     cosines = 2.0 * (n_heads * d_head) * d_model * (kinds * n_heads * d_head) * layer_pairs
     gram_entries = sum((rows.stop - rows.start) * (cols.stop - cols.start) for rows, cols in gram_blocks(d_model))
-    grams = 2.0 * gram_entries * d_head * (1 + kinds) * (n - n_heads) + 2.0 * gram_entries * kinds * n_heads * n_heads * layer_pairs
+    grams = (
+        2.0 * gram_entries * d_head * (1 + kinds) * (n - n_heads)
+        + 2.0 * gram_entries * kinds * n_heads * n_heads * layer_pairs
+    )
     whitening = 2.0 * d_model * d_model * d_head * 4 * n
     per_basis_bytes = 12 * n * d_model * d_head * itemsize  # as metrics.composition.scores.basis_groups counts
     stacked = len(by_basis) * per_basis_bytes <= max_chunk_bytes // 4
     groups = [list(by_basis)] if stacked else [[b] for b in by_basis]
     total = 0.0
     for group in groups:
-        gram_path = (all(m.score is frobenius_score for b in group for m in by_basis[b]) and uses_gram_products(d_model, d_head)
-                     and (well_conditioned or group == ["raw"]))
+        gram_path = (
+            all(m.score is frobenius_score for b in group for m in by_basis[b])
+            and uses_gram_products(d_model, d_head)
+            and (well_conditioned or group == ["raw"])
+        )
         total += len(group) * (grams if gram_path else cosines) + sum(b != "raw" for b in group) * whitening
     return total

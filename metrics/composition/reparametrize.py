@@ -34,7 +34,9 @@ def residual_transform(model: AttentionOnlyTransformer, T: Tensor) -> AttentionO
     return new
 
 
-def _per_head_transform(model: AttentionOnlyTransformer, A: Tensor, first: str, second: str, second_map) -> AttentionOnlyTransformer:
+def _per_head_transform(
+    model: AttentionOnlyTransformer, A: Tensor, first: str, second: str, second_map
+) -> AttentionOnlyTransformer:
     """``first -> first A``, ``second -> second_map(A, second)`` for every head; ``A [n_layers, n_heads, d_head, d_head]``."""
     new = copy.deepcopy(model)
     A = A.to(model.W_E.dtype)

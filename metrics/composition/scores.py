@@ -79,9 +79,15 @@ def composition_of(
         names = tuple(m for b in group for m in by_basis[b])
         measures_ = tuple(COMPOSITION_MEASURES[m] for m in names)
         # the Gram path sums products of whitened weights: accurate while the basis is well conditioned
-        gram_path = all(m.score is frobenius_score for m in measures_) and uses_gram_products(*circuits.qk.left.shape[-2:])
-        well_conditioned = gram_path and all(b == "raw" or whitenings[b].condition * torch.finfo(dtype).eps <= GRAM_ROUNDING for b in group)
-        by_measure = composition_scores(stacked, measures_, max_chunk_bytes=max_chunk_bytes, allow_gram=well_conditioned)
+        gram_path = all(m.score is frobenius_score for m in measures_) and uses_gram_products(
+            *circuits.qk.left.shape[-2:]
+        )
+        well_conditioned = gram_path and all(
+            b == "raw" or whitenings[b].condition * torch.finfo(dtype).eps <= GRAM_ROUNDING for b in group
+        )
+        by_measure = composition_scores(
+            stacked, measures_, max_chunk_bytes=max_chunk_bytes, allow_gram=well_conditioned
+        )
         for m in names:
             index = group.index(COMPOSITION_MEASURES[m].basis)
             scores[m] = {kind: values[index] for kind, values in by_measure[m].items()}

@@ -10,7 +10,9 @@ from torch import Tensor
 def token_losses(logits: Tensor, tokens: Tensor) -> Tensor:
     """Per-token loss ``[batch, pos - 1]``: entry ``j`` is the loss of predicting ``tokens[:, j + 1]``."""
     b, t, v = logits.shape
-    flat = F.cross_entropy(logits[:, :-1].reshape(-1, v), tokens[:, 1:].reshape(-1), reduction="none")  # no transposed copy
+    flat = F.cross_entropy(
+        logits[:, :-1].reshape(-1, v), tokens[:, 1:].reshape(-1), reduction="none"
+    )  # no transposed copy
     return flat.view(b, t - 1)
 
 

@@ -177,7 +177,9 @@ def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> 
             macs += H * e * d * 3 * He + R * t * e * 3 * He
         else:
             macs += R * (last_layer - attention_and_output(s) if after == 1 else t * d * 3 * He)
-        rest = attention_and_output(s) if after == 1 else attention_and_output(t) + (after - 2) * full_layer + last_layer
+        rest = (
+            attention_and_output(s) if after == 1 else attention_and_output(t) + (after - 2) * full_layer + last_layer
+        )
         macs += (R + b) * (rest + s * d * V)
     return 2.0 * macs
 
@@ -209,7 +211,9 @@ class _CleanRun:
         x, patterns = cache["resid_pre"], cache["pattern"]
         pos = model.positions(x[0].shape[1])
         # the cache keeps no q, k, v: recomputing the readers' costs one forward pass's projections
-        q, k, v = map(list, zip((None, None, None), *(_qkv(layer, x_l, pos) for layer, x_l in zip(model.layers[1:], x[1:]))))
+        q, k, v = map(
+            list, zip((None, None, None), *(_qkv(layer, x_l, pos) for layer, x_l in zip(model.layers[1:], x[1:])))
+        )
         z = None
         if _is_linear(model):  # the writers' pattern-weighted values, for their d_head-wide key change
             v[0] = _project(model.layers[0], x[0], model.layers[0].W_V, model.layers[0].b_V)
@@ -228,7 +232,9 @@ def _is_linear(model: AttentionOnlyTransformer) -> bool:
 # --- driver --------------------------------------------------------------------------------------
 
 
-def _ablate(model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: float, kind: str, with_loss: bool) -> tuple[Tensor, Tensor | None]:
+def _ablate(
+    model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: float, kind: str, with_loss: bool
+) -> tuple[Tensor, Tensor | None]:
     """Both effects (the loss only ``with_loss``) as ``[L, H, L, H]`` float64 CPU tensors."""
     was_training = model.training
     model.eval()
@@ -239,7 +245,9 @@ def _ablate(model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: fl
         pattern_change = torch.full((L * H, L * H), float("nan"), dtype=torch.float64)
         loss_change = pattern_change.clone()
         for l2 in range(1, L):
-            patterns, losses = _reader_layer_effects(model, clean, tokens, probe, l2, scale, kind, max_chunk_bytes, with_loss)
+            patterns, losses = _reader_layer_effects(
+                model, clean, tokens, probe, l2, scale, kind, max_chunk_bytes, with_loss
+            )
             pattern_change[: l2 * H, l2 * H : (l2 + 1) * H] = patterns.cpu().double()
             if with_loss:
                 loss_change[: l2 * H, l2 * H : (l2 + 1) * H] = losses.cpu().double()
@@ -248,8 +256,17 @@ def _ablate(model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: fl
     return pattern_change.reshape(L, H, L, H), loss_change.reshape(L, H, L, H) if with_loss else None
 
 
-def _reader_layer_effects(model, clean: _CleanRun, tokens: Tensor, probe: ProbeBatch, l2: int, scale: float, kind: str,
-                          max_chunk_bytes: int, with_loss: bool) -> tuple[Tensor, Tensor | None]:
+def _reader_layer_effects(
+    model,
+    clean: _CleanRun,
+    tokens: Tensor,
+    probe: ProbeBatch,
+    l2: int,
+    scale: float,
+    kind: str,
+    max_chunk_bytes: int,
+    with_loss: bool,
+) -> tuple[Tensor, Tensor | None]:
     """Both effects of ablating each writer (the ``W = l2 · H`` heads of layers < l2, flat order
     ``l1 · H + h1``) from the keys of each head of layer ``l2``: ``([W, H], [W, H] or None)``.
 
@@ -325,7 +342,9 @@ def _writer_replacements(per_layer: list[Tensor], kind: str) -> Tensor:
     return torch.cat([replacement_of(x, kind).transpose(0, 1) for x in per_layer])
 
 
-def _project(layer: nn.Module, x: Tensor, weights: Tensor, biases: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
+def _project(
+    layer: nn.Module, x: Tensor, weights: Tensor, biases: Tensor | None = None, pos: Tensor | None = None
+) -> Tensor:
     """``norm(x) [..., t, d]`` (plus shortformer positions ``pos [t, d]``) read by per-head
     ``weights [h, d, e]`` (plus ``biases [h, e]``) -> ``[..., h, t, e]``, as one ``d x h·e`` GEMM (a
     broadcast ``[b, 1, t, d] @ [h, d, e]`` would copy the weights b times)."""
@@ -343,7 +362,9 @@ def _qkv(layer: nn.Module, x: Tensor, pos: Tensor | None = None) -> tuple[Tensor
     """Queries, keys and values ``[..., H, t, e]`` of ``x [..., t, d]``, in one GEMM (two with
     shortformer positions ``pos [t, d]``, which only the queries and keys read)."""
     if pos is None:
-        return _project(layer, x, torch.cat([layer.W_Q, layer.W_K, layer.W_V]), _biases(layer, "b_Q", "b_K", "b_V")).chunk(3, dim=-3)
+        return _project(
+            layer, x, torch.cat([layer.W_Q, layer.W_K, layer.W_V]), _biases(layer, "b_Q", "b_K", "b_V")
+        ).chunk(3, dim=-3)
     q, k = _project(layer, x, torch.cat([layer.W_Q, layer.W_K]), _biases(layer, "b_Q", "b_K"), pos).chunk(2, dim=-3)
     return q, k, _project(layer, x, layer.W_V, layer.b_V)
 
@@ -370,7 +391,9 @@ class _AblatedKeys:
             W_O = torch.cat([layer.W_O for layer in model.layers[:l2]])  # (W, e, d)
             W_K = self.layer.W_K.permute(1, 0, 2).flatten(1)  # (d, H·e)
             self.write_to_keys = W_O @ W_K  # (W, e, H·e): W_O^{h1} W_K for every reader at once
-            self.reaches_keys = self.write_to_keys.unflatten(-1, (self.n_heads, -1)).ne(0).any(dim=-1).any(dim=1)  # (W, H)
+            self.reaches_keys = (
+                self.write_to_keys.unflatten(-1, (self.n_heads, -1)).ne(0).any(dim=-1).any(dim=1)
+            )  # (W, H)
             self.replacement = _writer_replacements(clean.z[:l2], kind)  # (W, b or 1, t or 1, e)
         else:
             self.replacement = _writer_replacements(clean.writes[:l2], kind)  # (W, b or 1, t or 1, d)
@@ -391,7 +414,9 @@ class _AblatedKeys:
         shift = self.scale * (self._replacement_rows(writers, sequences) - z)
         delta = (shift.flatten(1, 2) @ self.write_to_keys[writers]).view(w, s, t, self.n_heads, e).transpose(2, 3)
         moved = shift.ne(0).flatten(-2).any(dim=-1)[..., None] & self.reaches_keys[writers, None]
-        keys = torch.empty(w, s, self.n_heads, t, e, dtype=delta.dtype, device=delta.device)  # contiguous: q kᵀ needs no copy
+        keys = torch.empty(
+            w, s, self.n_heads, t, e, dtype=delta.dtype, device=delta.device
+        )  # contiguous: q kᵀ needs no copy
         return torch.add(self.clean.k[self.l2][sequences], delta, out=keys), moved
 
     def _normalized(self, writers: slice, sequences: slice) -> tuple[Tensor, Tensor]:
@@ -426,7 +451,9 @@ class _LayersAfter:
         else:  # the next read is layer l2 + 1's queries, keys and values
             self.clean_read = torch.cat([clean.q[l2 + 1], clean.k[l2 + 1], clean.v[l2 + 1]], dim=1)  # (b, 3H, t, e)
             following = model.layers[l2 + 1]
-            read_weight = torch.cat([following.W_Q, following.W_K, following.W_V]).permute(1, 0, 2).flatten(1)  # (d, 3H·e)
+            read_weight = (
+                torch.cat([following.W_Q, following.W_K, following.W_V]).permute(1, 0, 2).flatten(1)
+            )  # (d, 3H·e)
         self.write_to_read = self.W_O @ read_weight if self.linear else None  # (H, e, V or 3H·e)
         self.clean_losses = self._loss_sums(self.stream, self.clean_read, self.targets)  # (b,)
 
@@ -440,14 +467,18 @@ class _LayersAfter:
             stream = self.stream[sequences] + torch.einsum("whste,hed->whstd", delta_z, self.W_O)
         if self.linear:  # read the change through W_O^{h2} W_read: d_head wide, not d_model
             if self.last:
-                read = self.clean_read[sequences] + torch.einsum("whste,hev->whstv", delta_z[..., self.scored, :], self.write_to_read)
+                read = self.clean_read[sequences] + torch.einsum(
+                    "whste,hev->whstv", delta_z[..., self.scored, :], self.write_to_read
+                )
             else:
                 delta_read = torch.einsum("whste,hek->whstk", delta_z, self.write_to_read).unflatten(-1, (3 * H, e))
                 read = self.clean_read[sequences] + delta_read.transpose(-3, -2)  # (w, H, s, 3H, t, e)
             read = read.flatten(0, 2)
         else:
             read = None
-        losses = self._loss_sums(None if stream is None else stream.flatten(0, 2), read, self.targets[sequences].repeat(w * H, 1))
+        losses = self._loss_sums(
+            None if stream is None else stream.flatten(0, 2), read, self.targets[sequences].repeat(w * H, 1)
+        )
         delta = losses.view(w, H, s) - self.clean_losses[sequences]
         moved = delta_z.ne(0).flatten(-2).any(dim=-1)  # (w, H, s): an unmoved row changes nothing
         return torch.where(moved, delta, 0).sum(dim=-1)
@@ -460,14 +491,21 @@ class _LayersAfter:
             logits = read if read is not None else self.model.unembed(stream[:, self.scored])
         else:
             first_qkv = None if read is None else read.chunk(3, dim=1)
-            logits = self.model.unembed(_run_layers(self.model.layers[self.l2 + 1 :], stream, self.scored, first_qkv, self.pos))
+            logits = self.model.unembed(
+                _run_layers(self.model.layers[self.l2 + 1 :], stream, self.scored, first_qkv, self.pos)
+            )
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least float32, e.g. for a bf16 model
         losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
         return losses.view(len(targets), -1).sum(dim=1)
 
 
-def _run_layers(layers: nn.ModuleList, x: Tensor, scored: slice, first_qkv: tuple[Tensor, Tensor, Tensor] | None = None,
-                pos: Tensor | None = None) -> Tensor:
+def _run_layers(
+    layers: nn.ModuleList,
+    x: Tensor,
+    scored: slice,
+    first_qkv: tuple[Tensor, Tensor, Tensor] | None = None,
+    pos: Tensor | None = None,
+) -> Tensor:
     """The residual stream ``x [n, t, d]`` through ``layers``, at the ``scored`` positions only
     ``[n, s, d]``; ``first_qkv``: the first layer's queries, keys and values ``[n, H, t, e]``
     each, when already known; ``pos``: shortformer positions ``[t, d]``.

@@ -89,8 +89,13 @@ def key_attribution_effects(
     return KeyAblation(pattern_change, loss_change)
 
 
-def choose_method(shape: TransformerShape, probe_batch: int, probe_len: int, method: str = "auto",
-                  max_exact_flops: float = EXACT_MAX_FLOPS) -> str:
+def choose_method(
+    shape: TransformerShape,
+    probe_batch: int,
+    probe_len: int,
+    method: str = "auto",
+    max_exact_flops: float = EXACT_MAX_FLOPS,
+) -> str:
     """``"exact"`` or ``"attribution"``: ``method`` itself unless it is ``"auto"``, which picks exact
     while :func:`~metrics.ground_truth.ablation.ablation_cost` is below ``max_exact_flops``."""
     if method not in METHODS:
@@ -118,8 +123,9 @@ def ablation_effects(
     return compute(model, probe, clean_run, max_chunk_bytes=max_chunk_bytes, kind=kind), used
 
 
-def _first_order_loss_changes(model: AttentionOnlyTransformer, tokens: Tensor, probe: ProbeBatch, writes: list[Tensor],
-                              kind: str = "per_position") -> Tensor:
+def _first_order_loss_changes(
+    model: AttentionOnlyTransformer, tokens: Tensor, probe: ProbeBatch, writes: list[Tensor], kind: str = "per_position"
+) -> Tensor:
     """``[L, H, L, H]`` float64 CPU: ``Σ_{b,t} ⟨∂L/∂x_key^{h2}, write'_w - write_w⟩`` for every pair
     (``write'``: the replacement of ``kind``); ``writes[l]``: the clean run's head outputs ``[b, H, t, d]``."""
     L, H = model.shape.n_layers, model.shape.n_heads
@@ -134,7 +140,9 @@ def _first_order_loss_changes(model: AttentionOnlyTransformer, tokens: Tensor, p
     return loss_change
 
 
-def _key_input_gradients(model: AttentionOnlyTransformer, tokens: Tensor, probe: ProbeBatch, dtype: torch.dtype) -> list[Tensor]:
+def _key_input_gradients(
+    model: AttentionOnlyTransformer, tokens: Tensor, probe: ProbeBatch, dtype: torch.dtype
+) -> list[Tensor]:
     """``∂L/∂x_key`` of every head of layers 1 .. L-1, as ``[H, b·t·d]`` per layer, from one forward
     and one backward pass of a copy of the clean run in ``dtype``.
 
@@ -147,10 +155,14 @@ def _key_input_gradients(model: AttentionOnlyTransformer, tokens: Tensor, probe:
     weights = {name: p.detach().to(dtype) for name, p in model.named_parameters()}
     H, scored = model.shape.n_heads, slice(probe.repeat_start, probe.repeat_start + probe.n - 1)
     t, shortformer = tokens.shape[1], model.shape.positions == "shortformer"
-    pos = weights["W_pos"][:t] if shortformer else 0.0  # shortformer: added to the queries' and keys' normalized input only
+    pos = (
+        weights["W_pos"][:t] if shortformer else 0.0
+    )  # shortformer: added to the queries' and keys' normalized input only
     bias = lambda name: weights.get(name, 0.0)  # a model without biases adds nothing
     with torch.inference_mode(False), torch.enable_grad():
-        x = (weights["W_E"][tokens] + (0.0 if shortformer else weights["W_pos"][:t])).requires_grad_()  # the graph's root
+        x = (
+            weights["W_E"][tokens] + (0.0 if shortformer else weights["W_pos"][:t])
+        ).requires_grad_()  # the graph's root
         key_inputs = []
         for l, layer in enumerate(model.layers):
             W = {name: weights[f"layers.{l}.{name}"] for name in ("W_Q", "W_K", "W_V", "W_O")}
@@ -164,7 +176,11 @@ def _key_input_gradients(model: AttentionOnlyTransformer, tokens: Tensor, probe:
             else:
                 key_inputs.append(key_input := x[:, None].expand(-1, H, -1, -1))  # (b, H, t, d)
                 k = torch.einsum("bhtd,hde->bhte", norm(key_input) + pos, W["W_K"])
-            x = x + torch.einsum("bhte,hed->btd", causal_pattern(q, k + _per_head(b["b_K"])) @ v, W["W_O"]) + bias(f"layers.{l}.b_O")
+            x = (
+                x
+                + torch.einsum("bhte,hed->btd", causal_pattern(q, k + _per_head(b["b_K"])) @ v, W["W_O"])
+                + bias(f"layers.{l}.b_O")
+            )
         logits = _detached(model.final_norm, weights, "final_norm.")(x[:, scored]) @ weights["W_U"] + bias("b_U")
         targets = tokens[:, probe.repeat_start + 1 : probe.repeat_start + probe.n]
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # the repeated-token loss

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-
 LEVELS = ("writer", "reader")
 """The head-level readings beside the pair level, in the order they are logged."""
 
@@ -106,8 +105,10 @@ def agreements(scorers: dict[str, Tensor], effects: Tensor) -> dict[str, Agreeme
         return {name: agreement(scorers[name], effects) for name in names}
     pair = ranked_agreements(stack[:, valid[0]], effects[valid[0]])
     levels = {level: ranked_agreements(*batched_head_totals(stack, effects, level)) for level in LEVELS}
-    return {name: Agreement(pair[i].rank_of_truth, pair[i].spearman, **{level: levels[level][i] for level in LEVELS})
-            for i, name in enumerate(names)}
+    return {
+        name: Agreement(pair[i].rank_of_truth, pair[i].spearman, **{level: levels[level][i] for level in LEVELS})
+        for i, name in enumerate(names)
+    }
 
 
 def ranked_agreements(s: Tensor, e: Tensor) -> list[Agreement]:
@@ -137,7 +138,9 @@ def head_totals(scores: Tensor, effects: Tensor, level: str) -> tuple[Tensor, Te
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     if scores.shape != effects.shape or scores.dim() % 2:
-        raise ValueError(f"need two tensors of one shape with writer and reader axes, got {tuple(scores.shape)}, {tuple(effects.shape)}")
+        raise ValueError(
+            f"need two tensors of one shape with writer and reader axes, got {tuple(scores.shape)}, {tuple(effects.shape)}"
+        )
     totals, effect_totals = batched_head_totals(scores[None], effects, level)
     return totals[0], effect_totals
 

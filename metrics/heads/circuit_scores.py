@@ -60,8 +60,12 @@ def matching_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> 
         writers = slice(0, l2 * H)
         w = l2 * H
         # (w r, H r) blocks: [a, :, b, :] = W_O^a W_K^b, then W_V^aᵀ G W_Q^b
-        key_side = (ov.right[writers].mT.reshape(-1, d) @ qk.right[readers].permute(1, 0, 2).reshape(d, -1)).view(w, r, H, r)
-        query_side = (ov.left[writers].mT.reshape(-1, d) @ (token_gram @ qk.left[readers]).permute(1, 0, 2).reshape(d, -1)).view(w, r, H, r)
+        key_side = (ov.right[writers].mT.reshape(-1, d) @ qk.right[readers].permute(1, 0, 2).reshape(d, -1)).view(
+            w, r, H, r
+        )
+        query_side = (
+            ov.left[writers].mT.reshape(-1, d) @ (token_gram @ qk.left[readers]).permute(1, 0, 2).reshape(d, -1)
+        ).view(w, r, H, r)
         key_side, query_side = key_side.permute(0, 2, 1, 3), query_side.permute(0, 2, 1, 3)  # (w, H, r, r)
         full[writers, readers] = eigenvalue_positivity(key_side.mT @ query_side)
     return full.reshape(L, H, L, H)

@@ -83,11 +83,17 @@ def empirical_copying(
     tokens = tokens.to(pattern.device)
     keys = tokens.shape[-1]
     # the raise is only read on the sample's own ids (and its largest over the vocabulary, for top_rate)
-    on_keys = logits.gather(-1, tokens[None, :, None, None, :].expand(L, b, h, queries, keys)).relu_()  # (L, b, h, t', t)
+    on_keys = logits.gather(
+        -1, tokens[None, :, None, None, :].expand(L, b, h, queries, keys)
+    ).relu_()  # (L, b, h, t', t)
     repeats = (tokens[:, :, None] == tokens[:, None, :]).tril(-1).any(-1)  # (b, t): the id already occurs earlier
-    on_sample = on_keys.masked_fill(repeats[None, :, None, None, :], 0.0).sum(-1)  # (L, b, h, t'): summed over distinct ids
+    on_sample = on_keys.masked_fill(repeats[None, :, None, None, :], 0.0).sum(
+        -1
+    )  # (L, b, h, t'): summed over distinct ids
     top_key = pattern[..., first_query:, :].argmax(-1)  # (L, b, h, t'): the key attended to most
     on_attended = on_keys.gather(-1, top_key[..., None]).squeeze(-1)  # (L, b, h, t'): the raise of the attended token
-    ratio = torch.where(on_sample > 0, on_attended / on_sample.clamp_min(torch.finfo(logits.dtype).tiny), 0.0).clamp(max=1.0)
+    ratio = torch.where(on_sample > 0, on_attended / on_sample.clamp_min(torch.finfo(logits.dtype).tiny), 0.0).clamp(
+        max=1.0
+    )
     top = (on_attended > 0) & (on_attended >= logits.amax(-1))  # max of the ReLU = ReLU of the max
     return EmpiricalCopying(score=(2 * ratio - 1).mean(dim=(1, 3)), top_rate=top.to(logits.dtype).mean(dim=(1, 3)))
