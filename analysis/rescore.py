@@ -214,9 +214,7 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
     w = request.cfg.logger.wandb
     if not w.enabled:
         return []
-    from lightning.pytorch.loggers import WandbLogger
-
-    from conf.build import wandb_mode
+    from conf.build import wandb_logger, wandb_mode
     from records.wandb_reach import effective_mode
 
     run = trajectory.run
@@ -230,7 +228,7 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
         "wandb_id": run.get("wandb_id"),
     }
     return [
-        WandbLogger(
+        wandb_logger(
             project=w.project,
             entity=w.entity,
             group=run.get("wandb_group") or trained_as,

@@ -45,7 +45,14 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from callbacks.tracker import CompositionTracker
-from conf.build import build_datamodule, build_module, build_sampler, build_shape, build_tracker
+from conf.build import (
+    build_datamodule,
+    build_module,
+    build_sampler,
+    build_shape,
+    build_tracker,
+    silence_known_warnings,
+)
 from conf.schema import register_schemas
 from conf.validate import ConfigError, validate
 from data.datamodule import TokenStream
@@ -155,7 +162,7 @@ def quiet_lightning() -> None:
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*no logger configured.*")
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")  # torch vs. lightning's pytree helper
+    silence_known_warnings()
 
 
 def main(argv: list[str] | None = None) -> dict:

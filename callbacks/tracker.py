@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 from data.probe import ProbeBatch
+from metrics.composition.baseline import cache_directory, random_baselines
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_flops
 from metrics.composition.whitening import Whitening
 from metrics.snapshot import Snapshot, take_snapshot
@@ -162,10 +163,19 @@ class CompositionTracker(L.Callback):
         self.maybe_measure(trainer, pl_module)
 
     def open(self, model, first_step: int) -> None:
-        """Get ready to measure ``model`` from ``first_step`` on: the snapshot's threads, and the
-        tensor store, cut back to before ``first_step`` (a resumed run measures its first step again)."""
+        """Get ready to measure ``model`` from ``first_step`` on: the snapshot's threads, the random
+        baselines (sampled once per shape and cached on disk: a one-time cost, so it is paid here and
+        left out of the cost report's estimate), and the tensor store, cut back to before
+        ``first_step`` (a resumed run measures its first step again)."""
         if self.num_threads is None:
             self.num_threads = auto_threads(model.shape, self.measures)
+        started = time.perf_counter()
+        random_baselines(model.shape.d_model, model.shape.d_head, self.baseline_samples)
+        if (seconds := time.perf_counter() - started) > 1.0:
+            print(
+                f"random baselines for d_model {model.shape.d_model}, d_head {model.shape.d_head}: sampled once in {seconds:.1f} s"
+                f" (cached in {cache_directory()})"
+            )
         if self.store_dir is not None:
             self.store = TensorStore(self.store_dir)
             self.store.truncate_after(first_step - 1)

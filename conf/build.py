@@ -6,6 +6,7 @@ import os
 import secrets
 import string
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +177,15 @@ def swept_keys(sweep_dir: Path) -> set[str]:
     return keys | set(params)
 
 
+def wandb_logger(**options) -> WandbLogger:
+    """Lightning's ``WandbLogger`` without the ``anonymous=None`` it always passes to ``wandb.init``:
+    wandb 0.31 warns that the setting "has no effect" whenever it is given at all."""
+    logger = WandbLogger(**options)
+    if logger._wandb_init.get("anonymous") is None:  # the one private field: Lightning offers no way to leave it out
+        logger._wandb_init.pop("anonymous", None)
+    return logger
+
+
 def build_loggers(
     cfg: DictConfig,
     run_dir: Path,
@@ -188,7 +198,7 @@ def build_loggers(
     if w.enabled:
         mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, run_dir)  # online only if the server answers
         loggers.append(
-            WandbLogger(
+            wandb_logger(
                 project=w.project,
                 entity=w.entity,
                 group=naming.group,
@@ -293,10 +303,30 @@ def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     )
 
 
+def silence_known_warnings() -> None:
+    """Two warnings every run printed that nobody can act on, each matched by message and module
+    (every other warning is shown): Lightning 2.6's pytree helper tests ``isinstance(spec, LeafSpec)``,
+    which torch 2.13 deprecates at every fit; and Lightning's hint to start with ``srun`` wherever
+    SLURM is installed, which does not apply here: a run under ``sbatch`` (or submitit) is requeued
+    by ``runtime/slurm.py`` itself, without ``srun`` (tests/test_slurm.py)."""
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )
+    warnings.filterwarnings(
+        "ignore",
+        message=r"The `srun` command is available on your system but is not used",
+        module=r"lightning\.fabric\.plugins\.environments\.slurm",
+    )
+
+
 def build_trainer(
     cfg: DictConfig, run_dir: Path, continuation: Continuation = Continuation(), naming: WandbNaming = WandbNaming()
 ) -> L.Trainer:
     """The trainer, its loggers and callbacks; the W&B run is the continued one or a new id."""
+    silence_known_warnings()
     t = cfg.trainer
     interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar
     wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
