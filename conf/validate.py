@@ -110,8 +110,46 @@ def resume_problems(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Keys under ``node`` that its schema does not define: ``+trainer.max_step=10`` adds one without
+    a word from Hydra, and a misspelt option would otherwise change nothing."""
+    import dataclasses
+
+    from conf.schema import Config
+
+    schema = Config if prefix == "" else OmegaConf.get_type(node)  # Hydra's composed root is a plain dict
+    known = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    found = []
+    for key in node:
+        if prefix == "" and key == "hydra":
+            continue
+        if known is not None and key not in known:
+            found.append(f"{prefix}{key}")
+        elif OmegaConf.is_dict(child := node._get_node(key)) and not child._is_missing() and not child._is_none():
+            found += unknown_keys(child, f"{prefix}{key}.")
+    return found
+
+
+def non_finite_floats(node, prefix: str = "") -> list[str]:
+    """``key=value`` for every float option that is NaN or infinite."""
+    if OmegaConf.is_dict(node):
+        return [
+            bad for key in node if key != "hydra" for bad in non_finite_floats(node._get_node(key), f"{prefix}{key}.")
+        ]
+    if OmegaConf.is_list(node):
+        return [bad for i, item in enumerate(node) for bad in non_finite_floats(node._get_node(i), f"{prefix}{i}.")]
+    value = node._value() if not node._is_missing() else None
+    return [f"{prefix.rstrip('.')}={value}"] if isinstance(value, float) and not math.isfinite(value) else []
+
+
 def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     """Every problem found in ``cfg``, as one readable sentence each (empty when it can run)."""
+    if unknown := unknown_keys(cfg):
+        return [
+            f"unknown option{'s' * (len(unknown) > 1)} {', '.join(sorted(unknown))} (not in the schema, conf/schema.py; a typo?)"
+        ]
+    if non_finite := non_finite_floats(cfg):
+        return [f"{', '.join(non_finite)}: need a finite number"]
     m, d, t, tr = cfg.model, cfg.data, cfg.trainer, cfg.tracker
     problems = []
     for key in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx"):

@@ -17,6 +17,7 @@ Multirun jobs get their directories from the launcher; ``train.py`` validates ea
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +36,18 @@ def task_config(config: DictConfig) -> DictConfig:
     return OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
 
 
+def why_not_creatable(directory: Path) -> str | None:
+    """Why ``directory`` cannot be made, or None once it exists (Hydra would make it next anyway;
+    made here, a failure is one line rather than Hydra's traceback)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"{error.strerror} ({error.filename})"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "it is not writable"
+    return None
+
+
 def run_dir_overridden(config: DictConfig) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in config.hydra.overrides.hydra)
 
@@ -44,6 +57,9 @@ class RunGuard(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         release_startup_errors()  # the command line composed: from here on, stderr is the launcher's
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        if (why := why_not_creatable(sweep_dir)) is not None:
+            sys.exit(f"error: cannot make the sweep directory {sweep_dir}: {why}")
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         release_startup_errors()
@@ -62,6 +78,8 @@ class RunGuard(Callback):
             validate(task_config(config))
         except ConfigError as error:
             sys.exit(f"config error: {error}")
+        if (why := why_not_creatable(run_dir)) is not None:
+            sys.exit(f"error: cannot make the run directory {run_dir}: {why}")
         found = holds_a_run(run_dir) if run_dir.is_dir() else []
         if found and in_place != run_dir:
             sys.exit(

@@ -59,7 +59,11 @@ BAD_INPUTS = [
         ["trajectory.budget_mb=0.1"],
         "trajectory.budget_mb=0.1: a budget of 0.1 MB holds fewer than the first and last step",
     ),
-    (["trajectory.threshold=nan"], "trajectory.threshold=nan must be a finite number > 0"),
+    (["trajectory.threshold=nan"], "trajectory.threshold=nan: need a finite number"),
+    (["optim.lr=nan"], "optim.lr=nan: need a finite number"),
+    (["optim.lr=inf", "data.concentration=-inf"], "optim.lr=inf, data.concentration=-inf: need a finite number"),
+    (["+trainer.max_step=10"], "unknown option trainer.max_step (not in the schema"),
+    (["+tracker.ablation.evry_n_steps=10", "+seeed=3"], "unknown options seeed, tracker.ablation.evry_n_steps"),
     (["trajectory.trigger=sometimes"], "expected one of"),
     (["trainer.log_every_n_steps=0"], "must be >= 1"),
     (["trainer.accelerator=tpu"], "trainer.accelerator='tpu' must be one of"),
@@ -103,3 +107,12 @@ def test_bad_input_is_one_line_before_anything_is_created(tmp_path, overrides, m
     assert not run_dir.exists()  # no run directory, no .hydra/, no W&B run
     assert not list(tmp_path.rglob("wandb"))
     assert not (tmp_path / "payload-ran").exists()  # a crafted checkpoint's code never ran
+
+
+def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "a_file").write_text("not a directory")
+    result = run_train(["trainer.max_steps=2"], tmp_path / "a_file" / "run", timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert "cannot make the run directory" in lines[0] and "Not a directory" in lines[0], lines[0]
+    assert (tmp_path / "a_file").read_text() == "not a directory"
