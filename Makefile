@@ -38,7 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.throughput $(ARGS)
 
 axioms: $(STAMP)
-	$(BIN)/python -m bench.axioms $(ARGS)
+	$(BIN)/python -m bench.axiom_table $(ARGS)
 
 figure: $(STAMP)
 	$(BIN)/python -m reports.run_report $(RUN)

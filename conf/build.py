@@ -151,7 +151,7 @@ def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = 
     w = cfg.logger.wandb
     shown = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/", "logger.", "resume"))]
     tags = tuple(dict.fromkeys([*w.tags, *(o[:WANDB_TAG_LENGTH] for o in shown)]))
-    swept = swept_keys(Path(sweep_dir)) if sweep_dir else set()
+    swept = keys_swept_by(Path(sweep_dir)) if sweep_dir else set()
     named = [o for o in shown if o.lstrip("+~").split("=", 1)[0] in swept] or shown
     return WandbNaming(
         group=w.group or (str(sweep_dir) if sweep_dir else None), name=w.name or (" ".join(named) or None), tags=tags
@@ -161,7 +161,7 @@ def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = 
 SWEEP_SYNTAX = ("choice(", "range(", "interval(", "glob(", "tag(", "shuffle(", "sort(")
 
 
-def swept_keys(sweep_dir: Path) -> set[str]:
+def keys_swept_by(sweep_dir: Path) -> set[str]:
     """The keys a sweep varies, from the ``multirun.yaml`` Hydra writes before it launches the jobs:
     its overrides with several values (``seed=0,1``, ``range(...)``), and an optimizing sweeper's params."""
     try:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from models.transformer import AttentionOnlyTransformer, TransformerShape
+from models.transformer import AttentionOnlyTransformer, InitScheme, TransformerShape
 
 
 def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -28,7 +28,7 @@ class InductionLM(L.LightningModule):
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_steps: int = 0,
-        init: str = "fan_in",
+        init: InitScheme = "fan_in",
         init_std: float | None = None,
     ) -> None:
         super().__init__()

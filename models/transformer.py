@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from einops import einsum
 from torch import Tensor, nn
 
-NORMALIZATIONS = ("none", "layernorm", "rmsnorm")
-POSITIONS = ("standard", "shortformer")
+Normalization = Literal["none", "layernorm", "rmsnorm"]
+Positions = Literal["standard", "shortformer"]
+InitScheme = Literal["fan_in", "normal", "gpt2"]
+NORMALIZATIONS: tuple[Normalization, ...] = get_args(Normalization)
+POSITIONS: tuple[Positions, ...] = get_args(Positions)
 """Where the learned positions enter: the residual stream (``standard``), or only the inputs of the
 queries and keys (``shortformer``, Press et al. 2021; EasyTransformer's option, which seed 002's run used)."""
-INITS = ("fan_in", "normal", "gpt2")
+INITS: tuple[InitScheme, ...] = get_args(InitScheme)
 """Weight initialisations: N(0, 1/fan-in); N(0, init_std²) for every ``W_*``; EasyTransformer's
 "gpt2" mode, N(0, (0.8/sqrt(d_model))²) for every ``W_*``. Biases start at 0 and norm gains at 1."""
 
@@ -35,8 +39,8 @@ class TransformerShape:
     d_head: int = 16
     n_ctx: int = 64
     d_vocab: int = 64
-    normalization: str = "none"
-    positions: str = "standard"
+    normalization: Normalization = "none"
+    positions: Positions = "standard"
     biases: bool = False  # b_Q, b_K, b_V [n_heads, d_head] and b_O [d_model] per layer, b_U [d_vocab]
 
     def __post_init__(self) -> None:
@@ -57,7 +61,7 @@ class TransformerShape:
         return self.d_vocab * d + self.n_ctx * d + self.n_layers * per_layer + gains + d * self.d_vocab + unembed_bias
 
 
-def make_norm(kind: str, d_model: int) -> nn.Module:
+def make_norm(kind: Normalization, d_model: int) -> nn.Module:
     """Pre-attention normalization with a gain and no bias, so the gain (and LayerNorm's centring)
     folds into reading weights."""
     if kind == "layernorm":
@@ -173,7 +177,7 @@ class AttentionOnlyTransformer(nn.Module):
     stream holds the tokens alone and ``W_pos`` reaches only the queries' and keys' inputs.
     """
 
-    def __init__(self, shape: TransformerShape, init: str = "fan_in", init_std: float | None = None) -> None:
+    def __init__(self, shape: TransformerShape, init: InitScheme = "fan_in", init_std: float | None = None) -> None:
         """``init`` (:data:`INITS`): ``normal`` draws every weight matrix from N(0, init_std²) (the
         old library default of 0.02 that seed 002's script documents), ``gpt2`` from
         N(0, (0.8/sqrt(d_model))²), EasyTransformer's ``init_mode="gpt2"``; biases stay 0, gains 1."""

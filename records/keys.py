@@ -131,7 +131,7 @@ def snapshot_metrics(
     for key, attribute in HEAD_SCORES.items():
         scores = getattr(snap, attribute)
         if scores is not None:
-            metrics.update(head_metrics(f"heads/{key}", _numpy(scores), max_head_keys))
+            metrics.update(head_metrics(f"heads/{key}", _as_numpy(scores), max_head_keys))
     shape = _pair_shape(snap)
     if shape is not None:
         n_measures = len(snap.composition) if n_measures is None else n_measures
@@ -139,12 +139,12 @@ def snapshot_metrics(
         families = PairFamilies(per_pair, top_pairs, snap.circuit)
         metrics.update(composition_metrics(snap, families))
         if snap.matching is not None:
-            metrics.update(families.metrics("match", _numpy(snap.matching), "match", "top/match"))
+            metrics.update(families.metrics("match", _as_numpy(snap.matching), "match", "top/match"))
         if snap.ablation is not None:
             for effect, values in snap.ablation.effects().items():
                 metrics.update(
                     families.metrics(
-                        f"ablation/{effect}", _numpy(values), f"ablation/{effect}", f"top/ablation/{effect}"
+                        f"ablation/{effect}", _as_numpy(values), f"ablation/{effect}", f"top/ablation/{effect}"
                     )
                 )
     metrics.update(validity_metrics(snap))
@@ -243,7 +243,7 @@ def composition_metrics(snap: Snapshot, families: PairFamilies) -> dict[str, flo
         if baseline is not None:
             metrics[f"comp/baseline/{measure}"] = baseline.mean
             metrics[f"comp/baseline/{measure}_stderr"] = baseline.stderr
-        raw = {kind: _numpy(scores) for kind, scores in by_kind.items() if scores is not None}
+        raw = {kind: _as_numpy(scores) for kind, scores in by_kind.items() if scores is not None}
         for kind, scores in raw.items():
             top = f"top/{kind}/{measure}" if kind == KINDS_RANKED else None
             metrics.update(families.metrics(f"comp/{kind}/{measure}", scores, top_prefix=top))
@@ -288,7 +288,7 @@ def _pair_shape(snap: Snapshot) -> tuple[int, int] | None:
     return None
 
 
-def _numpy(values) -> np.ndarray:
+def _as_numpy(values) -> np.ndarray:
     """A CPU numpy copy of a tensor (or an array as is), in its own precision if numpy has it
     (float32, float64), else float32 (numpy has no bfloat16)."""
     if not hasattr(values, "detach"):

@@ -163,23 +163,23 @@ def snapshot_tensors(snap: Snapshot) -> dict[str, np.ndarray]:
     for measure, by_kind in (snap.composition or {}).items():
         for kind, scores in by_kind.items():
             if scores is not None:
-                tensors[f"comp/{kind}/{measure}"] = _numpy(scores)
+                tensors[f"comp/{kind}/{measure}"] = _as_float32(scores)
         baseline = (snap.baselines or {}).get(measure)
         if baseline is not None:
             tensors[f"comp/baseline/{measure}"] = np.array([baseline.mean, baseline.stderr])
     if snap.matching is not None:
-        tensors["match"] = _numpy(snap.matching)
+        tensors["match"] = _as_float32(snap.matching)
     if snap.ablation is not None:
         for effect, values in snap.ablation.effects().items():
-            tensors[f"ablation/{effect}"] = _numpy(values)
+            tensors[f"ablation/{effect}"] = _as_float32(values)
     for key, attribute in HEAD_SCORES.items():
         scores = getattr(snap, attribute)
         if scores is not None:
-            tensors[f"heads/{key}"] = _numpy(scores)
+            tensors[f"heads/{key}"] = _as_float32(scores)
     return tensors
 
 
-def _numpy(values) -> np.ndarray:
+def _as_float32(values) -> np.ndarray:
     return values.detach().float().cpu().numpy() if hasattr(values, "detach") else np.asarray(values, dtype=VALUE_DTYPE)
 
 

@@ -199,7 +199,7 @@ def final_circuit_pair(run_dir: Path) -> str:
     return f"L{l1}H{h1}->L{l2}H{h2}"
 
 
-def swept_keys(jobs: list[Job]) -> list[str]:
+def keys_varying_across(jobs: list[Job]) -> list[str]:
     """The overrides whose values differ between jobs, seeds last."""
     keys = sorted({k for job in jobs for k in job.overrides})
     varying = [k for k in keys if len({job.overrides.get(k) for job in jobs}) > 1]
@@ -439,7 +439,7 @@ def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str |
         raise FileNotFoundError(
             f"no run directories (with .hydra/overrides.yaml) or W&B offline runs under {', '.join(map(str, paths))}"
         )
-    swept = swept_keys(jobs)
+    swept = keys_varying_across(jobs)
     settings = [k for k in swept if k not in SEED_KEYS]
     first = paths[0] if paths[0].is_dir() and not paths[0].name.startswith("offline-run-") else paths[0].parent
     report = SweepReport(Path(out_dir or first), jobs, swept, job_rows(jobs, swept), group_rows(jobs, swept))

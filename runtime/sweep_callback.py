@@ -14,7 +14,9 @@ from omegaconf import DictConfig
 from records.layout import SWEEP_ALIGNED_FIGURE, SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE
 
 
-class SweepReport(Callback):
+class SweepEndReport(Callback):
+    """At the end of a multirun: the sweep report, printed, logged to W&B, and a non-zero exit when a job failed."""
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from reports.sweep_report import print_sweep_report, sweep_report  # matplotlib: only when needed
 

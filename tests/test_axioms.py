@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from bench.axioms import train_small_model
+from bench.axiom_table import train_small_model
 from data.probe import make_probe_batch
 from metrics.composition.axioms import PATH_POINTS, axiom_table, constructed_scores
 from metrics.snapshot import COMPOSITION_MEASURES
@@ -117,7 +117,11 @@ def test_the_logit_check_catches_a_map_that_is_no_symmetry():
 @pytest.mark.slow
 def test_axioms_command_prints_the_table():
     result = subprocess.run(
-        [sys.executable, "-m", "bench.axioms", "--steps", "20"], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "bench.axiom_table", "--steps", "20"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     rows = {
@@ -132,6 +136,6 @@ def test_axioms_command_prints_the_table():
     )  # the embedding shift
     assert "**changes**" in rows["frobenius"].split("|")[7]  # the residual GL column
     bad = subprocess.run(
-        [sys.executable, "-m", "bench.axioms", "--steps", "-1"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "bench.axiom_table", "--steps", "-1"], cwd=REPO, capture_output=True, text=True
     )
     assert bad.returncode == 2 and "--steps=-1" in bad.stderr

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -118,14 +119,19 @@ class Measure:
 
     name: str
     score: Callable[[PairStats], Tensor]
-    basis: str = "raw"
+    basis: Basis = "raw"
     needs_cosine_mass: bool = False
 
     def __call__(self, writer: LowRank, reader: LowRank) -> Tensor:
         return self.score(aligned_pair_stats(writer, reader))
 
 
-COMPOSITION_MEASURES: dict[str, Measure] = {
+MeasureName = Literal[
+    "frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share"
+]
+Basis = Literal["raw", "embedding", "residual", "token"]
+
+COMPOSITION_MEASURES: dict[MeasureName, Measure] = {
     m.name: m
     for m in (
         Measure("frobenius", frobenius_score),
@@ -139,6 +145,7 @@ COMPOSITION_MEASURES: dict[str, Measure] = {
     )
 }
 """The composition measures the tracker can compute, by name (in ``docs/measures.md``'s order): one line per measure."""
+assert tuple(COMPOSITION_MEASURES) == get_args(MeasureName), "MeasureName lists every measure, in order"
 
 frobenius_ratio = COMPOSITION_MEASURES["frobenius"]
 singular_value_bound_ratio = COMPOSITION_MEASURES["sv_bound"]

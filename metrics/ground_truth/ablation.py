@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -48,10 +49,11 @@ from data.probe import ProbeBatch
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20  # the same budget as the composition engine's chunks
-ABLATION_KINDS = ("per_position", "pooled", "resample")
+AblationKind = Literal["per_position", "pooled", "resample"]
+ABLATION_KINDS: tuple[AblationKind, ...] = get_args(AblationKind)
 
 
-def replacement_of(outputs: Tensor, kind: str = "per_position") -> Tensor:
+def replacement_of(outputs: Tensor, kind: AblationKind = "per_position") -> Tensor:
     """What replaces each head's output in an ablation of ``kind``: ``outputs [b, H, t, ·]`` ->
     ``[1, H, t, ·]`` (per_position: the batch mean at each position), ``[1, H, 1, ·]`` (pooled: the
     mean over batch and positions) or ``[b, H, t, ·]`` (resample: the next sequence's, cyclically)."""
@@ -88,7 +90,7 @@ def key_ablation_effects(
     *,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     scale: float = 1.0,
-    kind: str = "per_position",
+    kind: AblationKind = "per_position",
 ) -> KeyAblation:
     """The K-only ablation effect of every earlier->later head pair on ``probe``.
 
@@ -112,7 +114,7 @@ def key_pattern_changes(
     *,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     scale: float = 1.0,
-    kind: str = "per_position",
+    kind: AblationKind = "per_position",
 ) -> Tensor:
     """``pattern_change`` of :func:`key_ablation_effects` alone, ``[L, H, L, H]`` float64 on CPU:
     it needs only the reader's layer, so no layer after it is run."""
@@ -233,7 +235,7 @@ def _is_linear(model: AttentionOnlyTransformer) -> bool:
 
 
 def _ablate(
-    model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: float, kind: str, with_loss: bool
+    model, probe: ProbeBatch, clean_run, max_chunk_bytes: int, scale: float, kind: AblationKind, with_loss: bool
 ) -> tuple[Tensor, Tensor | None]:
     """Both effects (the loss only ``with_loss``) as ``[L, H, L, H]`` float64 CPU tensors."""
     was_training = model.training
@@ -263,7 +265,7 @@ def _reader_layer_effects(
     probe: ProbeBatch,
     l2: int,
     scale: float,
-    kind: str,
+    kind: AblationKind,
     max_chunk_bytes: int,
     with_loss: bool,
 ) -> tuple[Tensor, Tensor | None]:
@@ -336,7 +338,7 @@ def _writer_rows(per_layer: list[Tensor], writers: slice, sequences: slice, n_he
     return torch.stack([per_layer[w // n_heads][sequences, w % n_heads] for w in range(writers.start, writers.stop)])
 
 
-def _writer_replacements(per_layer: list[Tensor], kind: str) -> Tensor:
+def _writer_replacements(per_layer: list[Tensor], kind: AblationKind) -> Tensor:
     """``[W, b or 1, t or 1, ·]``: each writer's replacement (:func:`replacement_of`) from per-layer
     ``[b, H, t, ·]`` tensors, in flat writer order."""
     return torch.cat([replacement_of(x, kind).transpose(0, 1) for x in per_layer])
@@ -381,7 +383,7 @@ def _merge_heads(z: Tensor, W_O: Tensor, b_O: Tensor | None = None) -> Tensor:
 class _AblatedKeys:
     """The keys of reader layer l2's heads with one writer's write moved ``scale`` of the way to its replacement."""
 
-    def __init__(self, model, clean: _CleanRun, l2: int, scale: float, kind: str) -> None:
+    def __init__(self, model, clean: _CleanRun, l2: int, scale: float, kind: AblationKind) -> None:
         self.layer, self.clean, self.l2, self.scale = model.layers[l2], clean, l2, scale
         self.pos = model.positions(clean.stream[0].shape[1])
         self.n_heads = model.shape.n_heads

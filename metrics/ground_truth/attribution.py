@@ -34,6 +34,8 @@ the larger part for deep models). Memory: the clean run, plus the key-input grad
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -42,6 +44,7 @@ from torch.func import functional_call
 from data.probe import ProbeBatch
 from metrics.ground_truth.ablation import (
     DEFAULT_MAX_CHUNK_BYTES,
+    AblationKind,
     KeyAblation,
     ablation_cost,
     key_ablation_effects,
@@ -50,7 +53,8 @@ from metrics.ground_truth.ablation import (
 )
 from models.transformer import AttentionOnlyTransformer, TransformerShape, causal_pattern
 
-METHODS = ("exact", "attribution", "auto")
+AblationMethod = Literal["exact", "attribution", "auto"]
+METHODS: tuple[AblationMethod, ...] = get_args(AblationMethod)
 EXACT_MAX_FLOPS = 2e10
 """``auto`` runs the exact ablation while :func:`~metrics.ground_truth.ablation.ablation_cost` is
 below this, else attribution patching. Measured on one CPU core (probe of 32 x 33 tokens): the
@@ -65,7 +69,7 @@ def key_attribution_effects(
     clean_run: tuple[Tensor, dict] | None = None,
     *,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
-    kind: str = "per_position",
+    kind: AblationKind = "per_position",
 ) -> KeyAblation:
     """The K-only ablation of every earlier->later head pair, with ``loss_change`` estimated to
     first order (see the module docstring) and ``pattern_change`` exact.
@@ -93,7 +97,7 @@ def choose_method(
     shape: TransformerShape,
     probe_batch: int,
     probe_len: int,
-    method: str = "auto",
+    method: AblationMethod = "auto",
     max_exact_flops: float = EXACT_MAX_FLOPS,
 ) -> str:
     """``"exact"`` or ``"attribution"``: ``method`` itself unless it is ``"auto"``, which picks exact
@@ -108,12 +112,12 @@ def choose_method(
 def ablation_effects(
     model: AttentionOnlyTransformer,
     probe: ProbeBatch,
-    method: str = "auto",
+    method: AblationMethod = "auto",
     clean_run: tuple[Tensor, dict] | None = None,
     *,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     max_exact_flops: float = EXACT_MAX_FLOPS,
-    kind: str = "per_position",
+    kind: AblationKind = "per_position",
 ) -> tuple[KeyAblation, str]:
     """The K-only ablation effects of every pair and the method that computed them
     (``"exact"`` or ``"attribution"``, see :func:`choose_method`)."""
@@ -124,7 +128,11 @@ def ablation_effects(
 
 
 def _first_order_loss_changes(
-    model: AttentionOnlyTransformer, tokens: Tensor, probe: ProbeBatch, writes: list[Tensor], kind: str = "per_position"
+    model: AttentionOnlyTransformer,
+    tokens: Tensor,
+    probe: ProbeBatch,
+    writes: list[Tensor],
+    kind: AblationKind = "per_position",
 ) -> Tensor:
     """``[L, H, L, H]`` float64 CPU: ``Σ_{b,t} ⟨∂L/∂x_key^{h2}, write'_w - write_w⟩`` for every pair
     (``write'``: the replacement of ``kind``); ``writes[l]``: the clean run's head outputs ``[b, H, t, d]``."""

@@ -1,7 +1,7 @@
 """Print the table of composition measures × docs/measures.md axioms (seeds 000, 001), one command:
 
-    python -m bench.axioms              # trains the default-shaped model briefly, then checks
-    python -m bench.axioms --steps 0    # axiom 4 on the untrained model instead
+    python -m bench.axiom_table              # trains the default-shaped model briefly, then checks
+    python -m bench.axiom_table --steps 0    # axiom 4 on the untrained model instead
 
 Axioms 1-3 run on constructed matrices; axiom 4 on a trained 2-layer attention-only model (no
 normalization, so every residual GL transform is a symmetry), after checking that each
