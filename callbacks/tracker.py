@@ -52,13 +52,13 @@ class Schedule:
     every ablation step (0: at every snapshot). ``whitening``: the whitened bases (of ``whitened``,
     ``whitened_resid``, ``token_space``) recomputed, reused in between (0: recomputed whenever scored)."""
 
-    every_n_steps: int = 10
-    ablation: int = 0
-    copying: int = 100
-    matching: int = 100
-    images: int = 200
-    all_measures: int = 100
-    whitening: int = 100
+    every_n_steps: int
+    ablation: int
+    copying: int
+    matching: int
+    images: int
+    all_measures: int
+    whitening: int
 
     def due(self, part: str, step: int, last: bool) -> bool:
         every = getattr(self, part)
@@ -105,7 +105,7 @@ class CompositionTracker(L.Callback):
     def __init__(
         self,
         probe: ProbeBatch,
-        schedule: Schedule | None = None,
+        schedule: Schedule,
         measures: tuple[str, ...] = ("frobenius",),
         dense_measures: tuple[str, ...] = DENSE_MEASURES,
         baseline_samples: int = 2000,
@@ -121,7 +121,7 @@ class CompositionTracker(L.Callback):
         cost_report: bool = True,
     ) -> None:
         self.probe = probe
-        self.schedule = schedule or Schedule()
+        self.schedule = schedule
         self.every_n_steps = self.schedule.every_n_steps
         self.measures = measures
         self.dense_measures = tuple(m for m in measures if m in dense_measures)  # scored at every snapshot

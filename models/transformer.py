@@ -31,14 +31,17 @@ INITS: tuple[InitScheme, ...] = get_args(InitScheme)
 
 @dataclass(frozen=True)
 class TransformerShape:
-    """Sizes of an attention-only transformer."""
+    """Sizes and options of an attention-only transformer. The sizes have no defaults (the config's
+    schema, ``conf/schema.py``, holds the project's); the options default to the plain model, as the
+    schema does (tests/test_config.py checks they agree), so a shape saved before an option existed
+    still loads."""
 
-    n_layers: int = 2
-    n_heads: int = 4
-    d_model: int = 64
-    d_head: int = 16
-    n_ctx: int = 64
-    d_vocab: int = 64
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_head: int
+    n_ctx: int
+    d_vocab: int
     normalization: Normalization = "none"
     positions: Positions = "standard"
     biases: bool = False  # b_Q, b_K, b_V [n_heads, d_head] and b_O [d_model] per layer, b_U [d_vocab]

@@ -152,3 +152,21 @@ def test_seed_002s_presets_compose_with_their_library_options():
         "model.init_std=null",
     )
     assert config_problems(library) == []
+
+
+def test_the_models_option_defaults_are_the_schemas():
+    """TransformerShape keeps defaults for its options only (a saved shape older than an option
+    loads as the plain model); they must be the schema's, the one source of defaults."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from conf.schema import ModelConfig
+    from models.transformer import TransformerShape
+
+    schema = OmegaConf.to_container(OmegaConf.structured(ModelConfig), enum_to_str=True)
+    with_default = {
+        f.name: f.default for f in dataclasses.fields(TransformerShape) if f.default is not dataclasses.MISSING
+    }
+    assert set(with_default) == {"normalization", "positions", "biases"}
+    assert with_default == {name: schema[name] for name in with_default}

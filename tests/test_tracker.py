@@ -33,7 +33,9 @@ def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_
     callbacks = [recorder]
     tracker_cb = None
     if tracker:
-        schedule = Schedule(every_n_steps=5, ablation=ablation_every, copying=5, matching=5, images=0)
+        schedule = Schedule(
+            every_n_steps=5, ablation=ablation_every, copying=5, matching=5, images=0, all_measures=100, whitening=100
+        )
         tracker_cb = CompositionTracker(
             make_probe_batch(0, 8, 8, 20),
             schedule,
@@ -187,7 +189,7 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
     """The report subtracts only the tracker time spent after its clock started (a slow first
     heatmap once made it read 0 ms/step); the estimate lands near the measured step time."""
     *_, trainer = fit(tmp_path, tracker=False, steps=1)  # warm-up: imports, first-call costs
-    schedule = Schedule(every_n_steps=5, ablation=0, copying=0, matching=0, images=0)
+    schedule = Schedule(every_n_steps=5, ablation=0, copying=0, matching=0, images=0, all_measures=100, whitening=100)
     tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100, measures=("frobenius",))
     trainer = L.Trainer(
         max_steps=12,
@@ -216,7 +218,7 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
 def test_cost_report_leaves_out_the_first_heatmaps_until_drawn_again():
     """The first heatmaps pay W&B's one-time set-up (476 ms once, ~40 ms after, in a real run): the
     estimate charges heatmaps only from their second drawing, and the report says so meanwhile."""
-    schedule = Schedule(every_n_steps=10, ablation=0, copying=0, matching=0, images=200, all_measures=0)
+    schedule = Schedule(every_n_steps=10, ablation=0, copying=0, matching=0, images=200, all_measures=0, whitening=100)
     tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, measures=("frobenius",), cost_report=False)
     for part, seconds in (
         ("probe", 0.002),
@@ -250,7 +252,7 @@ class PoisonWeights(L.Callback):
 def test_non_finite_weights_are_logged_as_nan_with_the_reason_not_a_crash(tmp_path, capsys):
     tracker = CompositionTracker(
         make_probe_batch(0, 8, 8, 20),
-        Schedule(every_n_steps=5, ablation=5, copying=5, matching=5, images=0),
+        Schedule(every_n_steps=5, ablation=5, copying=5, matching=5, images=0, all_measures=100, whitening=100),
         baseline_samples=100,
         measures=("frobenius", "subspace"),
         cost_report=False,

@@ -58,9 +58,9 @@ def test_head_outputs_sum_to_the_layer_output():
 
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="normalization"):
-        TransformerShape(normalization="batchnorm")
+        TransformerShape(2, 2, 16, 4, 9, 11, normalization="batchnorm")
     with pytest.raises(ValueError, match="n_heads"):
-        TransformerShape(n_heads=0)
+        TransformerShape(2, 0, 16, 4, 9, 11)
     model = random_model()
     with pytest.raises(ValueError, match="n_ctx"):
         model(torch.zeros(1, 18, dtype=torch.long))
@@ -155,6 +155,6 @@ def test_initialisations_by_name(init, std):
                 parameter, torch.ones_like(parameter) if last == "weight" else torch.zeros_like(parameter)
             ), name
     with pytest.raises(ValueError, match="goes with init='normal'"):
-        AttentionOnlyTransformer(TransformerShape(), "fan_in", 0.02)
+        AttentionOnlyTransformer(TransformerShape(2, 2, 16, 4, 9, 11), "fan_in", 0.02)
     with pytest.raises(ValueError, match="goes with init='normal'"):
-        AttentionOnlyTransformer(TransformerShape(), "normal")
+        AttentionOnlyTransformer(TransformerShape(2, 2, 16, 4, 9, 11), "normal")
