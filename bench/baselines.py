@@ -5,7 +5,7 @@
 
 Cold runs sample into a fresh temporary cache directory each time; warm runs read the file the
 cold run wrote (the in-process cache is cleared before every run, so each one pays what a new
-process pays). Targets (issue 8): cold <= 5 s for all measures, warm <= 10 ms.
+process pays). Targets: cold <= 5 s for all measures, warm <= 10 ms.
 """
 
 from __future__ import annotations

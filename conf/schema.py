@@ -18,7 +18,7 @@ class Normalization(str, Enum):
 
 class Positions(str, Enum):
     standard = "standard"  # added to the residual stream
-    shortformer = "shortformer"  # added to the queries' and keys' inputs only (seed 002's EasyTransformer run)
+    shortformer = "shortformer"  # added to the queries' and keys' inputs only (aslvrstn 2022's EasyTransformer run)
 
 
 class InitScheme(str, Enum):
@@ -51,7 +51,7 @@ class ModelConfig:
     positions: Positions = Positions.standard
     biases: bool = False  # b_Q, b_K, b_V, b_O per layer and b_U: start at 0, trained
     init: InitScheme = InitScheme.fan_in
-    init_std: float | None = None  # with init=normal: every W_* N(0, init_std²) (seed 002: 0.02)
+    init_std: float | None = None  # with init=normal: every W_* N(0, init_std²) (aslvrstn 2022: 0.02)
 
 
 @dataclass
@@ -65,7 +65,7 @@ class OptimConfig:
 @dataclass
 class DataConfig:
     """``n_min, n_max`` apply to ``repeated``; ``n_triggers, concentration`` to ``bigram_triggers``;
-    ``min_sentence, max_sentence, max_gap`` to ``sentence_gap_copy`` (seed 002's script copies
+    ``min_sentence, max_sentence, max_gap`` to ``sentence_gap_copy`` (aslvrstn 2022's script copies
     ``sent_len + 1`` tokens: ``min_sentence=2 max_sentence=51``)."""
 
     name: DataName = DataName.repeated

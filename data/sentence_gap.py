@@ -1,4 +1,4 @@
-"""Sentence, gap, sentence again: the copying data behind seed 002 (aslvrstn, "Composition Measures
+"""Sentence, gap, sentence again: the copying data of aslvrstn 2022 (aslvrstn, "Composition Measures
 in Transformers", 2022; its training script ``composition/train_tiny_attn_only.py`` in the
 ``aslvrstn/mlscratchpad`` repository).
 

@@ -23,7 +23,7 @@ InitScheme = Literal["fan_in", "normal", "gpt2"]
 NORMALIZATIONS: tuple[Normalization, ...] = get_args(Normalization)
 POSITIONS: tuple[Positions, ...] = get_args(Positions)
 """Where the learned positions enter: the residual stream (``standard``), or only the inputs of the
-queries and keys (``shortformer``, Press et al. 2021; EasyTransformer's option, which seed 002's run used)."""
+queries and keys (``shortformer``, Press et al. 2021; EasyTransformer's option, which aslvrstn 2022's run used)."""
 INITS: tuple[InitScheme, ...] = get_args(InitScheme)
 """Weight initialisations: N(0, 1/fan-in); N(0, init_std²) for every ``W_*``; EasyTransformer's
 "gpt2" mode, N(0, (0.8/sqrt(d_model))²) for every ``W_*``. Biases start at 0 and norm gains at 1."""
@@ -182,7 +182,7 @@ class AttentionOnlyTransformer(nn.Module):
 
     def __init__(self, shape: TransformerShape, init: InitScheme = "fan_in", init_std: float | None = None) -> None:
         """``init`` (:data:`INITS`): ``normal`` draws every weight matrix from N(0, init_std²) (the
-        old library default of 0.02 that seed 002's script documents), ``gpt2`` from
+        old library default of 0.02 that aslvrstn 2022's script documents), ``gpt2`` from
         N(0, (0.8/sqrt(d_model))²), EasyTransformer's ``init_mode="gpt2"``; biases stay 0, gains 1."""
         super().__init__()
         if init not in INITS:

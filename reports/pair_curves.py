@@ -1,5 +1,5 @@
 """Every head pair's K-composition over training, raw (no baseline subtracted), one panel per
-measure, above the repeated-token and training losses: seed 002's plot, for every measure.
+measure, above the repeated-token and training losses: aslvrstn 2022's plot, for every measure.
 
 Drawn from a run's tensor store and CSV log (so any run directory, finished or not):
 

@@ -1,5 +1,5 @@
 """The end-of-run validity report: which composition measure tells the truth, judged against the
-K-only path ablation (issue 3, part 4). Built from a run's logged series, so any finished run can
+K-only path ablation Built from a run's logged series, so any finished run can
 be re-rendered (``python -m reports.run_report RUN_DIR``).
 
 For each measure: the first step from which it ranks the ground-truth pair (the pair whose ablation

@@ -90,7 +90,7 @@ def test_sampler_leaves_global_rng_alone():
 @pytest.mark.slow
 def test_paper_scale_baselines_are_cheap(tmp_path, monkeypatch):
     """d_model 768, d_head 64, 2000 samples, every measure: seconds cold, milliseconds warm (loose
-    bounds; the README's figures come from ``python -m bench.baselines``)."""
+    bounds; docs/results.md's figures come from ``python -m bench.baselines``)."""
     monkeypatch.setenv(baseline_module.CACHE_ENV, str(tmp_path))
     random_baselines.cache_clear()
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""docs/measures.md's axioms as executable checks (Lieberum, seed 000; Snell, seed 001).
+"""docs/measures.md's axioms as executable checks (Lieberum 2022; Snell 2024, "Why Is Measuring Composition So Difficult?").
 
 Axioms 1-3 on constructed writer/reader matrices in ``d_model = 12`` with rank 3:
 1. aligned -> 1 where a measure promises it (A writes only where B reads, same order);

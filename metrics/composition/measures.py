@@ -56,12 +56,12 @@ class PairStats:
 
 def frobenius_score(p: PairStats) -> Tensor:
     """``‖A B‖_F / (‖A‖_F ‖B‖_F)`` (Elhage et al. 2021). At most 1; about ``d_model^-1/2`` for
-    random matrices; never 1 for rank > 1 (seed 002: the identity scores ``d^-1/2``)."""
+    random matrices; never 1 for rank > 1 (aslvrstn 2022: the identity scores ``d^-1/2``)."""
     return (p.product_energy() / (p.writer_sq.sum(-1) * p.reader_sq.sum(-1))).sqrt()
 
 
 def singular_value_bound_score(p: PairStats) -> Tensor:
-    """``‖A B‖_F / sqrt(Σ_i σ↓_i(A)² σ↓_i(B)²)`` (Turner & Strand, in Lieberum, seed 000): the tight
+    """``‖A B‖_F / sqrt(Σ_i σ↓_i(A)² σ↓_i(B)²)`` (Turner & Strand, in Lieberum 2022): the tight
     von Neumann bound as denominator, the shorter spectrum zero-padded. 1 exactly when A's top write
     directions are B's top read directions, in the same order."""
     r = min(p.writer_sq.shape[-1], p.reader_sq.shape[-1])
@@ -70,7 +70,7 @@ def singular_value_bound_score(p: PairStats) -> Tensor:
 
 
 def subspace_score(p: PairStats) -> Tensor:
-    """``Σ cos²θ_i / r`` (seed 003, Snell; projection kernel of Yamagiwa et al. 2026) between the
+    """``Σ cos²θ_i / r`` (Snell 2024, "Composition and Subspaces"; projection kernel of Yamagiwa et al. 2026) between the
     writer's write subspace (row space of ``W_O¹``) and the reader's read subspace (column space of
     ``W_Q²``, ``W_K²`` or ``W_V²``); ``r`` the smaller dimension. In ``[0, 1]``; ``r / d_model`` at random."""
     return p.cosine_mass / min(p.writer_sq.shape[-1], p.reader_sq.shape[-1])

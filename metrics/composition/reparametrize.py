@@ -1,5 +1,5 @@
 """Function-preserving reparametrisations of an attention-only transformer (docs/measures.md axiom 4;
-seed 001). Each returns a new model with the same logits and different weights."""
+Snell 2024). Each returns a new model with the same logits and different weights."""
 
 from __future__ import annotations
 

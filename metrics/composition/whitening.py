@@ -1,5 +1,5 @@
 """The whitened (GL-invariant) bases of the residual stream (docs/measures.md measures 4 and 7; the ways
-out of Snell's Axiom-4 problem in seed 001).
+out of Snell 2024's Axiom-4 problem).
 
 Without normalization, ``x -> x T`` for any invertible ``T`` (writers ``W -> W T``, readers
 ``W -> T⁻¹ W``, ``W_E, W_pos -> W_E T, W_pos T``) leaves the model's function unchanged but changes
@@ -9,14 +9,14 @@ orthogonal, so every rotation-invariant score computed there is invariant to eve
 
 Three choices of ``Σ``, all covariant (``Σ -> Tᵀ Σ T``), so all give invariant scores:
 the embedding covariance (the layer-0 input over every token and position), the observed
-residual stream on the probe batch, every layer's input pooled (seed 001's "way out" 1), and the
-token Gram matrix ``W_Eᵀ W_E`` (uncentred, tokens only: measure 7, seed 001's "analyse composition
+residual stream on the probe batch, every layer's input pooled (Snell 2024's "way out" 1), and the
+token Gram matrix ``W_Eᵀ W_E`` (uncentred, tokens only: measure 7, Snell 2024's "analyse composition
 in the token basis"). The second also sees the directions earlier heads write into, such as a
 previous-token head's output. The third is token space itself: for any form ``X`` on the residual
 stream ``‖W_E X W_Eᵀ‖_F = ‖G^(1/2) X G^(1/2)‖_F`` with ``G = W_Eᵀ W_E``, so a Frobenius ratio
 computed in this basis is the ratio of the ``[d_vocab, d_vocab]`` token-to-token maps.
 
-With LayerNorm or RMSNorm the symmetry shrinks to rotations and a global scale (seed 001), under
+With LayerNorm or RMSNorm the symmetry shrinks to rotations and a global scale (Snell 2024), under
 which the plain ratios are already invariant; ``Σ`` is still taken over the raw (pre-norm)
 stream, so the whitened ratio there is one more basis choice, not a fix of a symmetry.
 """

@@ -7,7 +7,7 @@ much h2's attention pattern moves and how much the repeated-token loss rises. Wh
 
 - ``per_position`` (default): its mean over the probe batch at each position, the usual mean
   ablation (it keeps what the position alone tells);
-- ``pooled``: its mean over the batch and all positions (this project's definition before 2026-11-23);
+- ``pooled``: its mean over the batch and all positions;
 - ``resample``: its output on another probe sequence (the next one, cyclically), a resample ablation.
 
 The result equals running the model once per pair (``per_pair_loop`` in ``tests/test_ablation.py``),

@@ -1,5 +1,5 @@
 """Which weight measure tells the truth: agreement of a pair score with the ablation ground truth
-(docs/measures.md, "Ground truth: ablation"; issue 3, part 4).
+(docs/measures.md, "Ground truth: ablation").
 
 A composition measure is a hypothesis about which writer feeds which reader. The K-only path
 ablation (:mod:`metrics.ground_truth.ablation`) says which pair the model really uses. Two agreements are

@@ -1,5 +1,5 @@
 """Empirical copying scores of each head on a batch of token sequences (docs/measures.md
-"Copying score, empirical"; seed 004).
+"Copying score, empirical"; notes on Elhage et al. 2021).
 
 ``score``: Olsson et al. 2022's copying evaluator ("In-context Learning and Induction Heads",
 Transformer Circuits Thread, section "Head activation evaluators",
@@ -46,7 +46,7 @@ Readings of the paper's text, stated because it leaves them open:
   the paper's setting, the repeat adds the positions where an induction head attends to the token
   it should copy.
 
-``top_rate`` (seed 004, "how often a token increases its own probability more than any other
+``top_rate`` (notes on Elhage et al. 2021, "how often a token increases its own probability more than any other
 token"): the fraction of query positions where the attended token gets the head's largest raise
 over the whole vocabulary, in [0, 1].
 """
