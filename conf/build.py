@@ -308,7 +308,7 @@ def silence_known_warnings() -> None:
     (every other warning is shown): Lightning 2.6's pytree helper tests ``isinstance(spec, LeafSpec)``,
     which torch 2.13 deprecates at every fit; and Lightning's hint to start with ``srun`` wherever
     SLURM is installed, which does not apply here: a run under ``sbatch`` (or submitit) is requeued
-    by ``runtime/slurm.py`` itself, without ``srun`` (tests/test_slurm.py)."""
+    by ``runtime/slurm.py`` itself, without ``srun`` (tests/runtime/test_slurm.py)."""
     warnings.filterwarnings(
         "ignore",
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",

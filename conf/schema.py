@@ -102,9 +102,8 @@ class TrainerConfig:
 class WandbConfig:
     enabled: bool = True
     mode: WandbMode | None = None  # None: $WANDB_MODE if set, else offline
-    connect_timeout_s: float = (
-        10.0  # online: a W&B server silent this long means an offline run (and a `wandb sync` hint)
-    )
+    # online: a W&B server silent this long means an offline run (and a `wandb sync` hint)
+    connect_timeout_s: float = 10.0
     project: str = "induction-composition"
     entity: str | None = None
     group: str | None = None
@@ -170,24 +169,19 @@ class TrackerConfig:
             "component_share",
         ]
     )
-    dense_measures: list[str] = field(
-        default_factory=lambda: ["frobenius"]
-    )  # those of `measures` scored at every snapshot
+    # those of `measures` scored at every snapshot
+    dense_measures: list[str] = field(default_factory=lambda: ["frobenius"])
     ablation: AblationConfig = field(default_factory=AblationConfig)
     copying: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # copying scores (weight and empirical)
-    matching: PartSchedule = field(
-        default_factory=lambda: PartSchedule(100)
-    )  # QK matching scores (and at every ablation)
+    # QK matching scores (and at every ablation)
+    matching: PartSchedule = field(default_factory=lambda: PartSchedule(100))
     images: PartSchedule = field(default_factory=lambda: PartSchedule(200))  # heatmaps (W&B only)
-    all_measures: PartSchedule = field(
-        default_factory=lambda: PartSchedule(100)
-    )  # every measure, not only the dense ones (and at every ablation); 0: every snapshot
-    whitening: PartSchedule = field(
-        default_factory=lambda: PartSchedule(100)
-    )  # the whitened bases (covariances, Σ^±½), reused between
-    max_pair_keys: int = (
-        300  # per-pair W&B/CSV keys while they number at most this (6 M + 3 per pair); summaries beyond
-    )
+    # every measure, not only the dense ones (and at every ablation); 0: every snapshot
+    all_measures: PartSchedule = field(default_factory=lambda: PartSchedule(100))
+    # the whitened bases (covariances, Σ^±½), reused between
+    whitening: PartSchedule = field(default_factory=lambda: PartSchedule(100))
+    # per-pair W&B/CSV keys while they number at most this (6 M + 3 per pair); summaries beyond
+    max_pair_keys: int = 300
     top_pairs: int = 3  # pairs logged per measure beyond max_pair_keys
     store: bool = True  # every snapshot's full per-pair tensors to RUN_DIR/tensors
     precision: TrackerPrecision = TrackerPrecision.model
@@ -218,9 +212,8 @@ class TrajectoryConfig:
     log_steps: int = 20  # log-spaced steps in [1, max_steps] (and step 0)
     every_n_steps: int = 100  # the linear grid (0: none)
     trigger: TrajectoryTrigger = TrajectoryTrigger.repeated_loss
-    threshold: float = (
-        0.05  # start: a fall of this share of the first step's loss (or a rise of this much induction score)
-    )
+    # start: a fall of this share of the first step's loss (or a rise of this much induction score)
+    threshold: float = 0.05
     settle: float = 0.05  # end: over the last `window` tracker steps, a move under this share of the change so far
     window: int = 3  # tracker steps averaged (trailing) before the trigger reads them
     look_back: int = 5  # tracker steps held in memory, written when the trigger fires (it fires a little late)
@@ -233,9 +226,8 @@ class Config:
     resume: str | None = None  # a run directory to continue in place, or a checkpoint to continue from in a new one
     resume_allow_changes: bool = False  # let a resume change seed, model, data, optim or tracker settings
     objective: str | None = None  # what a sweep job returns to an optimizing sweeper: a summary.json or config key
-    objective_cliff_by: int | None = (
-        None  # with objective: a run whose loss cliff (midpoint) is later, or absent, scores NaN
-    )
+    # with objective: a run whose loss cliff (midpoint) is later, or absent, scores NaN
+    objective_cliff_by: int | None = None
     model: ModelConfig = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = MISSING

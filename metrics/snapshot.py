@@ -48,10 +48,10 @@ class Snapshot:
     induction: Tensor
     duplicate_token: Tensor
     copying: Tensor | None  # weight copying score per head (Elhage et al. 2021)
-    empirical_copying: (
-        Tensor | None
-    )  # Olsson et al. 2022's copying evaluator on the probe batch per head, 2 r - 1 (r: share of the raise over the sequence's tokens)
-    copying_top_rate: Tensor | None  # how often a head raises the token it attends to most (notes on Elhage et al. 2021)
+    # Olsson et al. 2022's copying evaluator on the probe batch per head, 2 r - 1 (r: share of the raise over the sequence's tokens)
+    empirical_copying: Tensor | None
+    # how often a head raises the token it attends to most (notes on Elhage et al. 2021)
+    copying_top_rate: Tensor | None
     matching: Tensor | None  # QK matching score per pair (Olsson et al. 2022), [L, H, L, H]
     first_occurrence_loss: float
     repeated_loss: float

@@ -33,7 +33,7 @@ INITS: tuple[InitScheme, ...] = get_args(InitScheme)
 class TransformerShape:
     """Sizes and options of an attention-only transformer. The sizes have no defaults (the config's
     schema, ``conf/schema.py``, holds the project's); the options default to the plain model, as the
-    schema does (tests/test_config.py checks they agree), so a shape saved before an option existed
+    schema does (tests/conf/test_config.py checks they agree), so a shape saved before an option existed
     still loads."""
 
     n_layers: int

@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 # Lower rooms first: a module may import its own room and rooms listed before it, never after.
 ROOMS = [
@@ -95,3 +95,37 @@ def test_one_module_names_the_files_of_a_run_directory():
         if names.search(line.split("#")[0])
     ]
     assert not spelled, spelled
+
+
+def test_tests_mirror_the_rooms_and_never_import_each_other():
+    rooms = set(ROOMS) - {"train"}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        room = path.parent.name
+        assert room in rooms or path.parent == REPO / "tests", f"{path.relative_to(REPO)} is in no room"
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        others = [m for m in imported if m.startswith("tests.") and m.rsplit(".", 1)[-1].startswith("test_")]
+        assert not others, f"{path.relative_to(REPO)} imports {others}: shared code goes to tests/helpers.py"
+
+
+STARTS_TRAIN_PY = {"run_train", "run_train_until", "sweep", "Popen"}
+
+
+def is_slow(node: ast.FunctionDef, module_slow: bool) -> bool:
+    return module_slow or any("slow" in ast.unparse(decorator) for decorator in node.decorator_list)
+
+
+def test_every_test_that_starts_train_py_is_marked_slow():
+    unmarked = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_slow = "pytestmark = pytest.mark.slow" in path.read_text()
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                calls = {ast.unparse(c.func).rsplit(".", 1)[-1] for c in ast.walk(node) if isinstance(c, ast.Call)}
+                if calls & STARTS_TRAIN_PY and not is_slow(node, module_slow):
+                    unmarked.append(f"{path.relative_to(REPO)}::{node.name}")
+    assert not unmarked, unmarked

@@ -16,7 +16,7 @@ import torch
 
 from records import wandb_records
 from reports.run_report import read_series
-from tests.conftest import REPO, run_train
+from tests.helpers import REPO, run_train
 
 pytestmark = pytest.mark.slow
 

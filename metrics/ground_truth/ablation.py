@@ -10,7 +10,7 @@ much h2's attention pattern moves and how much the repeated-token loss rises. Wh
 - ``pooled``: its mean over the batch and all positions;
 - ``resample``: its output on another probe sequence (the next one, cyclically), a resample ablation.
 
-The result equals running the model once per pair (``per_pair_loop`` in ``tests/test_ablation.py``),
+The result equals running the model once per pair (``per_pair_loop`` in ``tests/metrics/test_ablation.py``),
 but costs less, because most of that work is shared or low-rank:
 
 - **Nothing below the reader's layer runs again.** The residual stream entering layer l2 is the

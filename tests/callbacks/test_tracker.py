@@ -1,0 +1,272 @@
+"""The tracker logs what it measures and never changes training."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+
+from callbacks.tracker import WITH_ALL, CompositionTracker, Schedule
+from data.datamodule import TokenDataModule, make_sampler
+from data.probe import make_probe_batch
+from models.lit_module import InductionLM
+from models.transformer import TransformerShape
+from reports.run_report import read_series
+from tests.helpers import LossRecorder
+
+SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=17, d_vocab=21)
+
+
+def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_every: int = 0):
+    L.seed_everything(0, verbose=False)
+    recorder = LossRecorder()
+    callbacks = [recorder]
+    tracker_cb = None
+    if tracker:
+        schedule = Schedule(
+            every_n_steps=5, ablation=ablation_every, copying=5, matching=5, images=0, all_measures=100, whitening=100
+        )
+        tracker_cb = CompositionTracker(
+            make_probe_batch(0, 8, 8, 20),
+            schedule,
+            baseline_samples=100,
+            measures=("frobenius", "subspace"),
+            cost_report=False,
+        )
+        callbacks.append(tracker_cb)
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="csv", version=""),
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=5,
+        gradient_clip_val=1.0,
+        accumulate_grad_batches=accumulate,
+    )
+    module = InductionLM(SHAPE, lr=3e-3, warmup_steps=5)
+    trainer.fit(module, datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    return recorder.losses, module, tracker_cb, trainer
+
+
+def test_tracker_does_not_perturb_training(tmp_path):
+    without, module_a, _, _ = fit(tmp_path / "a", tracker=False)
+    with_tracker, module_b, tracker, _ = fit(tmp_path / "b", tracker=True, ablation_every=10)
+    assert tracker.last_step == 30
+    assert without == with_tracker  # bit-identical loss curve
+    for a, b in zip(module_a.parameters(), module_b.parameters()):
+        assert torch.equal(a, b)
+    assert module_b.model.training  # the inner model's mode restored
+
+
+def test_snapshot_leaves_rng_and_mode_alone():
+    """Training here draws no random numbers after init, so the loss test alone could not see a
+    snapshot that consumed RNG state; check the state and the mode directly."""
+    from metrics.snapshot import COMPOSITION_MEASURES, take_snapshot
+    from models.transformer import AttentionOnlyTransformer
+
+    model = AttentionOnlyTransformer(SHAPE)
+    probe = make_probe_batch(0, 4, 8, 20)
+    for training in (True, False):
+        model.train(training)
+        state = torch.random.get_rng_state()
+        take_snapshot(model, probe, tuple(COMPOSITION_MEASURES), baseline_samples=50)
+        assert torch.equal(torch.random.get_rng_state(), state)
+        assert model.training == training
+
+
+def test_tracker_logs_at_every_nth_optimizer_step(tmp_path):
+    *_, trainer = fit(tmp_path, tracker=True, steps=20, accumulate=2)
+    trainer.loggers[0].save()
+    series = read_series(tmp_path / "csv" / "metrics.csv")
+    steps, _ = series["comp/K/frobenius/L0H0->L1H1"]
+    assert steps.tolist() == [0, 5, 10, 15, 20]  # once per optimizer step, despite accumulation
+    assert "comp/K/frobenius/L1H0->L0H0" not in series  # masked pairs are never logged
+    for key in (
+        "heads/induction/L1H0",
+        "heads/prev_token/top",
+        "heads/copying/L0H1",
+        "match/L0H0->L1H1",
+        "loss/repeated",
+        "circuit/K/frobenius_minus_baseline",
+        "comp/baseline/frobenius_stderr",
+    ):
+        assert series[key][0].tolist() == [0, 5, 10, 15, 20], key
+
+
+def test_ablation_and_validity_are_logged_at_every_ablation_step(tmp_path):
+    *_, trainer = fit(tmp_path, tracker=True, steps=25, ablation_every=10)
+    trainer.loggers[0].save()
+    series = read_series(tmp_path / "csv" / "metrics.csv")
+    assert series["comp/K/frobenius/L0H0->L1H1"][0].tolist() == [0, 5, 10, 15, 20, 25]
+    for key in (
+        "ablation/loss_change/L0H0->L1H1",
+        "ablation/pattern_change/L0H1->L1H0",
+        "validity/loss_change/frobenius/rank_of_truth",
+        "validity/pattern_change/subspace/rank_of_truth",
+        "validity/loss_change/match/rank_of_truth",
+    ):
+        assert series[key][0].tolist() == [0, 10, 20, 25], key  # and the final step, whatever max_steps is
+    assert "ablation/loss_change/L1H0->L0H0" not in series  # masked pairs never logged
+    ranks = series["validity/pattern_change/frobenius/rank_of_truth"][1]
+    assert set(ranks.tolist()) <= {1.0, 2.0, 3.0, 4.0}  # 4 pairs
+
+
+def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_path):
+    """The dense measures are scored at every snapshot; every other tracked measure at the
+    ``all_measures`` steps, at every ablation step (the ground truth judges every measure) and at
+    the last step. The copying scores (weight and empirical) run on their own steps. The ledger
+    books the two kinds of composition apart, and the cost model charges the other measures' extra
+    seconds at their own period."""
+    L.seed_everything(0, verbose=False)
+    schedule = Schedule(every_n_steps=5, ablation=15, copying=10, matching=0, images=0, all_measures=10, whitening=10)
+    tracker = CompositionTracker(
+        make_probe_batch(0, 8, 8, 20),
+        schedule,
+        baseline_samples=100,
+        measures=("frobenius", "sv_bound", "whitened", "whitened_resid"),
+        dense_measures=("frobenius", "subspace"),
+        cost_report=False,
+        max_pair_keys=50,
+    )  # 4 pairs: 36 keys for frobenius alone, 108 for all four
+    trainer = L.Trainer(
+        max_steps=27,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="csv", version=""),
+        callbacks=[tracker],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=5,
+    )
+    trainer.fit(
+        InductionLM(SHAPE, lr=3e-3),
+        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
+    )
+    trainer.loggers[0].save()
+    series = read_series(tmp_path / "csv" / "metrics.csv")
+    assert tracker.dense_measures == ("frobenius",)  # a dense measure the run does not track is not scored
+    assert series["comp/K/frobenius/max"][0].tolist() == [0, 5, 10, 15, 20, 25, 27]
+    for measure in ("sv_bound", "whitened", "whitened_resid"):
+        assert series[f"comp/K/{measure}/max"][0].tolist() == [0, 10, 15, 20, 27], measure
+        assert series[f"validity/loss_change/{measure}/rank_of_truth"][0].tolist() == [0, 15, 27], measure
+    assert not any(key.startswith("comp/") and "subspace" in key for key in series)
+    for key in ("heads/copying/L0H0", "heads/copying_empirical/L0H0"):
+        assert series[key][0].tolist() == [0, 10, 20, 27], key
+    # the run's four measures decide the mode at every step, also where frobenius alone would fit per pair
+    assert not any("->" in key for key in series if key.startswith("comp/"))
+    ledger = tracker.ledger
+    assert ledger.runs["composition"] == 2 and ledger.runs[WITH_ALL] == 5  # steps 5, 25; 0, 10, 15, 20, 27
+    seconds = {
+        "probe": 0.004,
+        "head scores": 0.001,
+        "logging": 0.001,
+        "composition": 0.002,
+        WITH_ALL: 0.007,
+        "copying": 0.003,
+    }
+    per_step = tracker.amortised_seconds_per_step(seconds)
+    assert per_step["snapshot"] == pytest.approx(0.008 / 5) and per_step["other measures"] == pytest.approx(0.005 / 10)
+    assert per_step["copying"] == pytest.approx(0.003 / 10)
+    tracker.schedule.all_measures = 0  # at every snapshot: the whole composition is charged to each one
+    assert tracker.amortised_seconds_per_step(seconds)["snapshot"] == pytest.approx(0.013 / 5)
+    assert "other measures" not in tracker.amortised_seconds_per_step(seconds)
+
+
+def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
+    """The report subtracts only the tracker time spent after its clock started (a slow first
+    heatmap once made it read 0 ms/step); the estimate lands near the measured step time."""
+    *_, trainer = fit(tmp_path, tracker=False, steps=1)  # warm-up: imports, first-call costs
+    schedule = Schedule(every_n_steps=5, ablation=0, copying=0, matching=0, images=0, all_measures=100, whitening=100)
+    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100, measures=("frobenius",))
+    trainer = L.Trainer(
+        max_steps=12,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[tracker],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    start = time.perf_counter()
+    trainer.fit(
+        InductionLM(SHAPE, lr=3e-3),
+        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
+    )
+    per_step_upper = 1000 * (time.perf_counter() - start) / 5  # ms: a loose upper bound per training step
+    report = capsys.readouterr().out
+    line = next(line for line in report.splitlines() if "ms/step" in line)
+    step_ms = float(line.split("training ")[1].split(" ms/step")[0])
+    overhead = float(line.split("overhead ")[1].split("%")[0])
+    assert 0.05 < step_ms < per_step_upper, line
+    assert 0 < overhead < 1000, line
+    assert "tracker: " in report and "snapshots in" in report  # the totals at the end
+
+
+def test_cost_report_leaves_out_the_first_heatmaps_until_drawn_again():
+    """The first heatmaps pay W&B's one-time set-up (476 ms once, ~40 ms after, in a real run): the
+    estimate charges heatmaps only from their second drawing, and the report says so meanwhile."""
+    schedule = Schedule(every_n_steps=10, ablation=0, copying=0, matching=0, images=200, all_measures=0, whitening=100)
+    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, measures=("frobenius",), cost_report=False)
+    for part, seconds in (
+        ("probe", 0.002),
+        ("head scores", 0.001),
+        ("composition", 0.001),
+        ("logging", 0.001),
+        ("images", 0.4),
+    ):
+        tracker.ledger.add(part, seconds)
+    assert tracker.amortised_seconds_per_step() == {"snapshot": pytest.approx(0.005 / 10)}
+    lines = tracker.cost_lines(step_seconds=0.01)
+    assert "the first took 400.0 ms with W&B's one-time set-up; not in the estimate" in lines
+    assert "expected tracker overhead 5.0%" in lines
+    tracker.ledger.add("images", 0.04)
+    assert tracker.amortised_seconds_per_step()["images"] == pytest.approx(0.04 / 200)
+    assert "heatmaps 40.0 ms every 200" in tracker.cost_lines(step_seconds=0.01)
+
+
+class PoisonWeights(L.Callback):
+    """Make one weight NaN after optimizer step ``at``: what a diverging run does to the tracker."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.at:
+            with torch.no_grad():
+                next(pl_module.model.parameters()).view(-1)[0] = float("nan")
+
+
+def test_non_finite_weights_are_logged_as_nan_with_the_reason_not_a_crash(tmp_path, capsys):
+    tracker = CompositionTracker(
+        make_probe_batch(0, 8, 8, 20),
+        Schedule(every_n_steps=5, ablation=5, copying=5, matching=5, images=0, all_measures=100, whitening=100),
+        baseline_samples=100,
+        measures=("frobenius", "subspace"),
+        cost_report=False,
+    )
+    trainer = L.Trainer(
+        max_steps=15,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="csv", version=""),
+        callbacks=[PoisonWeights(at=7), tracker],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=5,
+    )
+    trainer.fit(
+        InductionLM(SHAPE, lr=3e-3, warmup_steps=5),
+        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
+    )
+    assert "tracker: step 10 not measured, logged as NaN: the weights are not finite" in capsys.readouterr().out
+    series = read_series(tmp_path / "csv" / "metrics.csv")
+    steps, values = series["comp/K/frobenius/L0H0->L1H0"]
+    assert list(steps) == [0, 5, 10, 15]
+    assert all(torch.isfinite(torch.tensor(values[:2]))) and all(torch.isnan(torch.tensor(values[2:])))
+    assert list(series["tracker/unmeasurable"][0]) == [10, 15]

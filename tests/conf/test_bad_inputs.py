@@ -1,0 +1,118 @@
+"""Bad input to the real train.py: one line of error, a non-zero exit, and nothing created.
+
+Each case runs ``python train.py`` in a subprocess with ``hydra.run.dir`` pointing at a directory
+that does not exist yet; after the refusal it must still not exist (Hydra creates it, and writes
+``.hydra/`` into it, before the task starts: the checks run in a Hydra callback, before that), and no
+W&B run may have been started anywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import CodeRunningPayload, run_train
+
+pytestmark = pytest.mark.slow
+
+
+def checkpoint_file(tmp_path, kind: str) -> str:
+    path = tmp_path / f"{kind}.ckpt"
+    torch.save({"global_step": 3, "state_dict": {"w": torch.ones(64, 64)}}, path)
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    elif kind == "foreign":
+        torch.save({"weights": torch.ones(3)}, path)
+    elif kind == "payload":
+        torch.save({"global_step": 0, "state_dict": {}, "payload": CodeRunningPayload(tmp_path / "payload-ran")}, path)
+    return str(path)
+
+
+BAD_INPUTS = [
+    # the command line itself (Hydra's checks against the typed schema)
+    (["model.n_layer=3"], "n_layer"),  # a misspelt key
+    (["model.n_layers=two"], "could not be converted to Integer"),
+    (["model=transformer_xl"], "Could not find 'model/transformer_xl'"),
+    (["model.normalization=batchnorm"], "expected one of"),
+    (["data.name=shakespeare"], "expected one of"),
+    (["logger.wandb.mode=sometimes"], "expected one of"),
+    (["optim.betas=[0.9"], "no viable alternative"),
+    # ranges and cross-field checks (conf/validate.py)
+    (["model.n_layers=0"], "model.n_layers=0 must be >= 1"),
+    (["model.d_head=128"], "must be <= model.d_model"),
+    (["model.d_vocab=2"], "leaves 1 random tokens"),
+    (["data.seq_len=99"], "exceeds model.n_ctx"),
+    (["data.batch_size=0"], "data.batch_size=0 must be >= 1"),
+    (["data.n_min=9", "data.n_max=4"], "need 1 <= n_min <= n_max"),
+    (["trainer.max_steps=0"], "trainer.max_steps=0 must be >= 1"),
+    (["trainer.checkpoint_every_n_steps=0"], "must be >= 1"),
+    (["model.init=normal"], "model.init=normal needs model.init_std > 0 (got None)"),
+    (
+        ["data=sentence_gap_copy", "data.min_sentence=60"],
+        "data.min_sentence=60, data.max_sentence=50, data.max_gap=50: need 1 <= min_sentence",
+    ),
+    (["model.init_std=0.02"], "model.init_std=0.02 goes with model.init=normal (model.init=fan_in)"),
+    (["model.positions=sideways"], "expected one of"),
+    (
+        ["trajectory.budget_mb=0.1"],
+        "trajectory.budget_mb=0.1: a budget of 0.1 MB holds fewer than the first and last step",
+    ),
+    (["trajectory.threshold=nan"], "trajectory.threshold=nan: need a finite number"),
+    (["optim.lr=nan"], "optim.lr=nan: need a finite number"),
+    (["optim.lr=inf", "data.concentration=-inf"], "optim.lr=inf, data.concentration=-inf: need a finite number"),
+    (["+trainer.max_step=10"], "unknown option trainer.max_step (not in the schema"),
+    (["+tracker.ablation.evry_n_steps=10", "+seeed=3"], "unknown options seeed, tracker.ablation.evry_n_steps"),
+    (["trajectory.trigger=sometimes"], "expected one of"),
+    (["trainer.log_every_n_steps=0"], "must be >= 1"),
+    (["trainer.accelerator=tpu"], "trainer.accelerator='tpu' must be one of"),
+    (["trainer.precision=8-bit"], "trainer.precision='8-bit' must be one of"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1.0 must be > 0"),
+    (["trainer=gpu"], "no CUDA device"),
+    (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
+    (["optim.weight_decay=-1"], "optim.weight_decay=-1.0 must be >= 0"),
+    (["optim.warmup_steps=-10"], "optim.warmup_steps=-10 must be >= 0"),
+    (["optim.betas=[0.9,1.5]"], "must be two numbers in [0, 1)"),
+    (["logger.wandb.project="], "logger.wandb.project is empty"),
+    (["tracker.every_n_steps=0"], "tracker.every_n_steps=0 must be >= 1"),
+    (["tracker.ablation.every_n_steps=15"], "must be a multiple of"),
+    (["tracker.measures=[nope]"], "tracker.measures has unknown ['nope']"),
+    (["tracker.probe_n=1"], "tracker.probe_n=1 must be >= 2"),
+    (["tracker.smoothing_window=0"], "tracker.smoothing_window=0 must be >= 1"),
+    (["tracker.chunk_mb=0"], "tracker.chunk_mb=0 must be >= 1"),
+    # checkpoints to resume from
+    (["resume=/nonexistent/last.ckpt"], "no such checkpoint file or run directory"),
+    (["resume={empty}"], "the file is empty"),
+    (["resume={truncated}"], "not a loadable checkpoint"),
+    (["resume={foreign}"], "not a checkpoint of this project"),
+    (["resume={payload}"], "not a loadable checkpoint"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_before_anything_is_created(tmp_path, overrides, message):
+    overrides = [
+        o.format(
+            **{k: checkpoint_file(tmp_path, k) for k in ("empty", "truncated", "foreign", "payload") if f"{{{k}}}" in o}
+        )
+        for o in overrides
+    ]
+    run_dir = tmp_path / "run"
+    result = run_train(overrides, run_dir, timeout=120)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0], lines[0]
+    assert not run_dir.exists()  # no run directory, no .hydra/, no W&B run
+    assert not list(tmp_path.rglob("wandb"))
+    assert not (tmp_path / "payload-ran").exists()  # a crafted checkpoint's code never ran
+
+
+def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "a_file").write_text("not a directory")
+    result = run_train(["trainer.max_steps=2"], tmp_path / "a_file" / "run", timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert "cannot make the run directory" in lines[0] and "Not a directory" in lines[0], lines[0]
+    assert (tmp_path / "a_file").read_text() == "not a directory"

@@ -1,0 +1,173 @@
+"""Bad configs fail before training with a clear message and a non-zero exit; the real config composes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from conf.schema import register_schemas
+from conf.validate import config_problems
+from tests.helpers import REPO, CodeRunningPayload, run_train
+
+register_schemas()
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_default_config_is_valid_and_matches_the_experiment():
+    cfg = composed()
+    assert config_problems(cfg) == []
+    assert cfg.model.n_layers == 2 and cfg.tracker.every_n_steps == 10
+    assert composed("experiment=one_layer").model.n_layers == 1
+
+
+def test_multirun_with_several_devices_is_refused():
+    problems = config_problems(composed("trainer.devices=2"), multirun=True)
+    assert any("multirun" in p for p in problems)
+    assert not any("multirun" in p for p in config_problems(composed("trainer.devices=2")))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.seq_len=40"], "exceeds model.n_ctx"),
+        (["model.d_head=100"], "d_head"),
+        (["data.n_min=9", "data.n_max=4"], "n_min <= n_max"),
+        (["tracker.probe_n=20"], "probe"),
+        (["tracker.measures=[frobenius,nope]"], "unknown ['nope']"),
+        (["trainer.max_steps=0"], "max_steps"),
+        (["model.d_vocab=2"], "random tokens"),
+        (["logger.csv=false"], "needs logger.csv=true"),
+        (["trainer.log_every_n_steps=0"], "log_every_n_steps"),
+        (["trainer.precision=fp8"], "precision"),
+        (["tracker.ablation.every_n_steps=15"], "ablation.every_n_steps=15 must be a multiple"),
+        (["tracker.ablation.every_n_steps=-1"], "ablation.every_n_steps=-1 must be >= 0"),
+        (["tracker.copying.every_n_steps=7"], "copying.every_n_steps=7 must be a multiple"),
+        (["tracker.whitening.every_n_steps=-5"], "must be >= 0 (0 at every snapshot)"),
+        (
+            ["tracker.all_measures.every_n_steps=15"],
+            "all_measures.every_n_steps=15 must be a multiple of tracker.every_n_steps=10 (every measure is scored",
+        ),
+        (["tracker.all_measures.every_n_steps=-1"], "all_measures.every_n_steps=-1 must be >= 0 (0 at every snapshot)"),
+        (["tracker.every_n_steps=30"], "all_measures.every_n_steps=100 must be a multiple of tracker.every_n_steps=30"),
+        (["tracker.dense_measures=[frobenius,nope]"], "tracker.dense_measures has unknown ['nope']"),
+        (["tracker.num_threads=0"], "num_threads=0"),
+        (["tracker.chunk_mb=0"], "chunk_mb=0"),
+        (["optim.weight_decay=-1"], "weight_decay=-1"),
+        (["trainer.gradient_clip_val=-1"], "gradient_clip_val=-1"),
+        (["optim.warmup_steps=-10"], "warmup_steps=-10"),
+        (["tracker.smoothing_window=0"], "smoothing_window=0"),
+        (["logger.wandb.project="], "project is empty"),
+        (["optim.betas=[0.9]"], "betas"),
+        (["tracker.measures=[]"], "empty"),
+        (["tracker.images.every_n_steps=25"], "multiple of"),
+        (["resume=/nonexistent/last.ckpt"], "no such checkpoint"),
+    ],
+)
+def test_cross_field_problems_are_named(overrides, message):
+    problems = config_problems(composed(*overrides))
+    assert any(message in p for p in problems), problems
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.n_layer=3", "n_layer"),  # misspelt key
+        ("model.n_layers=two", "n_layers"),  # wrong type
+        ("model=transformer_xl", "model"),  # unknown group option
+        ("data.seq_len=99", "exceeds model.n_ctx"),  # cross-field
+        ("model.normalization=batchnorm", "normalization"),  # bad enum
+    ],
+)
+def test_train_py_refuses_bad_config_before_training(override, message, tmp_path):
+    result = run_train([override], tmp_path / "run", timeout=120)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Training" not in result.stdout + result.stderr  # nothing started
+    assert not (tmp_path / "run" / "wandb").exists()
+
+
+def test_a_checkpoint_carrying_code_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "payload-ran"
+    checkpoint = tmp_path / "crafted.ckpt"
+    torch.save({"global_step": 0, "state_dict": {}, "payload": CodeRunningPayload(marker)}, checkpoint)
+    problems = config_problems(composed(f"resume={checkpoint}"))
+    assert any("not a loadable checkpoint" in p for p in problems), problems
+    assert not marker.exists()  # the payload never ran
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "foreign"])
+def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
+    checkpoint = tmp_path / "last.ckpt"
+    torch.save({"global_step": 3, "state_dict": {"w": torch.ones(64, 64)}}, checkpoint)
+    if damage == "empty":
+        checkpoint.write_bytes(b"")
+    elif damage == "truncated":
+        checkpoint.write_bytes(checkpoint.read_bytes()[:200])
+    else:
+        torch.save({"weights": torch.ones(3)}, checkpoint)  # loads, but is no checkpoint of ours
+    problems = [p for p in config_problems(composed(f"resume={checkpoint}")) if p.startswith("resume=")]
+    assert len(problems) == 1 and "\n" not in problems[0], problems
+    expected = {
+        "empty": "is empty",
+        "truncated": "not a loadable checkpoint",
+        "foreign": "not a checkpoint of this project",
+    }[damage]
+    assert expected in problems[0]
+
+
+def test_data_seed_follows_the_run_seed_unless_set():
+    assert composed("seed=3").data.seed == 3
+    assert composed("seed=3", "data.seed=7").data.seed == 7
+
+
+def test_a_run_made_before_an_option_existed_resumes_unchanged():
+    """A checkpoint's config from before ``model.positions``, ``model.biases`` and ``model.init``
+    existed reads them as their defaults: no change; a changed one is still named."""
+    from omegaconf import OmegaConf
+
+    from conf.validate import config_changes
+
+    now = OmegaConf.to_container(composed(), resolve=True, enum_to_str=True)
+    old = OmegaConf.to_container(composed(), resolve=True, enum_to_str=True)
+    for key in ("positions", "biases", "init"):
+        del old["model"][key]
+    assert config_changes(old, now) == []
+    changed = OmegaConf.to_container(composed("model.biases=true"), resolve=True, enum_to_str=True)
+    assert config_changes(old, changed) == ["model.biases: False -> True"]
+
+
+def test_seed_002s_presets_compose_with_their_library_options():
+    cfg = composed("experiment=seed002")
+    assert config_problems(cfg) == [] and cfg.model.init == "normal" and cfg.model.init_std == 0.02
+    library = composed(
+        "experiment=seed002",
+        "model.positions=shortformer",
+        "model.biases=true",
+        "model.init=gpt2",
+        "model.init_std=null",
+    )
+    assert config_problems(library) == []
+
+
+def test_the_models_option_defaults_are_the_schemas():
+    """TransformerShape keeps defaults for its options only (a saved shape older than an option
+    loads as the plain model); they must be the schema's, the one source of defaults."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from conf.schema import ModelConfig
+    from models.transformer import TransformerShape
+
+    schema = OmegaConf.to_container(OmegaConf.structured(ModelConfig), enum_to_str=True)
+    with_default = {
+        f.name: f.default for f in dataclasses.fields(TransformerShape) if f.default is not dataclasses.MISSING
+    }
+    assert set(with_default) == {"normalization", "positions", "biases"}
+    assert with_default == {name: schema[name] for name in with_default}

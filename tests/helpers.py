@@ -1,0 +1,287 @@
+"""What the tests share: a hand-built induction circuit, small models, the real train.py in a
+subprocess, readers of W&B histories, SLURM helpers. Test modules import from here, never from
+each other."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from data.probe import ProbeBatch
+from metrics.composition.baseline import Baseline
+from metrics.ground_truth.ablation import KeyAblation
+from metrics.ground_truth.validity import Agreement
+from metrics.snapshot import COMPOSITION_MEASURES, MATCHING, Snapshot
+from models.transformer import AttentionOnlyTransformer, TransformerShape
+from records import wandb_records
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- a hand-built induction circuit ------------------------------------------------------------
+
+
+# A two-layer model whose weights implement an induction circuit by hand.
+#
+# Residual stream blocks (``V = d_vocab`` dims each, plus ``n_ctx`` for positions):
+# ``TOKEN`` (the token's one-hot), ``POS`` (position one-hot), ``PREV`` (previous token, written by
+# L0H0), ``OUT`` (the induction head's prediction, read by the unembedding).
+#
+# - L0H0, previous-token head: queries read position p, keys position p - 1; copies TOKEN -> PREV.
+# - L1H0, induction head: queries read TOKEN, keys read PREV (K-composition with L0H0);
+#   copies TOKEN -> OUT.
+# - L0H1 and L1H1: small random distractors.
+SHARP = 30.0  # attention logit scale: makes the hand-built patterns nearly one-hot
+
+
+def induction_circuit_model(d_vocab: int = 9, n_ctx: int = 9, seed: int = 0) -> AttentionOnlyTransformer:
+    V, P = d_vocab, n_ctx
+    d_model, d_head = 3 * V + P, max(V, P)
+    TOKEN, POS, PREV, OUT = 0, V, V + P, 2 * V + P
+    model = AttentionOnlyTransformer(
+        TransformerShape(n_layers=2, n_heads=2, d_model=d_model + V, d_head=d_head, n_ctx=P, d_vocab=V)
+    )
+    d_model += V  # the OUT block
+    generator = torch.Generator().manual_seed(seed)
+    eye = lambda n: torch.eye(n)
+    scale = SHARP * d_head**0.5
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.W_E[:, TOKEN : TOKEN + V] = eye(V)
+        model.W_pos[:, POS : POS + P] = eye(P)
+        prev, ind = model.layers[0], model.layers[1]
+        # L0H0: query at p matches key at p - 1
+        prev.W_Q[0, POS : POS + P, :P] = scale * eye(P)
+        prev.W_K[0, POS : POS + P - 1, 1:P] = eye(P - 1)
+        prev.W_V[0, TOKEN : TOKEN + V, :V] = eye(V)
+        prev.W_O[0, :V, PREV : PREV + V] = eye(V)
+        # L1H0: query's token matches key's previous token
+        ind.W_Q[0, TOKEN : TOKEN + V, :V] = scale * eye(V)
+        ind.W_K[0, PREV : PREV + V, :V] = eye(V)
+        ind.W_V[0, TOKEN : TOKEN + V, :V] = eye(V)
+        ind.W_O[0, :V, OUT : OUT + V] = eye(V)
+        model.W_U[OUT : OUT + V, :] = 10.0 * eye(V)
+        for layer in (prev, ind):
+            for name in ("W_Q", "W_K", "W_V", "W_O"):
+                w = getattr(layer, name)
+                w[1] = 0.05 * torch.randn(w[1].shape, generator=generator)
+    return model
+
+
+# --- shared by several test modules ----------------------------------------------------------
+
+TOKENS = torch.tensor([[8, 0, 1, 2, 3, 0, 1, 2, 3], [8, 5, 7, 6, 4, 5, 7, 6, 4], [8, 2, 6, 1, 7, 2, 6, 1, 7]])
+
+
+PROBE = ProbeBatch(tokens=TOKENS, n=4, first_start=1)
+
+
+def seed002_like(positions: str, biases: bool, normalization: str = "none") -> AttentionOnlyTransformer:
+    """A small model with the options of seed 002's library, biases drawn away from their zero start."""
+    torch.manual_seed(0)
+    model = AttentionOnlyTransformer(
+        TransformerShape(2, 2, 16, 4, 9, 11, normalization, positions, biases), "gpt2"
+    ).double()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.rsplit(".", 1)[-1].startswith("b_") or "norm" in name:
+                parameter.normal_(1.0 if "norm" in name else 0.0, 0.3)
+    return model
+
+
+class LossRecorder(L.Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(outputs["loss"].item())
+
+
+ALL_MEASURES = tuple(COMPOSITION_MEASURES)
+
+
+def pair_tensor(n_layers: int, n_heads: int, generator: torch.Generator) -> torch.Tensor:
+    """Uniform [0, 1) ``[L, H, L, H]`` float64, NaN where the reader's layer is not later."""
+    values = torch.rand(n_layers, n_heads, n_layers, n_heads, generator=generator, dtype=torch.float64)
+    layer = torch.arange(n_layers)
+    later = layer[None, None, :, None] > layer[:, None, None, None]
+    return values.masked_fill(~later, float("nan"))
+
+
+def fake_snapshot(n_layers: int, n_heads: int, measures=ALL_MEASURES, seed: int = 0, **overrides) -> Snapshot:
+    """A snapshot of random scores with every part present (the ablation and validity too), as
+    ``take_snapshot`` lays them out; ``overrides`` replace fields (e.g. ``ablation=None``)."""
+    g = torch.Generator().manual_seed(seed)
+    heads = lambda: torch.rand(n_layers, n_heads, generator=g, dtype=torch.float64)
+    fields = dict(
+        composition={m: {kind: pair_tensor(n_layers, n_heads, g) for kind in "QKV"} for m in measures},
+        baselines={m: Baseline(mean=0.1 + 0.01 * i, stderr=0.001, n_samples=100) for i, m in enumerate(measures)},
+        previous_token=heads(),
+        induction=heads(),
+        duplicate_token=heads(),
+        copying=heads(),
+        empirical_copying=heads(),
+        copying_top_rate=heads(),
+        matching=pair_tensor(n_layers, n_heads, g),
+        first_occurrence_loss=5.0,
+        repeated_loss=2.0,
+        icl_score=-1.0,
+        circuit=((0, min(1, n_heads - 1)), (1, 0)) if n_layers > 1 else None,
+        ablation=KeyAblation(
+            pattern_change=pair_tensor(n_layers, n_heads, g), loss_change=pair_tensor(n_layers, n_heads, g)
+        ),
+        validity={
+            effect: {
+                m: Agreement(2, 0.5, writer=Agreement(1, 1.0), reader=Agreement(1, 1.0)) for m in (*measures, MATCHING)
+            }
+            for effect in ("loss_change", "pattern_change")
+        },
+    )
+    fields.update(overrides)
+    return Snapshot(**fields)
+
+
+def wandb_history(run_dir) -> list[dict]:
+    """Every logged row of every W&B run file in the run directory, in start order, minus media
+    references (their file names carry random ids)."""
+    rows = []
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        rows += [
+            {k: v for k, v in row.items() if not k.startswith(("_", "images/", "validity/table"))}
+            for row in wandb_records.history(path)
+        ]
+    return rows
+
+
+def hand_fold(norm, W):
+    """A reading weight ``W [d_model, k]`` in float64 with the norm folded in by hand: ``diag(g) W``,
+    then under LayerNorm its mean over d_model subtracted (the centring, TransformerLens-style)."""
+    W = W.detach().double()
+    gain = getattr(norm, "weight", None)
+    W = W if gain is None else gain.detach().double()[:, None] * W
+    return W - W.mean(0, keepdim=True) if isinstance(norm, torch.nn.LayerNorm) else W
+
+
+def dense_reader_factors(model, layer, head, kind):
+    """The reader's (read factor, full matrix) for a composition kind, from the raw weights."""
+    attn = model.layers[layer]
+    W = {n: getattr(attn, n)[head].detach().double() for n in ("W_Q", "W_K", "W_V", "W_O")}
+    Q, K, V = (hand_fold(attn.norm, W[n]) for n in ("W_Q", "W_K", "W_V"))
+    return {"Q": (Q, Q @ K.T), "K": (K, K @ Q.T), "V": (V, V @ W["W_O"])}[kind]
+
+
+def slurm_is_up() -> bool:
+    if shutil.which("sbatch") is None:
+        return False
+    result = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
+    return result.returncode == 0 and any(state in result.stdout for state in ("idle", "mix", "alloc"))
+
+
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job_field(job: str, field: str) -> str:
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    return next((word.split("=", 1)[1] for word in shown.split() if word.startswith(f"{field}=")), "")
+
+
+def start_requeued_job_now(job: str) -> None:
+    """Let a requeued job start now rather than after SLURM's two-minute hold, but not within the
+    second of the requeue: slurmd revokes the first launch's credential with a one-second timestamp
+    and refuses (the job then FAILS) a relaunch whose credential is as old."""
+    time.sleep(2.0)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+
+
+# --- the real train.py, in a subprocess ------------------------------------------------------
+
+
+def random_model(
+    normalization: str = "none", n_layers: int = 3, n_heads: int = 3, seed: int = 0
+) -> AttentionOnlyTransformer:
+    """A small model with random weights and, with normalization, random non-unit gains."""
+    torch.manual_seed(seed)
+    model = AttentionOnlyTransformer(
+        TransformerShape(
+            n_layers=n_layers, n_heads=n_heads, d_model=24, d_head=5, n_ctx=17, d_vocab=11, normalization=normalization
+        )
+    )
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
+                module.weight.copy_(0.5 + torch.rand_like(module.weight))
+    return model
+
+
+def train_env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1", **extra)
+
+
+def run_train(args: list[str], tmp_path: Path, timeout: int = 300, env: dict[str, str] | None = None):
+    """Run ``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path``."""
+    import subprocess
+
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        f"hydra.run.dir={tmp_path}",
+        "trainer.enable_progress_bar=false",
+        *args,
+    ]
+    return subprocess.run(command, cwd=REPO, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def run_train_until(args: list[str], step: int, signum: int, env: dict[str, str] | None = None, timeout: int = 300):
+    """Run ``python train.py ARGS`` and send it ``signum`` once it reports step ``step`` (a progress
+    line every step). Returns (exit code, everything it printed)."""
+    import subprocess
+
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "trainer.enable_progress_bar=true",
+        "trainer.progress_every_n_steps=1",
+        *args,
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env or train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    printed, sent = [], False
+    try:
+        for line in process.stdout:
+            printed.append(line)
+            if not sent and line.startswith(f"step {step}/"):
+                process.send_signal(signum)
+                sent = True
+        return process.wait(timeout=timeout), "".join(printed)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+class CodeRunningPayload:
+    """Unpickling this creates a file: what a crafted checkpoint would do to a careless loader."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))

@@ -1,0 +1,64 @@
+"""A real SLURM job, warned before its time limit (SIGUSR1), requeues itself and finishes its run in place.
+
+Needs a SLURM cluster (``sinfo`` answers): CI starts a single-node one (``.ci/start-local-slurm``) and
+sets ``REQUIRE_SLURM=1``, so there the test fails rather than skips; elsewhere it is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import FINISHED, REPO, job_field, slurm_is_up, start_requeued_job_now, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
+    if not slurm_is_up():
+        if os.environ.get("REQUIRE_SLURM"):
+            pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
+        pytest.skip('no SLURM cluster here: eval "$(.ci/start-local-slurm)" starts one (root, Debian)')
+    log = tmp_path / "job.out"
+    script = tmp_path / "job.sh"
+    script.write_text(f"""#!/bin/bash
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output={log}
+#SBATCH --chdir={tmp_path}
+export WANDB_MODE=offline WANDB_SILENT=true PYTHONUNBUFFERED=1
+exec {sys.executable} {REPO / "train.py"} trainer.max_steps=120 tracker.enabled=false logger=csv trainer.log_every_n_steps=1 \\
+    trainer.progress_every_n_steps=1 trainer.checkpoint_every_n_steps=1000
+""")
+    job = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=dict(os.environ)
+    ).stdout.strip()
+    try:
+        wait_for(lambda: log.is_file() and "step 15/" in log.read_text(), 180, "the job to reach step 15")
+        subprocess.run(
+            ["scancel", "-b", "--signal=USR1", job], check=True
+        )  # what --signal=USR1@T sends before the time limit
+        wait_for(lambda: job_field(job, "Restarts") == "1", 120, "SLURM to requeue the job")
+        start_requeued_job_now(job)
+        state = wait_for(
+            lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"),
+            300,
+            "the requeued job to finish",
+        )
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    printed = log.read_text()
+    assert state == "COMPLETED", f"the requeued job ended {state} ({job_field(job, 'Reason')}):\n{printed[-3000:]}"
+    assert job_field(job, "Restarts") == "1", printed[-3000:]
+    assert "stopped by SIGUSR1 at step" in printed and f"SLURM job {job} requeued" in printed
+    (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/checkpoints")]  # one run directory, continued
+    assert f"resuming {run_dir}" in printed
+    with open(run_dir / "csv" / "metrics.csv", newline="") as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
+    assert steps == list(range(120))  # every step once, across the two attempts
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 120

@@ -1,0 +1,299 @@
+"""Sweeps with the real train.py and Hydra's launchers: failures stay in their job, every job is one
+W&B run in the sweep's group, the sweep is reported as one result, and a re-run finishes it.
+
+The launchers come from the ``sweeps`` extra (``pip install -e '.[sweeps]'``); the SLURM launcher
+also needs a cluster (CI starts one; see tests/runtime/test_slurm.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from records import wandb_records
+from tests.helpers import (
+    FINISHED,
+    REPO,
+    job_field,
+    slurm_is_up,
+    start_requeued_job_now,
+    train_env,
+    wait_for,
+    wandb_history,
+)
+
+pytestmark = pytest.mark.slow
+
+QUICK = [
+    "trainer.max_steps=30",
+    "tracker.every_n_steps=10",
+    "tracker.ablation.every_n_steps=0",
+    "tracker.copying.every_n_steps=0",
+    "tracker.images.every_n_steps=0",
+    "trainer.log_every_n_steps=1",
+]
+
+
+def sweep(args: list[str], sweep_dir, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        f"hydra.sweep.dir={sweep_dir}",
+        "trainer.enable_progress_bar=false",
+        *args,
+    ]
+    return subprocess.run(command, cwd=REPO, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def job_table(sweep_dir) -> list[dict]:
+    with open(sweep_dir / "sweep_jobs.csv", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def loss_steps(run_dir) -> list[int]:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as file:
+        return [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
+
+
+def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
+    """One job diverges (W&B: failed), two have a bad value (no W&B run at all), one finishes; the
+    sweep exits non-zero and its report marks the three failures."""
+    result = sweep([*QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1"], tmp_path)
+    assert result.returncode != 0, result.stderr[-3000:]
+    rows = {(float(row["optim.lr"]), int(row["model.n_heads"])): row for row in job_table(tmp_path)}
+    assert rows[(3e-3, 2)]["status"] == "finished"
+    assert [rows[key]["status"] for key in ((1e6, 2), (1e6, -1), (3e-3, -1))] == ["failed"] * 3
+    assert "3 of 4 jobs did not finish" in result.stderr
+    diverged = tmp_path / rows[(1e6, 2)]["job"]
+    assert "training diverged at step" in json.loads((diverged / "status.json").read_text())["error"]
+    (run_file,) = diverged.glob("wandb/offline-run-*/run-*.wandb")
+    assert wandb_records.exit_code(run_file) == 1  # marked failed in W&B, not successful
+    assert not list((tmp_path / rows[(3e-3, -1)]["job"]).glob("wandb"))  # refused before W&B started
+    for name in (
+        "sweep_jobs.csv",
+        "sweep_groups.csv",
+        "sweep_loss_curves.png",
+        "sweep_midpoints.png",
+        "sweep_aligned.png",
+    ):
+        assert (tmp_path / name).is_file(), name
+    (report_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # the sweep's summary run, in its group
+    report_run = next(r.run for r in wandb_records.records(report_file) if r.WhichOneof("record_type") == "run")
+    assert report_run.display_name == "sweep report" and report_run.run_group == str(tmp_path)
+    (logged,) = wandb_records.history(report_file)
+    assert logged["sweep/jobs/nrows"] == 4 and "sweep/midpoints/path" in logged
+    assert wandb_records.exit_code(report_file) == 1
+
+
+def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    result = sweep([*QUICK, "hydra/launcher=joblib", "seed=0,1"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "is launching 2 jobs" in result.stdout + result.stderr
+    for job, seed in (("0", 0), ("1", 1)):
+        (run_file,) = (tmp_path / job).glob("wandb/offline-run-*/run-*.wandb")
+        run = next(r.run for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "run")
+        assert run.run_group == str(tmp_path) and run.display_name == f"seed={seed}" and f"seed={seed}" in run.tags
+        assert wandb_records.exit_code(run_file) == 0
+        assert loss_steps(tmp_path / job) == list(range(30))
+    assert [row["status"] for row in job_table(tmp_path)] == ["finished", "finished"]
+    # the same sweep read from its W&B offline runs alone (as copied from a cluster) gives the same numbers
+    from reports.sweep_report import sweep_report
+
+    from_wandb = sweep_report([tmp_path / job / "wandb" for job in ("0", "1")], out_dir=tmp_path / "from_wandb")
+    from_dirs = sweep_report([tmp_path], out_dir=tmp_path / "from_dirs")
+    by_seed = lambda report: {
+        row["seed"]: (row["repeated_loss_end"], row["K_frobenius"], row["status"]) for row in report.job_table
+    }
+    assert by_seed(from_wandb) == by_seed(from_dirs) and len(by_seed(from_dirs)) == 2
+
+
+def test_submitit_local_runs_a_two_job_sweep(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    result = sweep([*QUICK, "hydra/launcher=submitit_local", "seed=0,1", "logger=csv"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [row["status"] for row in job_table(tmp_path)] == ["finished", "finished"]
+    assert list(tmp_path.glob(".submitit/*/*_result.pkl"))  # submitit ran them
+
+
+def test_submitit_slurm_sweep_survives_a_pre_timeout_signal(tmp_path):
+    """A 2-job sweep on a real SLURM cluster; job 0 gets SLURM's pre-timeout signal, checkpoints,
+    is requeued, resumes in place and finishes with every step logged once."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    if not slurm_is_up():
+        if os.environ.get("REQUIRE_SLURM"):
+            pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
+        pytest.skip('no SLURM cluster here: eval "$(.ci/start-local-slurm)" starts one (root, Debian)')
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        f"hydra.sweep.dir={tmp_path}",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.timeout_min=10",
+        "hydra.launcher.cpus_per_task=1",
+        "seed=0,1",
+        "trainer.max_steps=400",
+        "tracker.enabled=false",
+        "logger=csv",
+        "trainer.log_every_n_steps=1",
+        "trainer.progress_every_n_steps=10",
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        log = wait_for(lambda: next(iter(tmp_path.glob(".submitit/*_0/*_0_0_log.out")), None), 180, "job 0 to start")
+        wait_for(lambda: "step 50/" in log.read_text(), 180, "job 0 to reach step 50")
+        job = log.parent.name
+        subprocess.run(["scancel", "--signal=USR1", job], check=True)  # the python task is a step: no -b
+        wait_for(lambda: job_field(job, "Restarts") == "1", 120, "SLURM to requeue job 0")
+        start_requeued_job_now(job)
+        # submitit cannot see a job's state here (no accounting), so a relaunch that fails would
+        # leave the sweep waiting: watch it in SLURM and fail with its state instead
+        state = wait_for(
+            lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"),
+            300,
+            "requeued job 0 to finish",
+        )
+        assert state == "COMPLETED", (
+            f"requeued job 0 ended {state} ({job_field(job, 'Reason')}):\n{log.read_text()[-3000:]}"
+        )
+        printed, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, printed[-3000:]
+    job_log = "".join(p.read_text() for p in log.parent.glob("*_log.*"))
+    assert "stopped by SIGUSR1 at step" in job_log and "requeued" in job_log and "resuming" in job_log
+    assert [row["status"] for row in job_table(tmp_path)] == ["finished", "finished"]
+    for job_dir in ("0", "1"):
+        assert loss_steps(tmp_path / job_dir) == list(range(400))
+
+
+def test_an_interrupted_sweep_rerun_finishes_as_if_uninterrupted(tmp_path):
+    """SIGTERM to a sweep in its first job; the same command again resumes that job from its
+    checkpoint and runs the rest; a third time skips them all. Every job's CSV and W&B history
+    equals the uninterrupted sweep's (one thread: bit-identical), every step once."""
+    env = train_env(OMP_NUM_THREADS="1")
+    args = [*QUICK, "trainer.max_steps=40", "seed=0,1"]
+    reference = sweep(args, tmp_path / "reference", env=env)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    interrupted = tmp_path / "interrupted"
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        f"hydra.sweep.dir={interrupted}",
+        "trainer.enable_progress_bar=true",
+        "trainer.progress_every_n_steps=1",
+        *args,
+    ]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    printed = []
+    for line in process.stdout:
+        printed.append(line)
+        if line.startswith("step 17/"):
+            process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=300) == 128 + signal.SIGTERM, "".join(printed)[-3000:]
+    assert json.loads((interrupted / "0" / "status.json").read_text())["status"] == "preempted"
+    assert not (interrupted / "1").exists()  # the sweep stopped: job 1 never started
+
+    rerun = sweep(args, interrupted, env=env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resuming" in (interrupted / "0" / "train.log").read_text()
+    for job in ("0", "1"):
+        assert loss_steps(interrupted / job) == list(range(40))
+        with (
+            open(interrupted / job / "csv" / "metrics.csv", newline="") as a,
+            open(tmp_path / "reference" / job / "csv" / "metrics.csv", newline="") as b,
+        ):
+            assert sorted(map(sorted_row, csv.DictReader(a))) == sorted(map(sorted_row, csv.DictReader(b)))
+        assert wandb_history(interrupted / job) == wandb_history(
+            tmp_path / "reference" / job
+        )  # no step twice, none lost
+
+    again = sweep(args, interrupted, env=env)
+    assert again.returncode == 0 and again.stdout.count("finished in an earlier launch of this sweep: skipped") == 2
+
+
+def sorted_row(row: dict) -> list:
+    return sorted((k, v) for k, v in row.items() if v)
+
+
+def agent_command(spec: dict) -> list[str]:
+    """The command line a W&B agent builds for a sweep spec, with each parameter at its first value
+    (or a distribution's minimum), made by wandb's own functions as ``wandb agent`` makes it."""
+    from wandb.sdk.launch.sweeps import utils as sweep_utils
+
+    args = {
+        name: {"value": p["values"][0] if "values" in p else p.get("value", p.get("min"))}
+        for name, p in spec["parameters"].items()
+    }
+    macros = sweep_utils.create_sweep_command_args({"args": args})
+    macros.update(env=["/usr/bin/env"], interpreter=[sys.executable], program=[spec["program"]])
+    command = []
+    for part in sweep_utils.create_sweep_command(spec["command"]):
+        part = str(part)
+        command += macros.get(part[2:-1]) or [] if part.startswith("${") and part.endswith("}") else [part]
+    return command
+
+
+@pytest.mark.parametrize("spec_file", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_each_wandb_sweep_spec_runs_train_py_as_an_agent_would(spec_file, tmp_path):
+    import socket
+
+    import yaml
+
+    spec = yaml.safe_load(spec_file.read_text())
+    command = agent_command(spec)
+    assert command[:3] == ["/usr/bin/env", sys.executable, "train.py"]
+    with socket.socket() as probe:  # a W&B server address that refuses connections: the run logs offline
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = train_env(WANDB_SWEEP_ID="testsweep", WANDB_RUN_ID="agentrun1", WANDB_BASE_URL=f"http://127.0.0.1:{port}")
+    env.pop("WANDB_MODE")
+    shorter = [
+        f"hydra.run.dir={tmp_path}",
+        "trainer.max_steps=20",
+        "tracker.enabled=false",
+        "trainer.enable_progress_bar=false",
+    ]
+    result = subprocess.run(command + shorter, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    assert wandb_records.run_id(run_file) == "agentrun1"  # the agent's run, not one of ours
+    config = wandb_records.config(run_file)
+    for name in spec["parameters"]:  # the run trained with the values the agent passed
+        section, key = name.split(".") if "." in name else (None, name)
+        value = config[section][key] if section else config[key]
+        assert f"{name}={value}" in command, (name, value, command)
+
+
+def test_optuna_searches_with_the_objective_each_job_returns(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    result = sweep(
+        [
+            "experiment=smallest_cliff",
+            "hydra.sweeper.n_trials=3",
+            "trainer.max_steps=30",
+            "objective_cliff_by=null",
+            "tracker.every_n_steps=10",
+            "logger=csv",
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    optimization = (tmp_path / "optimization_results.yaml").read_text()  # written by the Optuna sweeper
+    assert "best_params" in optimization and "best_value" in optimization
+    best = float(optimization.split("best_value:")[1].split()[0])
+    widths = [int(row["model.d_model"]) for row in job_table(tmp_path)]
+    assert len(widths) == 3 and best == min(widths)  # each trial returned its own width
