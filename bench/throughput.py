@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
             seconds[name].append(elapsed)
             if tracker is not None:
                 trackers.append(tracker)
-    ledgers = [tracker.ledger for tracker in trackers]
+    ledgers = [tracker.cost.ledger for tracker in trackers]
 
     median_s = {name: statistics.median(s) for name, s in seconds.items()}
     tokens_per_s = {name: args.steps * tokens_per_step / s for name, s in median_s.items()}
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     part_share = {p: statistics.median(lg.seconds.get(p, 0) for lg in ledgers) / median_s["lightning"] for p in parts}
     # what a long run pays: each part at its own period, without the full snapshots this short run
     # was also forced to take at its first and last step
-    per_step = trackers[-1].amortised_seconds_per_step({p: ms / 1000 for p, ms in part_ms.items()})
+    per_step = trackers[-1].cost.amortised_seconds_per_step({p: ms / 1000 for p, ms in part_ms.items()})
     steady = sum(per_step.values()) / (median_s["lightning"] / args.steps)
 
     m = cfg.model

@@ -10,7 +10,7 @@ how long it spent measuring and drawing.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -26,9 +26,7 @@ from records.keys import snapshot_metrics
 from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, snapshot_tensors
 from reports.plots import heatmap_image
-
-WITH_ALL = "composition of every measure"
-"""The ledger's name for the composition of a snapshot that scores every tracked measure, not only the dense ones."""
+from reports.tracker_cost import WITH_ALL, TrackerCost
 
 DENSE_MEASURES = ("frobenius",)
 """The measures scored at every snapshot by default: the cheapest (Gram products, no factorisation)
@@ -79,20 +77,6 @@ class Schedule:
         )
 
 
-@dataclass
-class CostLedger:
-    """Seconds spent per part, and how often each ran, for the cost report."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-    runs: dict[str, int] = field(default_factory=dict)
-    last: dict[str, float] = field(default_factory=dict)  # the most recent run's seconds, per part
-
-    def add(self, part: str, seconds: float) -> None:
-        self.seconds[part] = self.seconds.get(part, 0.0) + seconds
-        self.runs[part] = self.runs.get(part, 0) + 1
-        self.last[part] = seconds
-
-
 class CompositionTracker(L.Callback):
     """Logs composition, head scores and loss views on the probe batch every ``schedule.every_n_steps``.
 
@@ -132,7 +116,7 @@ class CompositionTracker(L.Callback):
         self.max_pair_keys, self.top_pairs = max_pair_keys, top_pairs
         self.dtype, self.num_threads, self.chunk_bytes = dtype, num_threads, chunk_bytes
         self.cost_report = cost_report
-        self.ledger = CostLedger()
+        self.cost = TrackerCost(self.schedule, self.measures, self.dense_measures)
         self.last_step: int | None = None
         self.last_keys: list[str] = []  # the keys of the last snapshot: an unmeasurable one logs NaN under them
         self.latest: tuple[int, dict[str, float]] | None = (
@@ -140,10 +124,6 @@ class CompositionTracker(L.Callback):
         )
         self.whitenings: dict = {}  # the whitened bases (embedding, residual), reused between refreshes
         self.ablation_used: str | None = None
-        self._clock: tuple[int, float, float] | None = (
-            None  # (step, time, tracker seconds so far) when the clock started
-        )
-        self._reported = False
 
     def state_dict(self) -> dict:
         """What a resumed run needs to measure exactly as an uninterrupted one: the whitened bases in
@@ -186,8 +166,8 @@ class CompositionTracker(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.maybe_measure(trainer, pl_module, force=True)  # the final weights, whatever max_steps is
         self.close()
-        if trainer.is_global_zero and self.cost_report and self.ledger.runs:
-            print(self.totals_line())
+        if trainer.is_global_zero and self.cost_report and self.cost.ledger.runs:
+            print(self.cost.totals_line())
 
     def maybe_measure(self, trainer: L.Trainer, pl_module: L.LightningModule, force: bool = False) -> None:
         step = trainer.global_step
@@ -257,7 +237,9 @@ class CompositionTracker(L.Callback):
         self.ablation_used = snap.ablation_method or self.ablation_used
         for part, seconds in snap.seconds.items():
             # a snapshot that scores every measure is booked apart: the others run on their own schedule
-            self.ledger.add(WITH_ALL if part == "composition" and measures != self.dense_measures else part, seconds)
+            self.cost.ledger.add(
+                WITH_ALL if part == "composition" and measures != self.dense_measures else part, seconds
+            )
         logging_start = time.perf_counter()
         metrics = snapshot_metrics(snap, self.max_pair_keys, self.top_pairs, n_measures=len(self.measures))
         self.last_keys = list(metrics)
@@ -266,12 +248,12 @@ class CompositionTracker(L.Callback):
             logger.log_metrics(metrics, step=step)
         if self.store is not None:
             self.store.append(step, snapshot_tensors(snap))
-        self.ledger.add("logging", time.perf_counter() - logging_start)
-        self.ledger.add("snapshot", time.perf_counter() - start)
+        self.cost.ledger.add("logging", time.perf_counter() - logging_start)
+        self.cost.ledger.add("snapshot", time.perf_counter() - start)
         if s.due("images", step, last):
             self.log_heatmaps(loggers, snap, step)
-        if self.cost_report:
-            self.maybe_report(step)
+        if self.cost_report and (report := self.cost.report_once(step, self.ablation_used)):
+            print(report)
         return snap
 
     def log_heatmaps(self, loggers: list[Logger], snap: Snapshot, step: int) -> None:
@@ -285,95 +267,4 @@ class CompositionTracker(L.Callback):
             caption = f"{measure} minus baseline, step {step}: rows writers, columns readers (Q | K | V)"
             for logger in wandb_loggers:
                 logger.log_image(key=f"images/composition/{measure}", images=[rgb], step=step, caption=[caption])
-        self.ledger.add("images", time.perf_counter() - start)
-
-    # --- what it costs -------------------------------------------------------------------------
-
-    def maybe_report(self, step: int) -> None:
-        """At the first snapshot, start the clock; at the second, print the cost report (once)."""
-        now = time.perf_counter()
-        spent = self.ledger.seconds.get("snapshot", 0.0) + self.ledger.seconds.get("images", 0.0)
-        if self._clock is None:
-            self._clock = (step, now, spent)
-            return
-        if self._reported or step == self._clock[0]:
-            return
-        first_step, first_time, first_spent = self._clock
-        training = now - first_time - (spent - first_spent)  # wall time since, less the tracker's own
-        step_seconds = max(training, 1e-9) / (step - first_step)
-        print(self.cost_lines(step_seconds))
-        self._reported = True
-
-    def amortised_seconds_per_step(self, seconds: dict[str, float] | None = None) -> dict[str, float]:
-        """Each part's cost per training step: its seconds per run (default: the last run's) over its
-        period. Heatmaps drawn only once so far are left out: the first drawing pays W&B's one-time set-up."""
-        s, last = self.schedule, self.ledger.last if seconds is None else seconds
-        composition, others = self.composition_seconds(last)
-        base = composition + sum(last.get(p, 0.0) for p in ("probe", "head scores", "logging"))
-        per_step = {"snapshot": base / s.every_n_steps}
-        if others:
-            per_step["other measures"] = others / s.all_measures
-        for part, every in (
-            ("ablation", s.ablation),
-            ("validity", s.ablation),
-            ("copying", s.copying),
-            ("matching", s.matching),
-            ("images", s.images),
-        ):
-            if every and part in last and not (part == "images" and seconds is None and self.first_heatmaps_only):
-                per_step[part] = last[part] / every
-        return per_step
-
-    @property
-    def first_heatmaps_only(self) -> bool:
-        """Whether the heatmaps have been drawn once only (their seconds include W&B's one-time set-up)."""
-        return self.ledger.runs.get("images", 0) == 1
-
-    def composition_seconds(self, last: dict[str, float]) -> tuple[float, float]:
-        """Seconds of a snapshot's composition at every snapshot (the dense measures), and the extra
-        seconds of every other measure where they run on their own schedule (0 where they run at
-        every snapshot or none is tracked)."""
-        dense, full = last.get("composition"), last.get(WITH_ALL)
-        if full is None:
-            return dense or 0.0, 0.0
-        if dense is None or not self.schedule.all_measures:
-            return full, 0.0
-        return dense, max(full - dense, 0.0)
-
-    def cost_lines(self, step_seconds: float) -> str:
-        """The cost report: a snapshot's parts and their schedules, and the expected overhead."""
-        s, last = self.schedule, self.ledger.last
-        ms = lambda part: f"{1000 * last[part]:.1f} ms" if part in last else "n/a"
-        per_step = self.amortised_seconds_per_step()
-        overhead = sum(per_step.values()) / step_seconds
-        ablation = f"{ms('ablation')} ({self.ablation_used})" if self.ablation_used else ms("ablation")
-        heatmaps = f"heatmaps {ms('images')} every {s.images or 'never'}"
-        if self.first_heatmaps_only:
-            heatmaps = f"heatmaps every {s.images} (the first took {ms('images')} with W&B's one-time set-up; not in the estimate)"
-        composition, others = self.composition_seconds(last)
-        scored = len(self.dense_measures) if others else len(self.measures)
-        lines = [
-            f"tracker cost: a snapshot every {s.every_n_steps} steps costs"
-            f" {1000 * (last.get('probe', 0) + last.get('head scores', 0) + composition + last.get('logging', 0)):.1f} ms"
-            f" (probe {ms('probe')}, composition {1000 * composition:.1f} ms for {scored} measure{'s' * (scored != 1)}, logging {ms('logging')});",
-            *(
-                [
-                    f"  the {len(self.measures) - scored} other measures {1000 * others:.1f} ms more every {s.all_measures}"
-                ]
-                if others
-                else []
-            ),
-            f"  ablation {ablation} every {s.ablation or 'never'}, matching {ms('matching')} every {s.matching or 'never'},"
-            f" copying scores {ms('copying')} every {s.copying or 'never'}, {heatmaps}",
-            f"  training {1000 * step_seconds:.1f} ms/step -> expected tracker overhead {overhead:.1%}"
-            + ("" if overhead < 0.25 else " (high: raise tracker.every_n_steps or the expensive parts' every_n_steps)"),
-        ]
-        return "\n".join(lines)
-
-    def totals_line(self) -> str:
-        seconds, runs = self.ledger.seconds, self.ledger.runs
-        images = f", heatmaps {seconds['images']:.1f} s ({runs['images']} times)" if "images" in seconds else ""
-        return (
-            f"tracker: {runs.get('snapshot', 0)} snapshots in {seconds.get('snapshot', 0):.1f} s"
-            f" (composition {seconds.get('composition', 0) + seconds.get(WITH_ALL, 0):.1f} s, ablation {seconds.get('ablation', 0):.1f} s){images}"
-        )
+        self.cost.ledger.add("images", time.perf_counter() - start)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench.throughput import main
-from callbacks.tracker import WITH_ALL
+from reports.tracker_cost import WITH_ALL
 
 pytestmark = pytest.mark.slow
 

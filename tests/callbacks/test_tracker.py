@@ -9,12 +9,13 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from callbacks.tracker import WITH_ALL, CompositionTracker, Schedule
+from callbacks.tracker import CompositionTracker, Schedule
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 from reports.run_report import read_series
+from reports.tracker_cost import WITH_ALL
 from tests.helpers import LossRecorder
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=17, d_vocab=21)
@@ -160,7 +161,7 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
         assert series[key][0].tolist() == [0, 10, 20, 27], key
     # the run's four measures decide the mode at every step, also where frobenius alone would fit per pair
     assert not any("->" in key for key in series if key.startswith("comp/"))
-    ledger = tracker.ledger
+    ledger = tracker.cost.ledger
     assert ledger.runs["composition"] == 2 and ledger.runs[WITH_ALL] == 5  # steps 5, 25; 0, 10, 15, 20, 27
     seconds = {
         "probe": 0.004,
@@ -170,12 +171,12 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
         WITH_ALL: 0.007,
         "copying": 0.003,
     }
-    per_step = tracker.amortised_seconds_per_step(seconds)
+    per_step = tracker.cost.amortised_seconds_per_step(seconds)
     assert per_step["snapshot"] == pytest.approx(0.008 / 5) and per_step["other measures"] == pytest.approx(0.005 / 10)
     assert per_step["copying"] == pytest.approx(0.003 / 10)
     tracker.schedule.all_measures = 0  # at every snapshot: the whole composition is charged to each one
-    assert tracker.amortised_seconds_per_step(seconds)["snapshot"] == pytest.approx(0.013 / 5)
-    assert "other measures" not in tracker.amortised_seconds_per_step(seconds)
+    assert tracker.cost.amortised_seconds_per_step(seconds)["snapshot"] == pytest.approx(0.013 / 5)
+    assert "other measures" not in tracker.cost.amortised_seconds_per_step(seconds)
 
 
 def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
@@ -220,14 +221,14 @@ def test_cost_report_leaves_out_the_first_heatmaps_until_drawn_again():
         ("logging", 0.001),
         ("images", 0.4),
     ):
-        tracker.ledger.add(part, seconds)
-    assert tracker.amortised_seconds_per_step() == {"snapshot": pytest.approx(0.005 / 10)}
-    lines = tracker.cost_lines(step_seconds=0.01)
+        tracker.cost.ledger.add(part, seconds)
+    assert tracker.cost.amortised_seconds_per_step() == {"snapshot": pytest.approx(0.005 / 10)}
+    lines = tracker.cost.lines(step_seconds=0.01)
     assert "the first took 400.0 ms with W&B's one-time set-up; not in the estimate" in lines
     assert "expected tracker overhead 5.0%" in lines
-    tracker.ledger.add("images", 0.04)
-    assert tracker.amortised_seconds_per_step()["images"] == pytest.approx(0.04 / 200)
-    assert "heatmaps 40.0 ms every 200" in tracker.cost_lines(step_seconds=0.01)
+    tracker.cost.ledger.add("images", 0.04)
+    assert tracker.cost.amortised_seconds_per_step()["images"] == pytest.approx(0.04 / 200)
+    assert "heatmaps 40.0 ms every 200" in tracker.cost.lines(step_seconds=0.01)
 
 
 class PoisonWeights(L.Callback):
