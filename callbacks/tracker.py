@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 
 from data.probe import ProbeBatch
 from metrics.composition.baseline import cache_directory, random_baselines
-from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_flops
+from metrics.composition.engine import composition_flops
 from metrics.composition.whitening import Whitening
 from metrics.snapshot import Snapshot, take_snapshot
 from records.keys import snapshot_metrics
@@ -28,10 +28,12 @@ from records.tensor_store import TensorStore, snapshot_tensors
 from reports.plots import heatmap_image
 from reports.tracker_cost import WITH_ALL, TrackerCost
 
-DENSE_MEASURES = ("frobenius",)
-"""The measures scored at every snapshot by default: the cheapest (Gram products, no factorisation)
-and the one the papers plot. The others are scored every ``Schedule.all_measures`` steps."""
 SMALL_SNAPSHOT_FLOPS = 1e9  # below this, a snapshot is many small ops: one thread is faster than two
+
+
+def _name(option) -> str:
+    """An option's name, whether the config gives it as an Enum or a string."""
+    return str(getattr(option, "value", option))
 
 
 def auto_threads(shape, measures: tuple[str, ...]) -> int:
@@ -57,6 +59,19 @@ class Schedule:
     images: int
     all_measures: int
     whitening: int
+
+    @classmethod
+    def of(cls, settings) -> Schedule:
+        """The schedule of the config's ``tracker`` section."""
+        return cls(
+            every_n_steps=settings.every_n_steps,
+            ablation=settings.ablation.every_n_steps,
+            copying=settings.copying.every_n_steps,
+            matching=settings.matching.every_n_steps,
+            images=settings.images.every_n_steps,
+            all_measures=settings.all_measures.every_n_steps,
+            whitening=settings.whitening.every_n_steps,
+        )
 
     def due(self, part: str, step: int, last: bool) -> bool:
         every = getattr(self, part)
@@ -86,36 +101,24 @@ class CompositionTracker(L.Callback):
     part, whatever its schedule).
     """
 
-    def __init__(
-        self,
-        probe: ProbeBatch,
-        schedule: Schedule,
-        measures: tuple[str, ...] = ("frobenius",),
-        dense_measures: tuple[str, ...] = DENSE_MEASURES,
-        baseline_samples: int = 2000,
-        ablation_method: str = "auto",
-        ablation_kind: str = "per_position",
-        run_dir: Path | None = None,
-        store: bool = True,
-        max_pair_keys: int = 300,
-        top_pairs: int = 3,
-        dtype: torch.dtype | None = None,
-        num_threads: int | None = None,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        cost_report: bool = True,
-    ) -> None:
+    def __init__(self, probe: ProbeBatch, settings, run_dir: Path | None = None) -> None:
+        """``settings``: the config's ``tracker`` section (``conf/schema.py``, ``TrackerConfig``; its
+        every default is there); ``run_dir``: where the tensor store goes (None: no store)."""
         self.probe = probe
-        self.schedule = schedule
+        self.schedule = Schedule.of(settings)
         self.every_n_steps = self.schedule.every_n_steps
-        self.measures = measures
-        self.dense_measures = tuple(m for m in measures if m in dense_measures)  # scored at every snapshot
-        self.baseline_samples = baseline_samples
-        self.ablation_method, self.ablation_kind = ablation_method, ablation_kind
-        self.store_dir = Path(run_dir) / TENSORS_DIR if (store and run_dir is not None) else None
+        self.measures = tuple(settings.measures)
+        self.dense_measures = tuple(m for m in self.measures if m in settings.dense_measures)  # at every snapshot
+        self.baseline_samples = settings.baseline_samples
+        self.ablation_method = _name(settings.ablation.method)
+        self.ablation_kind = _name(settings.ablation.kind)
+        self.store_dir = Path(run_dir) / TENSORS_DIR if (settings.store and run_dir is not None) else None
         self.store: TensorStore | None = None
-        self.max_pair_keys, self.top_pairs = max_pair_keys, top_pairs
-        self.dtype, self.num_threads, self.chunk_bytes = dtype, num_threads, chunk_bytes
-        self.cost_report = cost_report
+        self.max_pair_keys, self.top_pairs = settings.max_pair_keys, settings.top_pairs
+        self.dtype = torch.float64 if _name(settings.precision) == "float64" else None
+        self.num_threads = settings.num_threads
+        self.chunk_bytes = settings.chunk_mb * 2**20
+        self.cost_report = settings.cost_report
         self.cost = TrackerCost(self.schedule, self.measures, self.dense_measures)
         self.last_step: int | None = None
         self.last_keys: list[str] = []  # the keys of the last snapshot: an unmeasurable one logs NaN under them

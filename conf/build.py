@@ -21,7 +21,7 @@ from callbacks.final_report import PhaseChangeFigure
 from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines
 from callbacks.run_record import RunRecord
-from callbacks.tracker import CompositionTracker, Schedule
+from callbacks.tracker import CompositionTracker
 from callbacks.trajectory import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
 from data.datamodule import TokenDataModule, TokenSampler, make_sampler
 from data.probe import make_probe_batch
@@ -275,32 +275,7 @@ def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     probe = make_probe_batch(
         tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(cfg.data.bos), cfg.data.bos
     )
-    schedule = Schedule(
-        every_n_steps=tr.every_n_steps,
-        ablation=tr.ablation.every_n_steps,
-        copying=tr.copying.every_n_steps,
-        matching=tr.matching.every_n_steps,
-        images=tr.images.every_n_steps,
-        all_measures=tr.all_measures.every_n_steps,
-        whitening=tr.whitening.every_n_steps,
-    )
-    return CompositionTracker(
-        probe,
-        schedule,
-        measures=tuple(tr.measures),
-        dense_measures=tuple(tr.dense_measures),
-        baseline_samples=tr.baseline_samples,
-        ablation_method=str(tr.ablation.method.value),
-        ablation_kind=str(tr.ablation.kind.value),
-        run_dir=run_dir,
-        store=tr.store,
-        max_pair_keys=tr.max_pair_keys,
-        top_pairs=tr.top_pairs,
-        dtype=torch.float64 if tr.precision == "float64" else None,
-        num_threads=tr.num_threads,
-        chunk_bytes=tr.chunk_mb * 2**20,
-        cost_report=tr.cost_report,
-    )
+    return CompositionTracker(probe, tr, run_dir)
 
 
 def silence_known_warnings() -> None:

@@ -285,3 +285,16 @@ class CodeRunningPayload:
 
     def __reduce__(self):
         return (open, (self.marker, "w"))
+
+
+# --- the tracker's settings --------------------------------------------------------------------
+
+
+def tracker_settings(*dotlist: str):
+    """The schema's ``tracker`` section (conf/schema.py, TrackerConfig) with ``dotlist`` overrides,
+    e.g. ``tracker_settings("every_n_steps=5", "ablation.every_n_steps=15", "measures=[frobenius]")``."""
+    from omegaconf import OmegaConf
+
+    from conf.schema import TrackerConfig
+
+    return OmegaConf.merge(OmegaConf.structured(TrackerConfig), OmegaConf.from_dotlist(list(dotlist)))

@@ -9,14 +9,14 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from callbacks.tracker import CompositionTracker, Schedule
+from callbacks.tracker import CompositionTracker
 from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 from reports.run_report import read_series
 from reports.tracker_cost import WITH_ALL
-from tests.helpers import LossRecorder
+from tests.helpers import LossRecorder, tracker_settings
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=17, d_vocab=21)
 
@@ -27,16 +27,17 @@ def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_
     callbacks = [recorder]
     tracker_cb = None
     if tracker:
-        schedule = Schedule(
-            every_n_steps=5, ablation=ablation_every, copying=5, matching=5, images=0, all_measures=100, whitening=100
+        settings = tracker_settings(
+            "every_n_steps=5",
+            f"ablation.every_n_steps={ablation_every}",
+            "copying.every_n_steps=5",
+            "matching.every_n_steps=5",
+            "images.every_n_steps=0",
+            "baseline_samples=100",
+            "measures=[frobenius,subspace]",
+            "cost_report=false",
         )
-        tracker_cb = CompositionTracker(
-            make_probe_batch(0, 8, 8, 20),
-            schedule,
-            baseline_samples=100,
-            measures=("frobenius", "subspace"),
-            cost_report=False,
-        )
+        tracker_cb = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
         callbacks.append(tracker_cb)
     trainer = L.Trainer(
         max_steps=steps,
@@ -125,15 +126,22 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
     books the two kinds of composition apart, and the cost model charges the other measures' extra
     seconds at their own period."""
     L.seed_everything(0, verbose=False)
-    schedule = Schedule(every_n_steps=5, ablation=15, copying=10, matching=0, images=0, all_measures=10, whitening=10)
+    settings = tracker_settings(
+        "every_n_steps=5",
+        "ablation.every_n_steps=15",
+        "copying.every_n_steps=10",
+        "matching.every_n_steps=0",
+        "images.every_n_steps=0",
+        "all_measures.every_n_steps=10",
+        "whitening.every_n_steps=10",
+        "baseline_samples=100",
+        "measures=[frobenius,sv_bound,whitened,whitened_resid]",
+        "dense_measures=[frobenius,subspace]",
+        "cost_report=false",
+        "max_pair_keys=50",
+    )
     tracker = CompositionTracker(
-        make_probe_batch(0, 8, 8, 20),
-        schedule,
-        baseline_samples=100,
-        measures=("frobenius", "sv_bound", "whitened", "whitened_resid"),
-        dense_measures=("frobenius", "subspace"),
-        cost_report=False,
-        max_pair_keys=50,
+        make_probe_batch(0, 8, 8, 20), settings
     )  # 4 pairs: 36 keys for frobenius alone, 108 for all four
     trainer = L.Trainer(
         max_steps=27,
@@ -183,8 +191,16 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
     """The report subtracts only the tracker time spent after its clock started (a slow first
     heatmap once made it read 0 ms/step); the estimate lands near the measured step time."""
     *_, trainer = fit(tmp_path, tracker=False, steps=1)  # warm-up: imports, first-call costs
-    schedule = Schedule(every_n_steps=5, ablation=0, copying=0, matching=0, images=0, all_measures=100, whitening=100)
-    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, baseline_samples=100, measures=("frobenius",))
+    settings = tracker_settings(
+        "every_n_steps=5",
+        "ablation.every_n_steps=0",
+        "copying.every_n_steps=0",
+        "matching.every_n_steps=0",
+        "images.every_n_steps=0",
+        "baseline_samples=100",
+        "measures=[frobenius]",
+    )
+    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
     trainer = L.Trainer(
         max_steps=12,
         accelerator="cpu",
@@ -212,8 +228,17 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
 def test_cost_report_leaves_out_the_first_heatmaps_until_drawn_again():
     """The first heatmaps pay W&B's one-time set-up (476 ms once, ~40 ms after, in a real run): the
     estimate charges heatmaps only from their second drawing, and the report says so meanwhile."""
-    schedule = Schedule(every_n_steps=10, ablation=0, copying=0, matching=0, images=200, all_measures=0, whitening=100)
-    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), schedule, measures=("frobenius",), cost_report=False)
+    settings = tracker_settings(
+        "every_n_steps=10",
+        "ablation.every_n_steps=0",
+        "copying.every_n_steps=0",
+        "matching.every_n_steps=0",
+        "images.every_n_steps=200",
+        "all_measures.every_n_steps=0",
+        "measures=[frobenius]",
+        "cost_report=false",
+    )
+    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
     for part, seconds in (
         ("probe", 0.002),
         ("head scores", 0.001),
@@ -244,13 +269,17 @@ class PoisonWeights(L.Callback):
 
 
 def test_non_finite_weights_are_logged_as_nan_with_the_reason_not_a_crash(tmp_path, capsys):
-    tracker = CompositionTracker(
-        make_probe_batch(0, 8, 8, 20),
-        Schedule(every_n_steps=5, ablation=5, copying=5, matching=5, images=0, all_measures=100, whitening=100),
-        baseline_samples=100,
-        measures=("frobenius", "subspace"),
-        cost_report=False,
+    settings = tracker_settings(
+        "every_n_steps=5",
+        "ablation.every_n_steps=5",
+        "copying.every_n_steps=5",
+        "matching.every_n_steps=5",
+        "images.every_n_steps=0",
+        "baseline_samples=100",
+        "measures=[frobenius,subspace]",
+        "cost_report=false",
     )
+    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
     trainer = L.Trainer(
         max_steps=15,
         accelerator="cpu",

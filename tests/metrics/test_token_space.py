@@ -150,21 +150,20 @@ def test_a_global_scale_of_the_gram_matrix_changes_no_ratio():
 def test_the_tracker_keeps_the_token_basis_like_the_embedding_one():
     """A snapshot returns the token whitening beside the embedding one; a tracker's state_dict carries
     both, and scores computed with the kept ones equal fresh ones (the refresh policy is per basis)."""
-    from callbacks.tracker import CompositionTracker, Schedule
+    from callbacks.tracker import CompositionTracker
     from data.probe import make_probe_batch
     from metrics.snapshot import take_snapshot
+    from tests.helpers import tracker_settings
 
     model = small_model()
     probe = make_probe_batch(0, 4, 4, SHAPE.d_vocab - 1)
     measures = ("whitened", "token_space")
     snap = take_snapshot(model, probe, measures, baseline_samples=50, dtype=torch.float64)
     assert set(snap.whitenings) == {"embedding", "token"}
-    schedule = Schedule(
-        every_n_steps=10, ablation=0, copying=100, matching=100, images=200, all_measures=100, whitening=100
-    )
-    tracker = CompositionTracker(probe, schedule, measures=measures)
+    settings = tracker_settings("measures=[whitened,token_space]")
+    tracker = CompositionTracker(probe, settings)
     tracker.whitenings = snap.whitenings
-    restored = CompositionTracker(probe, schedule, measures=measures)
+    restored = CompositionTracker(probe, settings)
     restored.load_state_dict(tracker.state_dict())
     torch.testing.assert_close(restored.whitenings["token"].half, snap.whitenings["token"].half, rtol=0, atol=0)
     again = take_snapshot(
