@@ -22,7 +22,7 @@ from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines
 from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker
-from callbacks.trajectory import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
+from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
 from data.datamodule import TokenDataModule, TokenSampler, make_sampler
 from data.probe import make_probe_batch
 from models.lit_module import InductionLM

@@ -196,7 +196,7 @@ class TrackerConfig:
 
 
 class TrajectoryTrigger(str, Enum):
-    """What starts keeping the weights at every tracker step (callbacks.trajectory.PhaseTrigger)."""
+    """What starts keeping the weights at every tracker step (callbacks.trajectory_recorder.PhaseTrigger)."""
 
     repeated_loss = "repeated_loss"  # the probe's repeated-token loss starts its fall
     induction_score = "induction_score"  # the top induction score starts its rise

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from callbacks.trajectory import PhaseTrigger
+from callbacks.trajectory_recorder import PhaseTrigger
 from metrics.dynamics.phase_change import detect_phase_change
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records.trajectory import Trajectory, TrajectoryError, TrajectoryPlan, TrajectoryWriter, sparse_steps
