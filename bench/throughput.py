@@ -84,13 +84,17 @@ def compose_config(steps: int, extra: list[str]) -> DictConfig:
 
 def run_bare(cfg: DictConfig, steps: int) -> float:
     """Seconds for ``steps`` optimizer steps of a plain torch loop, after a few untimed warm-up steps."""
-    d, o = cfg.data, cfg.optim
+    data, optim = cfg.data, cfg.optim
     torch.manual_seed(cfg.seed)
     model = AttentionOnlyTransformer(build_shape(cfg), init=str(cfg.model.init.value), init_std=cfg.model.init_std)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
+    )
     # InductionLM.configure_optimizers adds this warmup; keep it so both loops do the same work per step
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(o.warmup_steps, 1)))
-    batches = iter(TokenStream(build_sampler(cfg), d.batch_size))
+    warmup = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / max(optim.warmup_steps, 1))
+    )
+    batches = iter(TokenStream(build_sampler(cfg), data.batch_size))
 
     def step() -> None:
         tokens = next(batches)
@@ -214,12 +218,12 @@ def main(argv: list[str] | None = None) -> dict:
     per_step = trackers[-1].cost.amortised_seconds_per_step({p: ms / 1000 for p, ms in part_ms.items()})
     steady = sum(per_step.values()) / (median_s["lightning"] / args.steps)
 
-    m = cfg.model
+    model = cfg.model
     command = shlex.join(sys.orig_argv)
     print(f"command: {command}")
     print(f"torch {torch.__version__}, lightning {L.__version__}, torch.get_num_threads() = {torch.get_num_threads()}")
     print(
-        f"model: {m.n_layers} layers x {m.n_heads} heads, d_model {m.d_model}, d_head {m.d_head}, d_vocab {m.d_vocab};"
+        f"model: {model.n_layers} layers x {model.n_heads} heads, d_model {model.d_model}, d_head {model.d_head}, d_vocab {model.d_vocab};"
         f" batch {cfg.data.batch_size} x {cfg.data.seq_len} = {tokens_per_step} tokens/step;"
         f" {args.steps} steps x {args.repeats} repeats, interleaved"
     )

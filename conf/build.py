@@ -50,20 +50,20 @@ def torch_threads(cfg: DictConfig, launcher: DictConfig | None) -> int | None:
 
 def build_sampler(cfg: DictConfig) -> TokenSampler:
     """The data generator ``cfg.data`` names, as a sample-ids -> tokens function."""
-    d = cfg.data
+    data = cfg.data
     return make_sampler(
-        d.name.value,
-        d.seed,
-        d.seq_len,
-        cfg.model.d_vocab - int(d.bos),
-        d.bos,
-        n_min=d.n_min,
-        n_max=d.n_max,
-        n_triggers=d.n_triggers,
-        concentration=d.concentration,
-        min_sentence=d.min_sentence,
-        max_sentence=d.max_sentence,
-        max_gap=d.max_gap,
+        data.name.value,
+        data.seed,
+        data.seq_len,
+        cfg.model.d_vocab - int(data.bos),
+        data.bos,
+        n_min=data.n_min,
+        n_max=data.n_max,
+        n_triggers=data.n_triggers,
+        concentration=data.concentration,
+        min_sentence=data.min_sentence,
+        max_sentence=data.max_sentence,
+        max_gap=data.max_gap,
     )
 
 
@@ -72,30 +72,30 @@ def build_datamodule(cfg: DictConfig) -> TokenDataModule:
 
 
 def build_shape(cfg: DictConfig) -> TransformerShape:
-    m = cfg.model
+    model = cfg.model
     return TransformerShape(
-        n_layers=m.n_layers,
-        n_heads=m.n_heads,
-        d_model=m.d_model,
-        d_head=m.d_head,
-        n_ctx=m.n_ctx,
-        d_vocab=m.d_vocab,
-        normalization=str(m.normalization.value),
-        positions=str(m.positions.value),
-        biases=m.biases,
+        n_layers=model.n_layers,
+        n_heads=model.n_heads,
+        d_model=model.d_model,
+        d_head=model.d_head,
+        n_ctx=model.n_ctx,
+        d_vocab=model.d_vocab,
+        normalization=str(model.normalization.value),
+        positions=str(model.positions.value),
+        biases=model.biases,
     )
 
 
 def build_module(cfg: DictConfig) -> InductionLM:
-    m, o = cfg.model, cfg.optim
+    model, optim = cfg.model, cfg.optim
     return InductionLM(
         build_shape(cfg),
-        lr=o.lr,
-        weight_decay=o.weight_decay,
-        betas=tuple(o.betas),
-        warmup_steps=o.warmup_steps,
-        init=str(m.init.value),
-        init_std=m.init_std,
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        betas=tuple(optim.betas),
+        warmup_steps=optim.warmup_steps,
+        init=str(model.init.value),
+        init_std=model.init_std,
     )
 
 
@@ -148,13 +148,15 @@ def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = 
     """A run's W&B group, name and tags, where ``logger.wandb`` leaves them unset: a sweep's jobs
     share the sweep directory as their group; a run is named by its command-line overrides, which
     are also its tags (``seed=1``, ``model.n_heads=4``), besides the config's own tags."""
-    w = cfg.logger.wandb
+    wandb_cfg = cfg.logger.wandb
     shown = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/", "logger.", "resume"))]
-    tags = tuple(dict.fromkeys([*w.tags, *(o[:WANDB_TAG_LENGTH] for o in shown)]))
+    tags = tuple(dict.fromkeys([*wandb_cfg.tags, *(o[:WANDB_TAG_LENGTH] for o in shown)]))
     swept = keys_swept_by(Path(sweep_dir)) if sweep_dir else set()
     named = [o for o in shown if o.lstrip("+~").split("=", 1)[0] in swept] or shown
     return WandbNaming(
-        group=w.group or (str(sweep_dir) if sweep_dir else None), name=w.name or (" ".join(named) or None), tags=tags
+        group=wandb_cfg.group or (str(sweep_dir) if sweep_dir else None),
+        name=wandb_cfg.name or (" ".join(named) or None),
+        tags=tags,
     )
 
 
@@ -194,16 +196,18 @@ def build_loggers(
     naming: WandbNaming = WandbNaming(),
 ) -> list[Logger]:
     loggers: list[Logger] = []
-    w = cfg.logger.wandb
-    if w.enabled:
-        mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, run_dir)  # online only if the server answers
+    wandb_cfg = cfg.logger.wandb
+    if wandb_cfg.enabled:
+        mode = effective_mode(
+            wandb_mode(cfg), wandb_cfg.connect_timeout_s, run_dir
+        )  # online only if the server answers
         loggers.append(
             wandb_logger(
-                project=w.project,
-                entity=w.entity,
+                project=wandb_cfg.project,
+                entity=wandb_cfg.entity,
                 group=naming.group,
-                tags=list(naming.tags or w.tags),
-                name=naming.name or w.name,
+                tags=list(naming.tags or wandb_cfg.tags),
+                name=naming.name or wandb_cfg.name,
                 save_dir=str(run_dir),
                 mode=mode,
                 id=wandb_id,
@@ -250,32 +254,38 @@ def build_trajectory(
     cfg: DictConfig, run_dir: Path, config: dict, run: dict, tracker: CompositionTracker | None
 ) -> TrajectoryRecorder:
     """The weight trajectory as ``cfg.trajectory`` configures it; no adaptive part without a tracker."""
-    t = cfg.trajectory
+    trajectory = cfg.trajectory
     trigger = None
-    if tracker is not None and t.trigger.value != "none":
-        _, falling = TRIGGER_KEYS[t.trigger.value]
-        trigger = PhaseTrigger(falling=falling, threshold=t.threshold, settle=t.settle, window=t.window)
+    if tracker is not None and trajectory.trigger.value != "none":
+        _, falling = TRIGGER_KEYS[trajectory.trigger.value]
+        trigger = PhaseTrigger(
+            falling=falling, threshold=trajectory.threshold, settle=trajectory.settle, window=trajectory.window
+        )
     return TrajectoryRecorder(
         run_dir / TRAJECTORY_DIR,
         config,
         run,
         cfg.trainer.max_steps,
-        t.log_steps,
-        t.every_n_steps,
-        t.budget_mb,
+        trajectory.log_steps,
+        trajectory.every_n_steps,
+        trajectory.budget_mb,
         trigger,
         tracker,
-        t.look_back,
+        trajectory.look_back,
     )
 
 
 def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     """The tracker as ``cfg.tracker`` configures it (``run_dir`` None: no tensor store)."""
-    tr = cfg.tracker
+    tracker = cfg.tracker
     probe = make_probe_batch(
-        tr.probe_seed, tr.probe_batch_size, tr.probe_n, cfg.model.d_vocab - int(cfg.data.bos), cfg.data.bos
+        tracker.probe_seed,
+        tracker.probe_batch_size,
+        tracker.probe_n,
+        cfg.model.d_vocab - int(cfg.data.bos),
+        cfg.data.bos,
     )
-    return CompositionTracker(probe, tr, run_dir)
+    return CompositionTracker(probe, tracker, run_dir)
 
 
 def silence_known_warnings() -> None:
@@ -302,23 +312,23 @@ def build_trainer(
 ) -> L.Trainer:
     """The trainer, its loggers and callbacks; the W&B run is the continued one or a new id."""
     silence_known_warnings()
-    t = cfg.trainer
+    trainer = cfg.trainer
     interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar
     wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
     callbacks = build_callbacks(cfg, run_dir, wandb_id, naming)
-    if t.enable_progress_bar and not interactive:
-        callbacks.append(ProgressLines(t.progress_every_n_steps))
+    if trainer.enable_progress_bar and not interactive:
+        callbacks.append(ProgressLines(trainer.progress_every_n_steps))
     return L.Trainer(
         default_root_dir=str(run_dir),
-        max_steps=t.max_steps,
-        accelerator=t.accelerator,
-        devices=t.devices,
-        precision=t.precision,
-        gradient_clip_val=t.gradient_clip_val,
-        accumulate_grad_batches=t.accumulate_grad_batches,
-        log_every_n_steps=t.log_every_n_steps,
-        enable_progress_bar=t.enable_progress_bar and interactive,
-        deterministic=t.deterministic,
+        max_steps=trainer.max_steps,
+        accelerator=trainer.accelerator,
+        devices=trainer.devices,
+        precision=trainer.precision,
+        gradient_clip_val=trainer.gradient_clip_val,
+        accumulate_grad_batches=trainer.accumulate_grad_batches,
+        log_every_n_steps=trainer.log_every_n_steps,
+        enable_progress_bar=trainer.enable_progress_bar and interactive,
+        deterministic=trainer.deterministic,
         logger=build_loggers(cfg, run_dir, continuation, wandb_id, naming) or False,
         callbacks=callbacks,
         enable_model_summary=False,

@@ -150,44 +150,44 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         ]
     if non_finite := non_finite_floats(cfg):
         return [f"{', '.join(non_finite)}: need a finite number"]
-    m, d, t, tr = cfg.model, cfg.data, cfg.trainer, cfg.tracker
+    model, data, trainer, tracker = cfg.model, cfg.data, cfg.trainer, cfg.tracker
     problems = []
     for key in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx"):
-        if m[key] < 1:
-            problems.append(f"model.{key}={m[key]} must be >= 1")
-    if m.d_head > m.d_model:
-        problems.append(f"model.d_head={m.d_head} must be <= model.d_model={m.d_model}")
-    n_random = m.d_vocab - int(d.bos)
+        if model[key] < 1:
+            problems.append(f"model.{key}={model[key]} must be >= 1")
+    if model.d_head > model.d_model:
+        problems.append(f"model.d_head={model.d_head} must be <= model.d_model={model.d_model}")
+    n_random = model.d_vocab - int(data.bos)
     if n_random < 2:
-        problems.append(f"model.d_vocab={m.d_vocab} leaves {n_random} random tokens (BOS takes one); need >= 2")
-    if d.seq_len > m.n_ctx:
-        problems.append(f"data.seq_len={d.seq_len} exceeds model.n_ctx={m.n_ctx}")
-    if d.batch_size < 1:
-        problems.append(f"data.batch_size={d.batch_size} must be >= 1")
-    if d.name == "repeated":
-        if not 1 <= d.n_min <= d.n_max:
-            problems.append(f"data.n_min={d.n_min}, data.n_max={d.n_max}: need 1 <= n_min <= n_max")
-        elif d.seq_len - int(d.bos) <= d.n_max:
+        problems.append(f"model.d_vocab={model.d_vocab} leaves {n_random} random tokens (BOS takes one); need >= 2")
+    if data.seq_len > model.n_ctx:
+        problems.append(f"data.seq_len={data.seq_len} exceeds model.n_ctx={model.n_ctx}")
+    if data.batch_size < 1:
+        problems.append(f"data.batch_size={data.batch_size} must be >= 1")
+    if data.name == "repeated":
+        if not 1 <= data.n_min <= data.n_max:
+            problems.append(f"data.n_min={data.n_min}, data.n_max={data.n_max}: need 1 <= n_min <= n_max")
+        elif data.seq_len - int(data.bos) <= data.n_max:
             problems.append(
-                f"data.seq_len={d.seq_len} leaves no room to repeat a block of data.n_max={d.n_max} tokens"
-                f" (need seq_len > n_max{' + 1 for BOS' if d.bos else ''})"
+                f"data.seq_len={data.seq_len} leaves no room to repeat a block of data.n_max={data.n_max} tokens"
+                f" (need seq_len > n_max{' + 1 for BOS' if data.bos else ''})"
             )
-    if d.name == "sentence_gap_copy":
-        if not d.bos:
+    if data.name == "sentence_gap_copy":
+        if not data.bos:
             problems.append("data.name=sentence_gap_copy needs data.bos=true (every segment starts with BOS)")
-        if not 1 <= d.min_sentence <= d.max_sentence or d.max_gap < 0:
+        if not 1 <= data.min_sentence <= data.max_sentence or data.max_gap < 0:
             problems.append(
-                f"data.min_sentence={d.min_sentence}, data.max_sentence={d.max_sentence}, data.max_gap={d.max_gap}:"
+                f"data.min_sentence={data.min_sentence}, data.max_sentence={data.max_sentence}, data.max_gap={data.max_gap}:"
                 " need 1 <= min_sentence <= max_sentence and max_gap >= 0"
             )
-    if m.init == "normal" and (m.init_std is None or not math.isfinite(m.init_std) or m.init_std <= 0):
-        problems.append(f"model.init=normal needs model.init_std > 0 (got {m.init_std})")
-    elif m.init != "normal" and m.init_std is not None:
-        problems.append(f"model.init_std={m.init_std} goes with model.init=normal (model.init={m.init.value})")
-    if d.name == "bigram_triggers" and not 1 <= d.n_triggers < n_random:
-        problems.append(f"data.n_triggers={d.n_triggers} must be in [1, {n_random - 1}]")
-    if t.max_steps < 1:
-        problems.append(f"trainer.max_steps={t.max_steps} must be >= 1")
+    if model.init == "normal" and (model.init_std is None or not math.isfinite(model.init_std) or model.init_std <= 0):
+        problems.append(f"model.init=normal needs model.init_std > 0 (got {model.init_std})")
+    elif model.init != "normal" and model.init_std is not None:
+        problems.append(f"model.init_std={model.init_std} goes with model.init=normal (model.init={model.init.value})")
+    if data.name == "bigram_triggers" and not 1 <= data.n_triggers < n_random:
+        problems.append(f"data.n_triggers={data.n_triggers} must be in [1, {n_random - 1}]")
+    if trainer.max_steps < 1:
+        problems.append(f"trainer.max_steps={trainer.max_steps} must be >= 1")
     for key in (
         "devices",
         "accumulate_grad_batches",
@@ -195,40 +195,40 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         "checkpoint_every_n_steps",
         "progress_every_n_steps",
     ):
-        if t[key] < 1:
-            problems.append(f"trainer.{key}={t[key]} must be >= 1")
-    if t.num_threads is not None and t.num_threads < 1:
-        problems.append(f"trainer.num_threads={t.num_threads} must be >= 1 (or null: automatic)")
-    if t.accelerator not in ACCELERATORS:
-        problems.append(f"trainer.accelerator={t.accelerator!r} must be one of {ACCELERATORS}")
-    if t.precision not in PRECISIONS:
-        problems.append(f"trainer.precision={t.precision!r} must be one of {PRECISIONS}")
-    if multirun and t.devices > 1:
+        if trainer[key] < 1:
+            problems.append(f"trainer.{key}={trainer[key]} must be >= 1")
+    if trainer.num_threads is not None and trainer.num_threads < 1:
+        problems.append(f"trainer.num_threads={trainer.num_threads} must be >= 1 (or null: automatic)")
+    if trainer.accelerator not in ACCELERATORS:
+        problems.append(f"trainer.accelerator={trainer.accelerator!r} must be one of {ACCELERATORS}")
+    if trainer.precision not in PRECISIONS:
+        problems.append(f"trainer.precision={trainer.precision!r} must be one of {PRECISIONS}")
+    if multirun and trainer.devices > 1:
         problems.append(
             "a multirun (-m) with trainer.devices > 1 is not supported: Lightning re-launches DDP workers with the sweep's arguments"
         )
-    o = cfg.optim
-    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-        problems.append(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
-    if o.lr <= 0:
-        problems.append(f"optim.lr={o.lr} must be > 0")
-    if o.weight_decay < 0:
-        problems.append(f"optim.weight_decay={o.weight_decay} must be >= 0")
-    if o.warmup_steps < 0:
-        problems.append(f"optim.warmup_steps={o.warmup_steps} must be >= 0")
-    if t.gradient_clip_val is not None and t.gradient_clip_val <= 0:
-        problems.append(f"trainer.gradient_clip_val={t.gradient_clip_val} must be > 0 (or null: no clipping)")
+    optim = cfg.optim
+    if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
+        problems.append(f"optim.betas={list(optim.betas)} must be two numbers in [0, 1)")
+    if optim.lr <= 0:
+        problems.append(f"optim.lr={optim.lr} must be > 0")
+    if optim.weight_decay < 0:
+        problems.append(f"optim.weight_decay={optim.weight_decay} must be >= 0")
+    if optim.warmup_steps < 0:
+        problems.append(f"optim.warmup_steps={optim.warmup_steps} must be >= 0")
+    if trainer.gradient_clip_val is not None and trainer.gradient_clip_val <= 0:
+        problems.append(f"trainer.gradient_clip_val={trainer.gradient_clip_val} must be > 0 (or null: no clipping)")
     if cfg.logger.wandb.enabled and not str(cfg.logger.wandb.project).strip():
         problems.append("logger.wandb.project is empty: name a project (or logger=csv for no W&B)")
     if cfg.logger.wandb.connect_timeout_s <= 0:
         problems.append(f"logger.wandb.connect_timeout_s={cfg.logger.wandb.connect_timeout_s} must be > 0")
-    if d.name == "bigram_triggers" and d.concentration <= 0:
-        problems.append(f"data.concentration={d.concentration} must be > 0")
+    if data.name == "bigram_triggers" and data.concentration <= 0:
+        problems.append(f"data.concentration={data.concentration} must be > 0")
     if cfg.resume is not None:
         problems.extend(resume_problems(cfg))
-    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+    if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         problems.append("trainer=gpu but no CUDA device is visible to torch (use trainer=cpu)")
-    if tr.enabled:
+    if tracker.enabled:
         problems.extend(tracker_problems(cfg))
     if cfg.trajectory.enabled and not problems:
         problems.extend(trajectory_problems(cfg))
@@ -246,17 +246,17 @@ def trajectory_problems(cfg: DictConfig) -> list[str]:
             problems.append(f"trajectory.{key}={t[key]} must be a finite number > 0")
     if problems:
         return problems
-    m = cfg.model
+    model = cfg.model
     shape = TransformerShape(
-        m.n_layers,
-        m.n_heads,
-        m.d_model,
-        m.d_head,
-        m.n_ctx,
-        m.d_vocab,
-        str(m.normalization.value),
-        str(m.positions.value),
-        m.biases,
+        model.n_layers,
+        model.n_heads,
+        model.d_model,
+        model.d_head,
+        model.n_ctx,
+        model.d_vocab,
+        str(model.normalization.value),
+        str(model.positions.value),
+        model.biases,
     )
     itemsize = 8 if cfg.trainer.precision in ("64", "64-true") else 4
     adaptive = cfg.tracker.enabled and t.trigger.value != "none"
@@ -290,33 +290,35 @@ EVERY_SNAPSHOT_AT_ZERO = ("all_measures", "whitening")
 
 def tracker_problems(cfg: DictConfig) -> list[str]:
     """Problems of ``cfg.tracker`` (an enabled tracker)."""
-    m, d, t, tr = cfg.model, cfg.data, cfg.trainer, cfg.tracker
+    model, data, trainer, tracker = cfg.model, cfg.data, cfg.trainer, cfg.tracker
     problems = []
-    if tr.every_n_steps < 1:
-        problems.append(f"tracker.every_n_steps={tr.every_n_steps} must be >= 1")
+    if tracker.every_n_steps < 1:
+        problems.append(f"tracker.every_n_steps={tracker.every_n_steps} must be >= 1")
     for part, what in TRACKER_PARTS.items():
-        every = tr[part].every_n_steps
+        every = tracker[part].every_n_steps
         if every < 0:
             zero = "at every snapshot" if part in EVERY_SNAPSHOT_AT_ZERO else "disables"
             problems.append(f"tracker.{part}.every_n_steps={every} must be >= 0 (0 {zero})")
-        elif every and tr.every_n_steps >= 1 and every % tr.every_n_steps:
+        elif every and tracker.every_n_steps >= 1 and every % tracker.every_n_steps:
             problems.append(
                 f"tracker.{part}.every_n_steps={every} must be a multiple of"
-                f" tracker.every_n_steps={tr.every_n_steps} ({what} at measured steps)"
+                f" tracker.every_n_steps={tracker.every_n_steps} ({what} at measured steps)"
             )
-    unknown = sorted(set(tr.measures) - set(COMPOSITION_MEASURES))
+    unknown = sorted(set(tracker.measures) - set(COMPOSITION_MEASURES))
     if unknown:
         problems.append(f"tracker.measures has unknown {unknown}; known: {sorted(COMPOSITION_MEASURES)}")
-    unknown_dense = sorted(set(tr.dense_measures) - set(COMPOSITION_MEASURES))
+    unknown_dense = sorted(set(tracker.dense_measures) - set(COMPOSITION_MEASURES))
     if unknown_dense:
         problems.append(f"tracker.dense_measures has unknown {unknown_dense}; known: {sorted(COMPOSITION_MEASURES)}")
-    if not tr.measures:
+    if not tracker.measures:
         problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
-    probe_len = 2 * tr.probe_n + int(d.bos)
-    if tr.probe_n < 2:
-        problems.append(f"tracker.probe_n={tr.probe_n} must be >= 2")
-    if probe_len > m.n_ctx:
-        problems.append(f"tracker.probe_n={tr.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={m.n_ctx}")
+    probe_len = 2 * tracker.probe_n + int(data.bos)
+    if tracker.probe_n < 2:
+        problems.append(f"tracker.probe_n={tracker.probe_n} must be >= 2")
+    if probe_len > model.n_ctx:
+        problems.append(
+            f"tracker.probe_n={tracker.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={model.n_ctx}"
+        )
     if not cfg.logger.csv:
         problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
     for key, low in (
@@ -327,11 +329,11 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
         ("chunk_mb", 1),
         ("smoothing_window", 1),
     ):
-        if tr[key] < low:
-            problems.append(f"tracker.{key}={tr[key]} must be >= {low}")
-    if tr.num_threads is not None and tr.num_threads < 1:
-        problems.append(f"tracker.num_threads={tr.num_threads} must be >= 1 (or null: as training)")
-    if tr.precision == "float64" and t.accelerator == "mps":
+        if tracker[key] < low:
+            problems.append(f"tracker.{key}={tracker[key]} must be >= {low}")
+    if tracker.num_threads is not None and tracker.num_threads < 1:
+        problems.append(f"tracker.num_threads={tracker.num_threads} must be >= 1 (or null: as training)")
+    if tracker.precision == "float64" and trainer.accelerator == "mps":
         problems.append(
             "tracker.precision=float64 is not available on MPS (no float64 there): use tracker.precision=model"
         )

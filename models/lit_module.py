@@ -24,10 +24,11 @@ class InductionLM(L.LightningModule):
     def __init__(
         self,
         shape: TransformerShape,
-        lr: float = 3e-3,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
+        *,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        warmup_steps: int,
         init: InitScheme = "fan_in",
         init_std: float | None = None,
     ) -> None:

@@ -26,7 +26,7 @@ def fit(tmp_path, max_steps, ckpt_path=None):
         callbacks=[recorder, ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0, every_n_train_steps=10)],
         gradient_clip_val=1.0,
     )
-    module = InductionLM(SHAPE, lr=3e-3, warmup_steps=5)
+    module = InductionLM(SHAPE, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=5)
     trainer.fit(
         module,
         datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),

@@ -51,7 +51,7 @@ def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_
         gradient_clip_val=1.0,
         accumulate_grad_batches=accumulate,
     )
-    module = InductionLM(SHAPE, lr=3e-3, warmup_steps=5)
+    module = InductionLM(SHAPE, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=5)
     trainer.fit(module, datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
     return recorder.losses, module, tracker_cb, trainer
 
@@ -154,7 +154,7 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
         log_every_n_steps=5,
     )
     trainer.fit(
-        InductionLM(SHAPE, lr=3e-3),
+        InductionLM(SHAPE, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=0),
         datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
     )
     trainer.loggers[0].save()
@@ -212,7 +212,7 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
     )
     start = time.perf_counter()
     trainer.fit(
-        InductionLM(SHAPE, lr=3e-3),
+        InductionLM(SHAPE, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=0),
         datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
     )
     per_step_upper = 1000 * (time.perf_counter() - start) / 5  # ms: a loose upper bound per training step
@@ -291,7 +291,7 @@ def test_non_finite_weights_are_logged_as_nan_with_the_reason_not_a_crash(tmp_pa
         log_every_n_steps=5,
     )
     trainer.fit(
-        InductionLM(SHAPE, lr=3e-3, warmup_steps=5),
+        InductionLM(SHAPE, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=5),
         datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
     )
     assert "tracker: step 10 not measured, logged as NaN: the weights are not finite" in capsys.readouterr().out
