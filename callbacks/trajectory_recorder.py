@@ -100,9 +100,9 @@ class TrajectoryRecorder(L.Callback):
         log_steps: int,
         every_n_steps: int,
         budget_mb: float,
-        trigger: PhaseTrigger | None = None,
-        tracker=None,
-        look_back: int = 5,
+        trigger: PhaseTrigger | None,
+        tracker,
+        look_back: int,
     ) -> None:
         self.directory = Path(directory)
         self.config, self.run = config, run
