@@ -42,6 +42,10 @@ from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
 from reports.plots import composition_report, plt, training_curves
 
+SMALLEST_PHASE_CHANGE = {"loss/repeated": 0.5, "heads/induction/top": 0.1}
+"""The least a series must move (nats; score in [0, 1]) for its largest transition to be reported as a
+phase change: on a flat run the noise's largest fall is a few hundredths of a nat, a cliff several nats."""
+
 MAX_GREY_CURVES = 100
 """More pairs than this: draw the range over all pairs and only this many curves, the highest peaks."""
 
@@ -70,7 +74,13 @@ def phase_change_of(series, key: str, falling: bool, window: int) -> PhaseChange
     if key not in series:
         return None
     steps, values = series[key]
-    return detect_phase_change(torch.from_numpy(steps), torch.from_numpy(values), falling=falling, window=window)
+    return detect_phase_change(
+        torch.from_numpy(steps),
+        torch.from_numpy(values),
+        falling=falling,
+        window=window,
+        min_change=SMALLEST_PHASE_CHANGE.get(key, 0.0),
+    )
 
 
 def summarize(series, window: int = 5) -> dict[str, float]:

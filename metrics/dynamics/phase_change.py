@@ -52,6 +52,7 @@ def detect_phase_change(
     fractions=(0.1, 0.5, 0.9),
     max_width_fraction: float = 0.25,
     flat_fraction: float = 0.02,
+    min_change: float = 0.0,
 ) -> PhaseChange | None:
     """The largest transition of ``values [n]`` logged at ``steps [n]`` (NaNs dropped).
 
@@ -62,7 +63,9 @@ def detect_phase_change(
 
     A phase change is abrupt: None when the transition (first to last fraction) spans more than
     ``max_width_fraction`` of the logged steps, as a slow trend does, when there are under three
-    points, or when there is no movement in that direction.
+    points, when there is no movement in that direction, or when the transition moves the smoothed
+    series by less than ``min_change`` (in the series' units): a flat, noisy loss has a largest
+    fall too, of a few hundredths of a nat, and it is not a phase change.
     """
     if not all(0 < f < 1 for f in fractions):
         raise ValueError(f"fractions must lie strictly between 0 and 1, got {fractions}")
@@ -79,6 +82,8 @@ def detect_phase_change(
     steep = torch.nonzero(slope[start:stop] < flat_fraction * slope[start:stop].min()).flatten() + start
     first, last = int(steep[0]), int(steep[-1]) + 1
     high, low = s[first], s[last]
+    if float(high - low) < min_change:
+        return None  # noise, not a cliff
     crossings = []
     for fraction in fractions:
         level = high - fraction * (high - low)

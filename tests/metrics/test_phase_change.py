@@ -57,3 +57,14 @@ def test_smoothing_keeps_length_and_constants():
     values = torch.full((7,), 3.0, dtype=torch.float64)
     torch.testing.assert_close(smooth(values, 5), values)
     assert len(smooth(torch.arange(10.0, dtype=torch.float64), 4)) == 10
+
+
+def test_a_fall_smaller_than_min_change_is_noise_not_a_phase_change():
+    generator = torch.Generator().manual_seed(0)
+    steps = torch.arange(0, 1000, 10, dtype=torch.float64)
+    flat = 6.9 + 0.005 * torch.randn(len(steps), generator=generator, dtype=torch.float64)
+    noise = detect_phase_change(steps, flat, falling=True, window=5)
+    assert noise is not None and noise.start_value - noise.end_value < 0.05  # the noise's largest fall
+    assert detect_phase_change(steps, flat, falling=True, window=5, min_change=0.5) is None
+    cliff = detect_phase_change(steps, logistic_fall(steps, 400.0, 30.0), falling=True, min_change=0.5)
+    assert cliff.midpoint_step == pytest.approx(400.0, abs=3)
