@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from conf.schema import register_schemas
-from conf.validate import config_problems
+from conf.validate import config_changes, config_problems
 from tests.helpers import REPO, CodeRunningPayload, run_train
 
 register_schemas()
@@ -129,10 +130,6 @@ def test_data_seed_follows_the_run_seed_unless_set():
 def test_a_run_made_before_an_option_existed_resumes_unchanged():
     """A checkpoint's config from before ``model.positions``, ``model.biases`` and ``model.init``
     existed reads them as their defaults: no change; a changed one is still named."""
-    from omegaconf import OmegaConf
-
-    from conf.validate import config_changes
-
     now = OmegaConf.to_container(composed(), resolve=True, enum_to_str=True)
     old = OmegaConf.to_container(composed(), resolve=True, enum_to_str=True)
     for key in ("positions", "biases", "init"):
@@ -142,17 +139,28 @@ def test_a_run_made_before_an_option_existed_resumes_unchanged():
     assert config_changes(old, changed) == ["model.biases: False -> True"]
 
 
-def test_seed_002s_presets_compose_with_their_library_options():
+def test_seed_002s_presets_are_its_library_s_model_and_the_others_documented_overrides():
+    """experiment=seed002 is the study's matching variant (docs/results.md, "Seed 002's run"):
+    shortformer positions and biases, init N(0, 0.02²), no norm; seed002_cpu changes only the batch,
+    the vocabulary and the steps; the study's other variants compose as overrides."""
     cfg = composed("experiment=seed002")
-    assert config_problems(cfg) == [] and cfg.model.init == "normal" and cfg.model.init_std == 0.02
-    library = composed(
-        "experiment=seed002",
-        "model.positions=shortformer",
-        "model.biases=true",
-        "model.init=gpt2",
-        "model.init_std=null",
-    )
-    assert config_problems(library) == []
+    assert config_problems(cfg) == []
+    assert (cfg.model.positions, cfg.model.biases, cfg.model.normalization) == ("shortformer", True, "none")
+    assert (cfg.model.init, cfg.model.init_std, cfg.data.batch_size, cfg.model.d_vocab) == ("normal", 0.02, 1000, 1000)
+    laptop = composed("experiment=seed002_cpu")
+    assert (laptop.data.batch_size, laptop.model.d_vocab, laptop.trainer.max_steps) == (100, 100, 4000)
+    exact = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert sorted(config_changes(exact, OmegaConf.to_container(laptop, resolve=True, enum_to_str=True))) == [
+        "data.batch_size: 1000 -> 100",
+        "model.d_vocab: 1000 -> 100",
+    ]  # what trains differently (the steps and tags are not compared)
+    for variant in (
+        ["model.positions=standard", "model.biases=false"],  # the preset before the study
+        ["model.normalization=layernorm"],
+        ["model.init=gpt2", "model.init_std=null"],
+        ["data.min_sentence=2", "data.max_sentence=51"],  # the script's copy lengths
+    ):
+        assert config_problems(composed("experiment=seed002", *variant)) == []
 
 
 def test_the_models_option_defaults_are_the_schemas():
