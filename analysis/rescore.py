@@ -214,7 +214,8 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
     w = request.cfg.logger.wandb
     if not w.enabled:
         return []
-    from conf.build import wandb_logger, wandb_mode
+    from conf.build import wandb_mode
+    from records.wandb_log import SectionedWandbLogger
     from records.wandb_reach import effective_mode
 
     run = trajectory.run
@@ -228,7 +229,7 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
         "wandb_id": run.get("wandb_id"),
     }
     return [
-        wandb_logger(
+        SectionedWandbLogger(
             project=w.project,
             entity=w.entity,
             group=run.get("wandb_group") or trained_as,

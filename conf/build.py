@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.divergence import DivergenceGuard
@@ -29,6 +29,7 @@ from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 from records.csv_log import ResumableCSVLogger
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, TRAJECTORY_DIR, resume_checkpoint, resumed_run_dir
+from records.wandb_log import SectionedWandbLogger
 from records.wandb_reach import effective_mode
 
 
@@ -179,15 +180,6 @@ def keys_swept_by(sweep_dir: Path) -> set[str]:
     return keys | set(params)
 
 
-def wandb_logger(**options) -> WandbLogger:
-    """Lightning's ``WandbLogger`` without the ``anonymous=None`` it always passes to ``wandb.init``:
-    wandb 0.31 warns that the setting "has no effect" whenever it is given at all."""
-    logger = WandbLogger(**options)
-    if logger._wandb_init.get("anonymous") is None:  # the one private field: Lightning offers no way to leave it out
-        logger._wandb_init.pop("anonymous", None)
-    return logger
-
-
 def build_loggers(
     cfg: DictConfig,
     run_dir: Path,
@@ -202,7 +194,7 @@ def build_loggers(
             wandb_mode(cfg), wandb_cfg.connect_timeout_s, run_dir
         )  # online only if the server answers
         loggers.append(
-            wandb_logger(
+            SectionedWandbLogger(
                 project=wandb_cfg.project,
                 entity=wandb_cfg.entity,
                 group=naming.group,

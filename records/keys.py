@@ -17,6 +17,8 @@ Always emitted (when the snapshot part is present; a ``None`` part emits no keys
     the circuit pair's K-composition, raw, minus baseline, its rank among all pairs (1 = top)
 ``circuit/{writer,reader}_{layer,head}``
     which heads the circuit pair is
+``circuit/match``, ``circuit/ablation/{loss_change,pattern_change}``
+    the circuit pair's matching score and ablation effects (when those parts ran)
 ``validity/{loss_change,pattern_change}/{measure or match}/{rank_of_truth,spearman}``
     agreement with the ablation over pairs (``spearman`` left out when undefined)
 ``validity/loss_change/{measure or match}/{writer,reader}_{rank_of_truth,spearman}``
@@ -28,8 +30,8 @@ Always emitted (when the snapshot part is present; a ``None`` part emits no keys
 Per-pair mode: while the per-pair keys number at most ``max_pair_keys`` (the default 300)
 ------------------------------------------------------------------------------------------
 Each pair costs ``6M + 3`` keys (M measures: Q, K, V raw and minus baseline; matching; two
-ablation effects), so with seven measures the default 2 × 2 model (4 pairs, 180 keys) logs every
-pair and 2 × 8 (64 pairs, 2,880 keys) logs the summary.
+ablation effects), so with eight measures the default 2 × 2 model (4 pairs, 204 keys) logs every
+pair and 2 × 8 (64 pairs, 3,264 keys) logs the summary.
 
 ``comp/{Q,K,V}/{measure}/L0H1->L1H3``, ``comp/{Q,K,V}/{measure}_minus_baseline/L0H1->L1H3``
     composition of every pair, raw and minus the baseline
@@ -44,10 +46,10 @@ Summary mode: beyond that
     over the scored pairs: each per-pair family becomes its max and mean
 ``top/K/{measure}/{i}``, ``top/K/{measure}/{i}/writer``, ``top/K/{measure}/{i}/reader``
     the i-th highest K-composition (i = 1 .. ``top_pairs``), raw, and its pair as flat head indices
-``match/{max,mean}``, ``circuit/match``, ``top/match/{i}`` (+ ``/writer``, ``/reader``)
-    the matching score likewise, and the circuit pair's
-``ablation/{effect}/{max,mean}``, ``circuit/ablation/{effect}``, ``top/ablation/{effect}/{i}`` (+ ``/writer``, ``/reader``)
-    the ablation effects likewise, and the circuit pair's
+``match/{max,mean}``, ``top/match/{i}`` (+ ``/writer``, ``/reader``)
+    the matching score likewise
+``ablation/{effect}/{max,mean}``, ``top/ablation/{effect}/{i}`` (+ ``/writer``, ``/reader``)
+    the ablation effects likewise
 
 Head scores
 -----------
@@ -61,7 +63,7 @@ keys: ``6 (L H + 1)`` while per head (at most 198, at 32 heads), else 12. So at 
 any shape with the defaults and eight measures; 335 at 12 × 12. The validity keys are
 ``8(M + 1)`` (M measures + match): rank and Spearman over pairs for 2 effects, and over writers
 and over readers for the loss effect; an undefined Spearman is one key fewer.
-per-pair mode: ``P (6M + 3) <= max_pair_keys`` pair keys besides the others: 353 keys in all for the
+per-pair mode: ``P (6M + 3) <= max_pair_keys`` pair keys besides the others: 356 keys in all for the
 default 2 × 2 model with 8 measures and the ablation.
 """
 
@@ -191,21 +193,25 @@ class PairFamilies:
     def metrics(
         self, prefix: str, values: np.ndarray, circuit_key: str | None = None, top_prefix: str | None = None
     ) -> dict[str, float]:
-        """``values [L, H, L, H]`` under ``prefix``; ``circuit_key`` is prefixed with ``circuit/``
-        and, like ``top_prefix``, only used in summary mode."""
+        """``values [L, H, L, H]`` under ``prefix``; the circuit pair's value under ``circuit/{circuit_key}``
+        in both modes (the story a reader looks for first); ``top_prefix`` only in summary mode."""
         L, H = values.shape[:2]
-        if self.per_pair:
-            return _without_nan(_pair_keys(prefix, L, H), values.reshape(-1)[scored_flat_indices(L, H)].tolist())
-        scored = values.reshape(-1)[scored_flat_indices(L, H)]
-        scored = scored[~np.isnan(scored)]
-        if scored.size == 0:
-            return {}
-        metrics = {f"{prefix}/max": float(scored.max()), f"{prefix}/mean": float(scored.mean())}
+        metrics = {}
         if circuit_key is not None and self.circuit is not None:
             (l1, h1), (l2, h2) = self.circuit
             value = float(values[l1, h1, l2, h2])
             if value == value:
                 metrics[f"circuit/{circuit_key}"] = value
+        if self.per_pair:
+            metrics.update(
+                _without_nan(_pair_keys(prefix, L, H), values.reshape(-1)[scored_flat_indices(L, H)].tolist())
+            )
+            return metrics
+        scored = values.reshape(-1)[scored_flat_indices(L, H)]
+        scored = scored[~np.isnan(scored)]
+        if scored.size == 0:
+            return {}
+        metrics.update({f"{prefix}/max": float(scored.max()), f"{prefix}/mean": float(scored.mean())})
         if top_prefix is not None:
             metrics.update(top_pair_metrics(top_prefix, values, self.top_pairs))
         return metrics

@@ -49,6 +49,7 @@ from records.layout import (
 )
 from records.status import FINISHED, read_status
 from records.tensor_store import read_tensor_store
+from records.wandb_log import tracker_key
 from reports.plots import plt
 from reports.run_report import read_series
 
@@ -168,7 +169,8 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def history_series(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{key: (steps, values)}`` over W&B history rows, stepped by ``trainer/global_step``."""
+    """``{key: (steps, values)}`` over W&B history rows, stepped by ``trainer/global_step``, under the
+    tracker's key names (the CSV's: W&B's section prefixes undone, :func:`records.wandb_log.tracker_key`)."""
     points: dict[str, dict[int, float]] = {}
     for row in rows:
         step = row.get("trainer/global_step")
@@ -176,7 +178,7 @@ def history_series(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]
             continue
         for key, value in row.items():
             if isinstance(value, (int, float)) and not key.startswith("_"):
-                points.setdefault(key, {})[int(step)] = float(value)
+                points.setdefault(tracker_key(key), {})[int(step)] = float(value)
     return {
         key: (np.array(sorted(by_step)), np.array([by_step[s] for s in sorted(by_step)]))
         for key, by_step in points.items()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from records import wandb_records
+from records.wandb_log import STORY, tracker_key, wandb_key
 from reports.run_report import read_series
 from tests.helpers import REPO, run_train
 
@@ -75,7 +76,7 @@ def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
     tracked = {}
     for row in rows:
         for key in TRACKED_KEYS:
-            if key in row:
+            if wandb_key(key) in row:
                 tracked.setdefault(key, []).append(row["trainer/global_step"])
     assert len(tracked) == len(TRACKED_KEYS)
     for key, steps in tracked.items():
@@ -100,6 +101,35 @@ def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
         "component",
         "component_share",
     }
+
+
+def test_wandb_tells_the_story_first_and_loses_no_csv_key(short_run):
+    """W&B gets every CSV key under its section (records/wandb_log.py) with the same values; the
+    nine story keys sort first (wandb leet's first page), and the summary keeps a loss's minimum
+    and a score's maximum besides the last values."""
+    run_dir, _ = short_run
+    rows = wandb_records.history(wandb_file(run_dir))
+    logged: dict[str, dict[int, float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and not key.startswith("_"):
+                logged.setdefault(key, {})[row["trainer/global_step"]] = value
+    series = read_series(run_dir / "csv" / "metrics.csv")
+    tracker_keys = {key for key in series if key not in ("epoch", "train/loss")}
+    assert {tracker_key(key) for key in logged} >= tracker_keys  # nothing the CSV has is missing
+    for key in tracker_keys:
+        steps, values = series[key]
+        assert logged[wandb_key(key)] == pytest.approx(dict(zip(steps.tolist(), values.tolist()))), key
+    story = sorted(wandb_key(key) for key in STORY)
+    assert sorted(logged)[:9] == story and all(key.startswith("1_story/") for key in story)
+    scalars = [key for key in logged if not key.startswith(("images/", "validity/table/"))]  # not media metadata
+    assert len(scalars) == 356 + 3  # the tracker's keys (records/keys.py), train/loss, epoch, trainer/global_step
+    summary = wandb_records.summary(wandb_file(run_dir))
+    repeated = series["loss/repeated"][1]
+    assert summary["1_story/loss/repeated"] == pytest.approx({"min": repeated.min(), "last": repeated[-1]})
+    induction = series["heads/induction/top"][1]
+    assert summary["1_story/heads/induction/top"] == pytest.approx({"max": induction.max(), "last": induction[-1]})
+    assert summary["5_pairs/comp/K/frobenius/L0H1->L1H0"] == pytest.approx(series["comp/K/frobenius/L0H1->L1H0"][1][-1])
 
 
 def test_validity_table_reaches_wandb_csv_and_console(short_run):

@@ -14,13 +14,18 @@ PER_HEAD_KEY = re.compile(r"/L\d+H\d+$")
 
 
 def test_default_shape_keeps_every_per_pair_key():
-    """2 layers x 2 heads, 8 measures, ablation: today's 353 keys, one per pair, and no summary keys."""
+    """2 layers x 2 heads, 8 measures, ablation: 356 keys, one per pair, and no summary keys."""
     snap = fake_snapshot(2, 2)
     metrics = snapshot_metrics(snap)
     # 3 losses + 6 head scores x (4 heads + top) + 8 baselines x 2 + 4 pairs x (8 measures x 3 kinds x 2 + match + 2 effects)
-    # + 8 x 3 circuit/K + 4 circuit heads + 2 effects x 9 scorers x (rank + spearman)
-    # + 9 scorers x (writer, reader) x (rank + spearman) for the loss effect
-    assert len(metrics) == 3 + 30 + 16 + 4 * 51 + 28 + 36 + 36 == 353
+    # + 8 x 3 circuit/K + 4 circuit heads + the circuit's match and 2 effects
+    # + 2 effects x 9 scorers x (rank + spearman) + 9 scorers x (writer, reader) x (rank + spearman) for the loss effect
+    assert len(metrics) == 3 + 30 + 16 + 4 * 51 + 28 + 3 + 36 + 36 == 356
+    (l1, h1), (l2, h2) = snap.circuit
+    circuit = f"L{l1}H{h1}->L{l2}H{h2}"
+    assert metrics["circuit/ablation/loss_change"] == metrics[f"ablation/loss_change/{circuit}"]
+    assert metrics["circuit/ablation/pattern_change"] == metrics[f"ablation/pattern_change/{circuit}"]
+    assert metrics["circuit/match"] == metrics[f"match/{circuit}"]
     assert metrics["comp/K/frobenius/L0H1->L1H0"] == snap.composition["frobenius"]["K"][0, 1, 1, 0].item()
     assert metrics["comp/Q/subspace_minus_baseline/L0H0->L1H1"] == pytest.approx(
         snap.composition["subspace"]["Q"][0, 0, 1, 1].item() - snap.baselines["subspace"].mean

@@ -1,0 +1,114 @@
+"""The W&B logger: a run's keys under numbered sections, so that the story is what a reader sees first.
+
+W&B's web UI groups panels by the key's first ``/`` segment and its terminal viewer (``wandb leet``)
+lays them out in the keys' sorted order, nine to a page; the tracker's key names
+(:mod:`records.keys`) would put the per-pair ablation keys first. In W&B, each tracker key ``K`` is
+logged as ``SECTION/K`` (the CSV and the tensor store keep ``K``):
+
+==================  =============================================================================
+``1_story``         the curve of the phase change: repeated vs first-occurrence loss and their gap,
+                    the top induction and previous-token scores, the circuit pair's Frobenius
+                    K-composition (raw, minus baseline, its rank) and its ablation loss change
+``2_composition``   the circuit pair under every measure (``circuit/``) and the measures' random
+                    baselines (``comp/baseline/``)
+``3_ground_truth``  each measure's agreement with the ablation (``validity/``)
+``4_heads``         every head's scores, and the other scores' best head (``heads/``)
+``5_pairs``         every pair: composition, matching, ablation (``comp/``, ``match/``, ``ablation/``,
+                    and in summary mode ``top/``)
+==================  =============================================================================
+
+Everything else (``train/loss``, ``trainer/global_step``, ``epoch``, ``images/``, tables) keeps its
+name. :func:`tracker_key` undoes the prefix, so readers of W&B files (the sweep report) take runs
+logged before and after alike. Each section key gets ``trainer/global_step`` as its step axis and a
+summary a runs table can show: the minimum and last value of a loss, the maximum and last of a score
+(``1_story/loss/repeated.min``); the run's report adds the phase-change steps and final values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from lightning.pytorch.loggers import WandbLogger
+
+STORY_MEASURE = "frobenius"
+"""The measure whose circuit-pair curve is told in ``1_story``: seed 002's, and the one the tracker
+logs most often by default."""
+
+STORY = frozenset(
+    {
+        "loss/repeated",
+        "loss/first_occurrence",
+        "loss/icl_score",
+        "heads/induction/top",
+        "heads/prev_token/top",
+        f"circuit/K/{STORY_MEASURE}",
+        f"circuit/K/{STORY_MEASURE}_minus_baseline",
+        f"circuit/K/{STORY_MEASURE}_minus_baseline_rank",
+        "circuit/ablation/loss_change",
+    }
+)
+"""The tracker keys of ``1_story``: nine, one page of ``wandb leet``."""
+
+SECTIONS = (
+    ("2_composition", ("circuit/", "comp/baseline/")),
+    ("3_ground_truth", ("validity/",)),
+    ("4_heads", ("heads/",)),
+    ("5_pairs", ("comp/", "match/", "ablation/", "top/")),
+)
+"""Section -> the tracker key prefixes it holds, after ``1_story``; the first match wins."""
+
+SECTION_NAMES = ("1_story", *(name for name, _ in SECTIONS))
+
+
+def section_of(key: str) -> str | None:
+    """The W&B section of tracker key ``key``; None for keys that are not the tracker's."""
+    if key in STORY:
+        return "1_story"
+    return next((name for name, prefixes in SECTIONS if key.startswith(prefixes)), None)
+
+
+def wandb_key(key: str) -> str:
+    """``loss/repeated`` -> ``1_story/loss/repeated``; keys outside every section unchanged."""
+    section = section_of(key)
+    return key if section is None else f"{section}/{key}"
+
+
+def tracker_key(key: str) -> str:
+    """The inverse of :func:`wandb_key` (and the identity on keys logged before the sections)."""
+    section, _, rest = key.partition("/")
+    return rest if section in SECTION_NAMES and rest else key
+
+
+def summary_of(key: str) -> str | None:
+    """What W&B's summary keeps of tracker key ``key``: ``min,last`` for the losses, the in-context
+    learning score and the ranks (lower is better), ``max,last`` for the other keys of the story
+    and the best heads' scores, the last value (W&B's default, under the key itself) for the rest."""
+    if key.startswith("loss/") or key.endswith("_rank"):
+        return "min,last"
+    if key in STORY or (key.startswith("heads/") and key.endswith("/top")):
+        return "max,last"
+    return None
+
+
+class SectionedWandbLogger(WandbLogger):
+    """Lightning's ``WandbLogger`` that logs each numeric tracker key under its section
+    (:func:`wandb_key`) and defines its step axis and summary the first time it appears; without
+    the ``anonymous=None`` Lightning always passes to ``wandb.init``."""
+
+    STEP_KEY = "trainer/global_step"  # the step axis Lightning's WandbLogger defines
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self._defined: set[str] = set()
+        if self._wandb_init.get("anonymous") is None:  # the one private field: Lightning offers no way to leave it out
+            self._wandb_init.pop("anonymous", None)  # wandb 0.31 warns that it "has no effect" whenever it is given
+
+    def log_metrics(self, metrics: Mapping[str, object], step: int | None = None) -> None:
+        renamed = {}
+        for key, value in metrics.items():
+            new = wandb_key(key) if isinstance(value, (int, float)) else key
+            if new != key and new not in self._defined:
+                self.experiment.define_metric(new, step_metric=self.STEP_KEY, summary=summary_of(key))
+                self._defined.add(new)
+            renamed[new] = value
+        super().log_metrics(renamed, step)

@@ -1,0 +1,39 @@
+"""W&B's sections: every tracker key lands in one, the story is nine keys, and the prefix undoes."""
+
+from __future__ import annotations
+
+from records.keys import snapshot_metrics
+from records.wandb_log import SECTION_NAMES, STORY, section_of, summary_of, tracker_key, wandb_key
+from tests.helpers import fake_snapshot
+
+
+def test_every_tracker_key_has_a_section_and_round_trips():
+    for shape in ((2, 2), (4, 8), (12, 12)):  # per-pair mode, and summary mode with and without per-head keys
+        keys = snapshot_metrics(fake_snapshot(*shape))
+        assert all(section_of(key) is not None for key in keys), [k for k in keys if section_of(k) is None]
+        assert all(tracker_key(wandb_key(key)) == key for key in keys)
+        assert STORY <= set(keys)  # the story is there in either mode
+
+
+def test_sections_in_reading_order():
+    assert wandb_key("loss/repeated") == "1_story/loss/repeated"
+    assert wandb_key("circuit/K/subspace") == "2_composition/circuit/K/subspace"
+    assert wandb_key("comp/baseline/frobenius") == "2_composition/comp/baseline/frobenius"
+    assert wandb_key("validity/loss_change/frobenius/spearman").startswith("3_ground_truth/")
+    assert wandb_key("heads/induction/L1H0") == "4_heads/heads/induction/L1H0"
+    assert wandb_key("comp/K/frobenius/L0H1->L1H0") == "5_pairs/comp/K/frobenius/L0H1->L1H0"
+    assert wandb_key("ablation/loss_change/L0H1->L1H0").startswith("5_pairs/")
+    assert [wandb_key(k) for k in ("train/loss", "epoch", "trainer/global_step")] == [
+        "train/loss",
+        "epoch",
+        "trainer/global_step",
+    ]
+    assert tracker_key("loss/repeated") == "loss/repeated"  # a run logged before the sections
+    assert list(SECTION_NAMES) == sorted(SECTION_NAMES) and len(STORY) == 9
+
+
+def test_summaries_keep_the_best_value_in_the_right_direction():
+    assert summary_of("loss/repeated") == summary_of("loss/icl_score") == "min,last"
+    assert summary_of("circuit/K/frobenius_minus_baseline_rank") == "min,last"
+    assert summary_of("heads/induction/top") == summary_of("circuit/ablation/loss_change") == "max,last"
+    assert summary_of("comp/K/frobenius/L0H1->L1H0") is None
