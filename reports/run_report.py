@@ -17,7 +17,7 @@ import json
 import math
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
 from reports.plots import composition_report, plt, training_curves
+from reports.wandb_charts import LineChart, comparison_charts, log_charts
 
 SMALLEST_PHASE_CHANGE = {"loss/repeated": 0.5, "heads/induction/top": 0.1}
 """The least a series must move (nats; score in [0, 1]) for its largest transition to be reported as a
@@ -200,6 +201,7 @@ class RunReport:
     validity_rows: list[dict[str, object]] | None = None
     no_validity_because: str | None = None  # why there is no validity table, when there is none
     composition_figure: Path | None = None  # None when the run kept no tensor store
+    charts: dict[str, LineChart] = field(default_factory=dict)  # W&B's comparison charts, by key
 
 
 def render(run_dir: Path, window: int = 5) -> RunReport:
@@ -270,7 +272,8 @@ def render(run_dir: Path, window: int = 5) -> RunReport:
             if has_pairs(series, final)
             else "the model has no earlier->later head pairs (one layer)"
         )
-    return RunReport(figure_path, summary, validity_path, rows or None, because, composition_path)
+    charts = comparison_charts(series, change)
+    return RunReport(figure_path, summary, validity_path, rows or None, because, composition_path, charts)
 
 
 def trajectory_summary(run_dir: Path, series, change: PhaseChange | None) -> dict[str, float]:
@@ -316,8 +319,8 @@ def print_report(report: RunReport) -> None:
 
 
 def publish_report(run_dir: Path, loggers: list, step: int, window: int = 5) -> RunReport | None:
-    """Flush the CSV, render the report of ``run_dir``, log its figures, validity table and summary
-    to every W&B logger at ``step``, and print it (None, said why, when there is nothing to draw)."""
+    """Flush the CSV, render the report of ``run_dir``, log its figures, validity table, summary and
+    comparison charts (:mod:`reports.wandb_charts`) to every W&B logger at ``step``, and print it (None, said why, when there is nothing to draw)."""
     for logger in loggers:
         if isinstance(logger, CSVLogger):
             logger.save()  # flush rows still buffered
@@ -340,6 +343,7 @@ def publish_report(run_dir: Path, loggers: list, step: int, window: int = 5) -> 
                     step=step,
                 )
             logger.experiment.summary.update(report.summary)
+    log_charts(loggers, report.charts, step)
     print_report(report)
     return report
 

@@ -122,7 +122,9 @@ def test_wandb_tells_the_story_first_and_loses_no_csv_key(short_run):
         assert logged[wandb_key(key)] == pytest.approx(dict(zip(steps.tolist(), values.tolist()))), key
     story = sorted(wandb_key(key) for key in STORY)
     assert sorted(logged)[:9] == story and all(key.startswith("1_story/") for key in story)
-    scalars = [key for key in logged if not key.startswith(("images/", "validity/table/"))]  # not media metadata
+    scalars = [
+        key for key in logged if not key.startswith(("images/", "validity/table/", "charts/"))
+    ]  # not media or tables
     assert len(scalars) == 356 + 3  # the tracker's keys (records/keys.py), train/loss, epoch, trainer/global_step
     summary = wandb_records.summary(wandb_file(run_dir))
     repeated = series["loss/repeated"][1]
@@ -130,6 +132,52 @@ def test_wandb_tells_the_story_first_and_loses_no_csv_key(short_run):
     induction = series["heads/induction/top"][1]
     assert summary["1_story/heads/induction/top"] == pytest.approx({"max": induction.max(), "last": induction[-1]})
     assert summary["5_pairs/comp/K/frobenius/L0H1->L1H0"] == pytest.approx(series["comp/K/frobenius/L0H1->L1H0"][1][-1])
+
+
+def test_comparison_charts_in_the_run_file_hold_the_csv_values(short_run):
+    """The two custom charts (reports/wandb_charts.py) are in the offline run file as W&B line-series
+    panels, and their tables hold the CSV's values at the CSV's steps: the circuit pair's K under
+    every measure as (K - b) / (1 - b), and every scorer's Spearman with the ablation."""
+    run_dir, _ = short_run
+    run_file = wandb_file(run_dir)
+    panels = wandb_records.config(run_file)
+    series = read_series(run_dir / "csv" / "metrics.csv")
+    rows = [row for row in wandb_records.history(run_file) if "charts/circuit_K_by_measure_table/path" in row]
+    assert len(rows) == 1 and rows[0]["trainer/global_step"] == 60
+
+    def table(key):
+        assert panels[f"_wandb/visualize/{key}"]["panel_config"]["panelDefId"] == "wandb/lineseries/v0"
+        logged = json.loads((run_file.parent / "files" / rows[0][f"{key}_table/path"]).read_text())
+        assert logged["columns"] == ["step", "lineKey", "lineVal"]
+        lines: dict[str, dict[float, float]] = {}
+        for step, line, value in logged["data"]:
+            lines.setdefault(line, {})[step] = value
+        return lines
+
+    composition = table("charts/circuit_K_by_measure")
+    measures = [
+        "frobenius",
+        "sv_bound",
+        "whitened",
+        "whitened_resid",
+        "token_space",
+        "subspace",
+        "component",
+        "component_share",
+    ]
+    assert set(measures) <= set(composition)
+    for measure in measures:
+        steps, values = series[f"circuit/K/{measure}"]
+        baseline = series[f"comp/baseline/{measure}"][1][-1]
+        expected = {float(s): (v - baseline) / (1 - baseline) for s, v in zip(steps, values)}
+        assert composition[measure] == pytest.approx(expected), measure
+    steps, loss = series["loss/repeated"]
+    assert composition["repeated-token loss / its step-0 value"] == pytest.approx(dict(zip(steps, loss / loss[0])))
+    spearman = table("charts/validity_spearman_by_measure")
+    assert set(spearman) >= {*measures, "match"}
+    for scorer in (*measures, "match"):
+        steps, values = series[f"validity/loss_change/{scorer}/spearman"]
+        assert spearman[scorer] == pytest.approx(dict(zip(steps, values))), scorer
 
 
 def test_validity_table_reaches_wandb_csv_and_console(short_run):
