@@ -14,7 +14,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	@# torch from the system site (if any) satisfies the requirement; else take the CPU wheel
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "torch==2.13.0" || $(BIN)/pip install "torch>=2.4,<3"
-	$(BIN)/pip install -e ".[dev,sweeps,tl]"
+	$(BIN)/pip install -e ".[dev,sweeps,tl,dashboard]"
 	@touch $(STAMP)
 
 train: $(STAMP)
