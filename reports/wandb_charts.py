@@ -16,11 +16,17 @@ a run from its CSV series, so that they exist in the offline run file and after 
     (``validity/loss_change/m/spearman``)
 
 Both carry the phase change as a horizontal segment at 1 from its onset to its end
-(:data:`PHASE_CHANGE_LINE`).
+(:data:`PHASE_CHANGE_LINE`). A sweep's report run gets two more (:func:`sweep_plots`):
+
+``sweep/loss_curves_chart``
+    every job's repeated-token loss over training, one line per job
+``sweep/midpoints_chart/{setting}``
+    each finished job's phase-change midpoint against a swept numeric setting (a scatter)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,3 +122,52 @@ def log_charts(loggers, charts: dict[str, LineChart], step: int) -> None:
     }
     for logger in wandb_loggers:
         logger.log_metrics(plots, step=step)
+
+
+def job_label(job) -> str:
+    """``3: model.n_heads=4 seed=1``: the job directory and its overrides."""
+    return " ".join([f"{job.run_dir.name}:", *(f"{key}={value}" for key, value in job.overrides.items())])
+
+
+def sweep_loss_chart(jobs) -> LineChart | None:
+    """Every job's repeated-token loss (``Job.loss_curve``), one line per job."""
+    lines = {job_label(job): (job.loss_curve[0].tolist(), job.loss_curve[1].tolist()) for job in jobs if job.loss_curve}
+    return LineChart("repeated-token loss, every job", lines) if lines else None
+
+
+def sweep_midpoints(jobs, setting: str) -> list[tuple[float, float]]:
+    """``(setting's value, phase-change midpoint)`` of every job with a numeric value and a midpoint."""
+    points = []
+    for job in jobs:
+        midpoint = job.values.get("phase_change_midpoint", math.nan)
+        try:
+            value = float(job.overrides.get(setting, ""))
+        except ValueError:
+            continue
+        if isinstance(midpoint, (int, float)) and math.isfinite(midpoint):
+            points.append((value, float(midpoint)))
+    return points
+
+
+def sweep_plots(jobs, settings: list[str]) -> dict:
+    """The sweep report run's charts, by W&B key: the loss curves and a midpoint scatter per setting."""
+    import wandb
+
+    plots = {}
+    chart = sweep_loss_chart(jobs)
+    if chart is not None:
+        plots["sweep/loss_curves_chart"] = wandb.plot.line_series(
+            xs=[steps for steps, _ in chart.lines.values()],
+            ys=[values for _, values in chart.lines.values()],
+            keys=list(chart.lines),
+            title=chart.title,
+            xname="step",
+        )
+    for setting in settings:
+        points = sweep_midpoints(jobs, setting)
+        if points:
+            table = wandb.Table(columns=[setting, "phase_change_midpoint"], data=[list(p) for p in points])
+            plots[f"sweep/midpoints_chart/{setting}"] = wandb.plot.scatter(
+                table, setting, "phase_change_midpoint", title=f"phase-change midpoint vs {setting}"
+            )
+    return plots

@@ -34,7 +34,8 @@ class SweepEndReport(Callback):
 
 
 def log_to_wandb(config: DictConfig, report) -> None:
-    """The report's tables and figures, in a W&B run named ``sweep report`` in the jobs' group."""
+    """The report's tables, figures and charts (:func:`reports.wandb_charts.sweep_plots`), in a W&B
+    run named ``sweep report`` in the jobs' group."""
     import wandb
 
     from conf.build import wandb_mode, wandb_naming
@@ -49,6 +50,9 @@ def log_to_wandb(config: DictConfig, report) -> None:
         dir=str(report.directory),
         mode=wandb_mode(config),
     )
+    from reports.sweep_report import SEED_KEYS
+    from reports.wandb_charts import sweep_plots
+
     columns = list(dict.fromkeys(k for row in report.job_table for k in row))
     run.log(
         {
@@ -58,6 +62,7 @@ def log_to_wandb(config: DictConfig, report) -> None:
             "sweep/loss_curves": wandb.Image(str(report.files()[SWEEP_CURVES_FIGURE])),
             "sweep/midpoints": wandb.Image(str(report.files()[SWEEP_MIDPOINTS_FIGURE])),
             "sweep/aligned": wandb.Image(str(report.files()[SWEEP_ALIGNED_FIGURE])),
+            **sweep_plots(report.jobs, [key for key in report.swept if key not in SEED_KEYS]),
         }
     )
     run.finish(exit_code=1 if report.failed else 0)

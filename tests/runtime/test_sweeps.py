@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from records import wandb_records
+from reports.run_report import read_series
 from tests.helpers import (
     FINISHED,
     REPO,
@@ -89,6 +90,11 @@ def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
     assert report_run.display_name == "sweep report" and report_run.run_group == str(tmp_path)
     (logged,) = wandb_records.history(report_file)
     assert logged["sweep/jobs/nrows"] == 4 and "sweep/midpoints/path" in logged
+    chart = json.loads((report_file.parent / "files" / logged["sweep/loss_curves_chart_table/path"]).read_text())
+    finished = tmp_path / rows[(3e-3, 2)]["job"]
+    curve = {step: value for step, line, value in chart["data"] if line.startswith(f"{finished.name}:")}
+    steps, values = read_series(finished / "csv" / "metrics.csv")["loss/repeated"]
+    assert curve == pytest.approx(dict(zip(steps.tolist(), values.tolist())))  # the chart holds the CSV's curve
     assert wandb_records.exit_code(report_file) == 1
 
 
