@@ -45,7 +45,7 @@ class LineChart:
     lines: dict[str, tuple[list[float], list[float]]]
 
 
-def tracked_measures(series) -> list[str]:
+def circuit_measures(series) -> list[str]:
     """The measures with a circuit-pair K curve, in the order the CSV names them."""
     suffixes = ("_minus_baseline", "_minus_baseline_rank")
     return [
@@ -66,7 +66,7 @@ def phase_change_line(change: PhaseChange | None) -> dict[str, tuple[list[float]
 
 def circuit_composition_chart(series, change: PhaseChange | None) -> LineChart | None:
     lines = {}
-    for measure in tracked_measures(series):
+    for measure in circuit_measures(series):
         baseline = series.get(f"comp/baseline/{measure}")
         if baseline is None:
             continue
@@ -101,6 +101,19 @@ def comparison_charts(series, change: PhaseChange | None) -> dict[str, LineChart
     return {key: chart for key, chart in charts.items() if chart is not None}
 
 
+def line_series(chart: LineChart):
+    """``chart`` as a W&B line-series custom chart: a table of ``step, lineKey, lineVal`` rows."""
+    import wandb
+
+    return wandb.plot.line_series(
+        xs=[steps for steps, _ in chart.lines.values()],
+        ys=[values for _, values in chart.lines.values()],
+        keys=list(chart.lines),
+        title=chart.title,
+        xname="step",
+    )
+
+
 def log_charts(loggers, charts: dict[str, LineChart], step: int) -> None:
     """Log ``charts`` as W&B line-series custom charts to every W&B logger, at ``step``."""
     from lightning.pytorch.loggers import WandbLogger
@@ -108,18 +121,7 @@ def log_charts(loggers, charts: dict[str, LineChart], step: int) -> None:
     wandb_loggers = [logger for logger in loggers if isinstance(logger, WandbLogger)]
     if not wandb_loggers or not charts:
         return
-    import wandb
-
-    plots = {
-        key: wandb.plot.line_series(
-            xs=[steps for steps, _ in chart.lines.values()],
-            ys=[values for _, values in chart.lines.values()],
-            keys=list(chart.lines),
-            title=chart.title,
-            xname="step",
-        )
-        for key, chart in charts.items()
-    }
+    plots = {key: line_series(chart) for key, chart in charts.items()}
     for logger in wandb_loggers:
         logger.log_metrics(plots, step=step)
 
@@ -156,13 +158,7 @@ def sweep_plots(jobs, settings: list[str]) -> dict:
     plots = {}
     chart = sweep_loss_chart(jobs)
     if chart is not None:
-        plots["sweep/loss_curves_chart"] = wandb.plot.line_series(
-            xs=[steps for steps, _ in chart.lines.values()],
-            ys=[values for _, values in chart.lines.values()],
-            keys=list(chart.lines),
-            title=chart.title,
-            xname="step",
-        )
+        plots["sweep/loss_curves_chart"] = line_series(chart)
     for setting in settings:
         points = sweep_midpoints(jobs, setting)
         if points:
