@@ -151,11 +151,16 @@ def fake_snapshot(n_layers: int, n_heads: int, measures=ALL_MEASURES, seed: int 
 
 def wandb_history(run_dir) -> list[dict]:
     """Every logged row of every W&B run file in the run directory, in start order, minus media
-    references (their file names carry random ids)."""
+    references (their file names carry random ids and W&B's own step counter); a chart's table is
+    compared by its digest (``charts/.../sha256``)."""
     rows = []
     for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
         rows += [
-            {k: v for k, v in row.items() if not k.startswith(("_", "images/", "validity/table"))}
+            {
+                k: v
+                for k, v in row.items()
+                if not k.startswith(("_", "images/", "validity/table")) and not k.endswith("path")
+            }
             for row in wandb_records.history(path)
         ]
     return rows
