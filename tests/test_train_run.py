@@ -47,6 +47,18 @@ TRACKED_KEYS = (
 )
 
 
+DEFAULT_MEASURES = [  # tracker.measures by default, in its order
+    "frobenius",
+    "sv_bound",
+    "whitened",
+    "whitened_resid",
+    "token_space",
+    "subspace",
+    "component",
+    "component_share",
+]
+
+
 def wandb_file(run_dir):
     files = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
@@ -91,16 +103,7 @@ def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
     figure_rows = [row for row in rows if "images/phase_change/_type" in row]
     assert [row["trainer/global_step"] for row in figure_rows] == [60]
     heatmap_keys = {key.split("/")[2] for row in rows for key in row if key.startswith("images/composition/")}
-    assert heatmap_keys == {
-        "frobenius",
-        "sv_bound",
-        "whitened",
-        "whitened_resid",
-        "token_space",
-        "subspace",
-        "component",
-        "component_share",
-    }
+    assert heatmap_keys == set(DEFAULT_MEASURES)
 
 
 def test_wandb_tells_the_story_first_and_loses_no_csv_key(short_run):
@@ -155,16 +158,7 @@ def test_comparison_charts_in_the_run_file_hold_the_csv_values(short_run):
         return lines
 
     composition = table("charts/circuit_K_by_measure")
-    measures = [
-        "frobenius",
-        "sv_bound",
-        "whitened",
-        "whitened_resid",
-        "token_space",
-        "subspace",
-        "component",
-        "component_share",
-    ]
+    measures = DEFAULT_MEASURES
     assert set(measures) <= set(composition)
     for measure in measures:
         steps, values = series[f"circuit/K/{measure}"]
@@ -188,17 +182,7 @@ def test_validity_table_reaches_wandb_csv_and_console(short_run):
     logged = json.loads((wandb_file(run_dir).parent / "files" / tables[0]["validity/table/path"]).read_text())
     with open(run_dir / "validity.csv", newline="") as handle:
         on_disk = list(csv.DictReader(handle))
-    measures = [
-        "frobenius",
-        "sv_bound",
-        "whitened",
-        "whitened_resid",
-        "token_space",
-        "subspace",
-        "component",
-        "component_share",
-        "match",
-    ]
+    measures = [*DEFAULT_MEASURES, "match"]
     assert [row[0] for row in logged["data"]] == [row["measure"] for row in on_disk] == measures
     assert logged["columns"] == list(on_disk[0])
     series = read_series(run_dir / "csv" / "metrics.csv")
