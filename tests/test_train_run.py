@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from conf.schema import TrackerConfig
 from records import wandb_records
 from records.wandb_log import STORY, tracker_key, wandb_key
 from reports.run_report import read_series
@@ -47,16 +48,7 @@ TRACKED_KEYS = (
 )
 
 
-DEFAULT_MEASURES = [  # tracker.measures by default, in its order
-    "frobenius",
-    "sv_bound",
-    "whitened",
-    "whitened_resid",
-    "token_space",
-    "subspace",
-    "component",
-    "component_share",
-]
+DEFAULT_MEASURES = TrackerConfig().measures  # tracker.measures by default, from its one source
 
 
 def wandb_file(run_dir):
