@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast lint format bench axioms figure rescore clean
+.PHONY: train test test-fast lint format bench axioms figure rescore stages clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -14,7 +14,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	@# torch from the system site (if any) satisfies the requirement; else take the CPU wheel
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "torch==2.13.0" || $(BIN)/pip install "torch>=2.4,<3"
-	$(BIN)/pip install -e ".[dev,sweeps,tl,dashboard]"
+	$(BIN)/pip install -e ".[dev,sweeps,tl,dashboard,llc]"
 	@touch $(STAMP)
 
 train: $(STAMP)
@@ -45,6 +45,9 @@ figure: $(STAMP)
 
 rescore: $(STAMP)
 	$(BIN)/python -m analysis.rescore $(RUN) $(ARGS)
+
+stages: $(STAMP)
+	$(BIN)/python -m analysis.stages $(RUN) $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache
