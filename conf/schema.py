@@ -221,6 +221,38 @@ class TrajectoryConfig:
 
 
 @dataclass
+class LLCConfig:
+    """SGLD settings of the local learning coefficient (metrics.dynamics.llc; devinterp, the ``llc``
+    extra). The defaults are the calibration's pick on the default experiment
+    (``python -m analysis.calibrate_llc RUN_DIR``; docs/results.md, "Developmental stages")."""
+
+    lr: float = 1e-3  # ε, the SGLD step
+    localization: float = 100.0  # γ, the pull back to the weights being measured
+    n_beta: float | None = None  # nβ; None: batch_size / ln(batch_size), devinterp's default_nbeta
+    chains: int = 4
+    draws: int = 100
+    burnin: int = 20  # steps before the draws, left out of the estimate
+    batch_size: int = 32
+    batches: int = 8  # the sampled set: batches × batch_size held-out sequences of the run's training data
+    seed: int = 0
+    settle_tolerance: float = 0.1  # an estimate whose loss trace drifts more (a share of λ̂) is flagged
+    heads: bool = True  # also each head of the circuit pair, sampled alone (devinterp's param_masks)
+
+
+@dataclass
+class StagesConfig:
+    """Developmental stages from the saved weights (``python -m analysis.stages RUN_DIR``): the LLC
+    and essential dynamics over the trajectory, and the boundaries where they turn."""
+
+    llc: LLCConfig = field(default_factory=LLCConfig)
+    llc_enabled: bool = True  # false: essential dynamics only (no devinterp needed)
+    sequences: int = 64  # essential dynamics: fixed held-out sequences whose per-token losses are tracked
+    components: int = 3  # principal components of the essential dynamics
+    window: int = 3  # points of the moving average before turning points are read
+    min_turn: float = 0.1  # a turning point must be undone by this share of the curve's range
+
+
+@dataclass
 class Config:
     seed: int = 0
     resume: str | None = None  # a run directory to continue in place, or a checkpoint to continue from in a new one
@@ -235,6 +267,7 @@ class Config:
     logger: LoggerConfig = MISSING
     tracker: TrackerConfig = MISSING
     trajectory: TrajectoryConfig = field(default_factory=TrajectoryConfig)
+    stages: StagesConfig = field(default_factory=StagesConfig)
 
 
 def register_schemas() -> None:

@@ -54,6 +54,10 @@ from reports.plots import plt
 from reports.run_report import read_series
 
 SEED_KEYS = ("seed", "data.seed")  # what varies between repeats, not between settings
+STAGES_ANALYSIS = "stages"
+TURNS_PER_SOURCE = 2
+"""Turning points per source (the LLC, the essential dynamics) given their own numeric columns, so
+the table over seeds has their mean and spread."""
 
 
 @dataclass
@@ -87,9 +91,10 @@ def read_overrides(run_dir: Path) -> dict[str, str]:
     return dict(o.lstrip("+~").split("=", 1) for o in listed if "=" in o and not o.startswith(("hydra.", "resume")))
 
 
-def read_job(run_dir: Path, analysis: str | None = None) -> Job:
+def read_job(run_dir: Path, analysis: str | None = None, stages: str = STAGES_ANALYSIS) -> Job:
     """Everything the tables and figures need from one run directory; what is missing stays missing.
-    ``analysis``: the numbers come from the run's re-scoring ``analysis/NAME/`` (:mod:`analysis.rescore`)."""
+    ``analysis``: the numbers come from the run's re-scoring ``analysis/NAME/`` (:mod:`analysis.rescore`);
+    ``stages``: the stage boundaries from ``analysis/STAGES/stages.json`` (:mod:`analysis.stages`), if there."""
     record = read_status(run_dir) or {
         "status": "unknown",
         "error": "no status.json (killed outright, or not a train.py run)",
@@ -106,7 +111,22 @@ def read_job(run_dir: Path, analysis: str | None = None) -> Job:
         json.loads(summary_path.read_text()) if summary_path.is_file() else {},
     )
     job.values["circuit_pair"] = final_circuit_pair(results)
+    stages_path = run_dir / ANALYSIS_DIR / stages / "stages.json"
+    if stages_path.is_file():
+        fill_stages(job, json.loads(stages_path.read_text()))
     return job
+
+
+def fill_stages(job: Job, stages: dict) -> None:
+    """Stage boundaries of one job (``analysis.stages``'s stages.json): all of them as text, the
+    first turning points of the LLC and of the essential dynamics (any component) as numbers."""
+    points = stages.get("boundaries", [])
+    job.values["stage_boundaries"] = " ".join(f"{p['step']:.0f}:{p['source']}" for p in points) or "none"
+    llc_turns = sorted(p["step"] for p in points if p["source"] == "llc")
+    ed_turns = sorted({p["step"] for p in points if p["source"].startswith("PC")})
+    for name, turns in (("llc_turn", llc_turns), ("ed_turn", ed_turns)):
+        for i in range(TURNS_PER_SOURCE):
+            job.values[f"{name}_{i + 1}"] = float(turns[i]) if i < len(turns) else math.nan
 
 
 def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]], summary: dict) -> None:
@@ -419,12 +439,15 @@ class SweepReport:
         }
 
 
-def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str | None = None) -> SweepReport:
+def sweep_report(
+    paths: list[Path], out_dir: Path | None = None, analysis: str | None = None, stages: str = STAGES_ANALYSIS
+) -> SweepReport:
     """Read the jobs under ``paths`` and write the tables and figures into ``out_dir`` (default: the
-    first path); ``analysis``: from each job's re-scoring of that name. Raises FileNotFoundError when
-    there is no run directory under ``paths``."""
+    first path); ``analysis``: from each job's re-scoring of that name; ``stages``: each job's stage
+    analysis of that name, where it has one. Raises FileNotFoundError when there is no run directory
+    under ``paths``."""
     paths = [Path(p) for p in paths]
-    jobs = [read_job(d, analysis) for d in job_dirs(paths)]
+    jobs = [read_job(d, analysis, stages) for d in job_dirs(paths)]
     if not jobs:  # no train.py run directories: W&B offline runs, then
         jobs = read_wandb_jobs(
             [
@@ -485,6 +508,7 @@ def print_sweep_report(report: SweepReport) -> None:
     ]
     print(f"\nover seeds ({report.files()[SWEEP_GROUPS_TABLE]}):")
     print(format_table(report.group_table, [c for c in group_columns if any(c in row for row in report.group_table)]))
+    print_stages(report)
     print(
         f"figures: {', '.join(str(report.files()[name]) for name in (SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE))}"
     )
@@ -493,6 +517,23 @@ def print_sweep_report(report: SweepReport) -> None:
             f"not finished: job {job.run_dir.name} ({' '.join(f'{k}={v}' for k, v in job.overrides.items())}): {job.status}"
             + (f": {job.error}" if job.error else "")
         )
+
+
+def print_stages(report: SweepReport) -> None:
+    """Each job's stage boundaries and, over its seeds, the first turning points' mean ± sd."""
+    staged = [row for row in report.job_table if row.get("stage_boundaries", "") != ""]
+    if not staged:
+        return
+    print("\nstage boundaries (step:source; python -m analysis.stages):")
+    print(format_table(staged, ["job", *report.swept, "seed", "phase_change_midpoint", "stage_boundaries"]))
+    for row in report.group_table:
+        spread = []
+        for name in (f"{source}_turn_{i + 1}" for source in ("llc", "ed") for i in range(TURNS_PER_SOURCE)):
+            mean, sd = row.get(f"{name}_mean", math.nan), row.get(f"{name}_sd", math.nan)
+            if math.isfinite(mean):
+                spread.append(f"{name} {mean:.0f} ± {sd:.0f}" if math.isfinite(sd) else f"{name} {mean:.0f}")
+        label = " ".join(f"{k}={row[k]}" for k in report.swept if k in row and k not in SEED_KEYS) or "all jobs"
+        print(f"over seeds ({label}): {', '.join(spread) or 'no turning points'}")
 
 
 def main(argv: list[str] | None = None) -> int:

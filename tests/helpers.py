@@ -4,6 +4,7 @@ each other."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -303,3 +304,37 @@ def tracker_settings(*dotlist: str):
     from conf.schema import TrackerConfig
 
     return OmegaConf.merge(OmegaConf.structured(TrackerConfig), OmegaConf.from_dotlist(list(dotlist)))
+
+
+TINY = [  # a 60-step run that keeps its weights at 0, 1, 4, 15, 30, 60: for analyses of a finished run
+    "trainer.max_steps=60",
+    "tracker.every_n_steps=10",
+    "tracker.all_measures.every_n_steps=30",
+    "tracker.ablation.every_n_steps=30",
+    "tracker.copying.every_n_steps=30",
+    "tracker.matching.every_n_steps=30",
+    "tracker.whitening.every_n_steps=30",
+    "tracker.images.every_n_steps=0",
+    "trajectory.log_steps=4",
+    "trajectory.every_n_steps=30",
+]
+
+
+def module(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", name, *map(str, args)],
+        cwd=REPO,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def digest(run_dir) -> dict[str, str]:
+    """Every file of a run directory outside ``analysis/``, by content hash."""
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and "analysis" not in p.relative_to(run_dir).parts
+    }

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -16,42 +15,9 @@ import torch
 from records import wandb_records
 from records.trajectory import Trajectory
 from reports.run_report import read_series
-from tests.helpers import REPO, run_train, train_env
+from tests.helpers import REPO, TINY, digest, module, run_train, train_env
 
 pytestmark = pytest.mark.slow
-
-TINY = [
-    "trainer.max_steps=60",
-    "tracker.every_n_steps=10",
-    "tracker.all_measures.every_n_steps=30",
-    "tracker.ablation.every_n_steps=30",
-    "tracker.copying.every_n_steps=30",
-    "tracker.matching.every_n_steps=30",
-    "tracker.whitening.every_n_steps=30",
-    "tracker.images.every_n_steps=0",
-    "trajectory.log_steps=4",
-    "trajectory.every_n_steps=30",
-]
-
-
-def module(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", name, *map(str, args)],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def digest(run_dir) -> dict[str, str]:
-    """Every file of a run directory outside ``analysis/``, by content hash."""
-    return {
-        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(run_dir.rglob("*"))
-        if p.is_file() and "analysis" not in p.relative_to(run_dir).parts
-    }
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,147 @@
+"""Developmental stages of real ``train.py`` runs, as a user asks for them: ``python -m
+analysis.stages`` on a run and on a sweep, the calibration command, and the one-line answer when
+the ``llc`` extra is missing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, TINY, digest, module, run_train, train_env
+
+pytestmark = pytest.mark.slow
+
+QUICK = [
+    "stages.llc.chains=2",
+    "stages.llc.draws=12",
+    "stages.llc.burnin=4",
+    "stages.llc.batches=2",
+    "stages.sequences=8",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+    run_dir = tmp_path_factory.mktemp("trained")
+    result = run_train(TINY, run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_stages_of_a_run_write_every_output_and_touch_nothing_else(trained):
+    before = digest(trained)
+    result = module("analysis.stages", trained, *QUICK)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = trained / "analysis" / "stages"
+    stages = json.loads((out / "stages.json").read_text())
+    steps = stages["steps"]
+    assert steps == sorted(steps) and len(steps) >= 5
+    with open(out / "llc.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["step"]) for r in rows] == steps
+    assert all(float(r["llc_std"]) >= 0 and r["llc_settled"] in ("0.0", "1.0") for r in rows)
+    assert len(stages["circuit_heads"]) == 2 and all(f"llc_{h}" in rows[0] for h in stages["circuit_heads"])
+    with open(out / "essential_dynamics.csv") as handle:
+        assert list(csv.DictReader(handle))[0].keys() == {"step", "PC1", "PC2", "PC3"}
+    assert (out / "stages.png").stat().st_size > 10_000 and (out / "essential_dynamics.png").stat().st_size > 10_000
+    assert "s per LLC estimate" in result.stdout and f"{len(steps)} steps in" in result.stdout
+    assert list(out.glob("wandb/offline-run-*/run-*.wandb"))
+    assert digest(trained) == before  # the run's own files are untouched
+    again = module("analysis.stages", trained, *QUICK)
+    assert again.returncode == 2 and "exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+
+
+def test_calibration_sweeps_step_size_and_localization_and_picks_one(trained):
+    result = module(
+        "analysis.calibrate_llc", trained, "--lr", "1e-3", "--localization", "100,300", "--steps", "0,30,60", *QUICK[:3]
+    )
+    out = trained / "analysis" / "llc_calibration"
+    with open(out / "calibration.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 1 * 2 * 3 and (out / "traces.png").is_file()
+    if result.returncode == 0:
+        assert "calibrate_llc: pick ε 0.001" in result.stdout
+    else:  # 12 draws may not settle: then it says so and exits 1, never a pick
+        assert result.returncode == 1 and "no setting passes" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["stages.llc.lr=0"], "stages.llc.lr=0.0: must be > 0"),
+        (["stages.llc.chains=0"], "stages.llc.chains=0"),
+        (["tracker.measures=[subspace]"], "only stages.* options"),
+        (["--steps", "0,1"], "need at least 3"),
+    ],
+)
+def test_bad_requests_are_one_line_before_any_work(trained, args, message):
+    result = module("analysis.stages", trained, *args, "--name", "bad")
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (trained / "analysis" / "bad").exists()
+
+
+def test_without_the_llc_extra_asking_for_the_llc_is_one_line_naming_it(trained):
+    """devinterp made unimportable (None in sys.modules), as on an install without the extra."""
+    blocked = (
+        "import sys; sys.modules['devinterp'] = None; from analysis.stages import main; sys.exit(main(sys.argv[1:]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, str(trained), "--name", "noextra"],
+        cwd=REPO,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: the local learning coefficient needs devinterp, the 'llc' extra: pip install -e '.[llc]'"
+    )
+    assert not (trained / "analysis" / "noextra").exists()
+    essential_only = subprocess.run(
+        [sys.executable, "-c", blocked, str(trained), "--name", "noextra", "stages.llc_enabled=false"],
+        cwd=REPO,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert essential_only.returncode == 0, essential_only.stderr[-2000:]
+    assert (
+        "LLC" not in essential_only.stdout.splitlines()[0]
+        and (trained / "analysis" / "noextra" / "essential_dynamics.png").is_file()
+    )
+
+
+def test_training_never_imports_devinterp():
+    code = "import sys, train, conf.build, analysis.rescore, reports.sweep_report; print('devinterp' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=train_env(), capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+def test_a_sweeps_stages_reach_its_report(tmp_path):
+    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [sys.executable, "train.py", "-m", "seed=0,1", f"hydra.sweep.dir={sweep}", *TINY],
+        cwd=REPO,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    staged = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=false")
+    assert staged.returncode == 0, staged.stderr[-3000:]
+    assert "stage boundaries (step:source" in staged.stdout and "over seeds (all jobs)" in staged.stdout
+    with open(sweep / "analysis" / "stages" / "sweep_jobs.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 and all(row["stage_boundaries"] for row in rows)
+    expected = [json.loads((sweep / job / "analysis" / "stages" / "stages.json").read_text()) for job in ("0", "1")]
+    for row, stages in zip(rows, expected, strict=True):
+        assert row["stage_boundaries"] == (
+            " ".join(f"{p['step']:.0f}:{p['source']}" for p in stages["boundaries"]) or "none"
+        )
