@@ -22,7 +22,8 @@ import math
 import sys
 from pathlib import Path
 
-from analysis.stages import StagesError, held_out_sequences, n_beta_of, stages_config, write_csv
+from analysis.stages import StagesError, stages_config, write_csv
+from conf.build import held_out_sequences, n_beta_of
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from records.layout import ANALYSIS_DIR, SUMMARY_NAME
 from records.trajectory import Trajectory, TrajectoryError

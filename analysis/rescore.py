@@ -84,7 +84,8 @@ def tracker_config(trajectory: Trajectory, overrides: list[str]) -> DictConfig:
 
 def select_steps(saved: list[int], spec: str = "all", every: int = 1) -> list[int]:
     """The saved steps a ``--steps`` spec names: ``all``, ``A:B`` (A to B, both included), or a list
-    ``100,200,300`` (each must be saved); then every ``every``-th of them."""
+    ``100,200,300`` (each must be saved); then every ``every``-th of them, and always the last, so a
+    thinned trajectory still ends where the run ended."""
     if every < 1:
         raise RescoreError(f"--every {every}: must be >= 1")
     spec = spec.strip()
@@ -102,7 +103,8 @@ def select_steps(saved: list[int], spec: str = "all", every: int = 1) -> list[in
             raise RescoreError(f"--steps: step {missing[0]} was not saved (saved: {describe_steps(saved)})")
     else:
         raise RescoreError(f"--steps {spec!r}: give all, A:B or a list 100,200,300")
-    return chosen[::every]
+    thinned = chosen[::every]
+    return thinned if thinned[-1] == chosen[-1] else [*thinned, chosen[-1]]
 
 
 def analysis_name(overrides: list[str], spec: str, every: int) -> str:

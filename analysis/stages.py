@@ -43,16 +43,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from analysis.rescore import Request, select_steps, sweep_jobs, wandb_loggers
+from conf.build import held_out_sequences, sgld_settings
 from conf.schema import Config
+from conf.validate import stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from records.layout import ANALYSIS_DIR, CSV_RELATIVE_PATH, SUMMARY_NAME
 from records.trajectory import Trajectory, TrajectoryError, describe_steps
 
 DEFAULT_NAME = "stages"
 STAGES_NAME = "stages.json"
-HELD_OUT_IDS = 10**12
-"""First sample id of the held-out sequences: the training stream draws ids from 0 upward, so these
-are never trained on (the generators are counter-based: any id is a fresh sample)."""
 
 
 class StagesError(ValueError):
@@ -79,41 +78,6 @@ def stages_config(trajectory: Trajectory, overrides: list[str]) -> DictConfig:
     if problems:
         raise StagesError("; ".join(problems))
     return cfg
-
-
-def stages_problems(stages: DictConfig) -> list[str]:
-    """Every out-of-range ``stages`` setting, one message each."""
-    llc, problems = stages.llc, []
-    for name in ("chains", "batch_size", "batches"):
-        if llc[name] < 1:
-            problems.append(f"stages.llc.{name}={llc[name]}: must be >= 1")
-    if llc.draws < 3:
-        problems.append(f"stages.llc.draws={llc.draws}: must be >= 3")
-    if llc.burnin < 0:
-        problems.append(f"stages.llc.burnin={llc.burnin}: must be >= 0")
-    for name in ("lr", "localization", "settle_tolerance"):
-        if not llc[name] >= 0 or (name == "lr" and llc.lr == 0):
-            problems.append(f"stages.llc.{name}={llc[name]}: must be {'> 0' if name == 'lr' else '>= 0'}")
-    if llc.n_beta is not None and not llc.n_beta > 0:
-        problems.append(f"stages.llc.n_beta={llc.n_beta}: must be > 0 (or null for batch_size / ln batch_size)")
-    if llc.n_beta is None and llc.batch_size < 2:
-        problems.append(
-            "stages.llc.batch_size=1 leaves nβ = batch_size / ln(batch_size) undefined: set stages.llc.n_beta"
-        )
-    if stages.sequences < 1:
-        problems.append(f"stages.sequences={stages.sequences}: must be >= 1")
-    if stages.components < 2:
-        problems.append(f"stages.components={stages.components}: must be >= 2")
-    if stages.window < 1:
-        problems.append(f"stages.window={stages.window}: must be >= 1")
-    if not 0 < stages.min_turn < 1:
-        problems.append(f"stages.min_turn={stages.min_turn}: must be in (0, 1)")
-    return problems
-
-
-def n_beta_of(llc: DictConfig) -> float:
-    """nβ: the configured value, or devinterp's ``default_nbeta``: batch_size / ln(batch_size)."""
-    return float(llc.n_beta) if llc.n_beta is not None else llc.batch_size / math.log(llc.batch_size)
 
 
 @dataclass(frozen=True)
@@ -152,13 +116,6 @@ def plan(run_dir: Path, overrides: list[str], spec="all", every=1, name=None, ov
     return request
 
 
-def held_out_sequences(cfg: DictConfig, count: int, offset: int = 0) -> torch.Tensor:
-    """``[count, seq_len]`` token sequences of the run's training distribution that it never trained on."""
-    from conf.build import build_sampler
-
-    return build_sampler(cfg)(np.arange(HELD_OUT_IDS + offset, HELD_OUT_IDS + offset + count))
-
-
 def circuit_heads(run_dir: Path) -> list[tuple[int, int]]:
     """The circuit pair's (layer, head) twice, from the run's last snapshot ([] without one)."""
     from reports.sweep_report import final_circuit_pair
@@ -177,7 +134,7 @@ def per_token_losses(model, tokens: torch.Tensor) -> torch.Tensor:
 
 def run_stages(request: StagesRequest) -> dict:
     """Measure every selected step, find the stages, write and log everything; returns stages.json's content."""
-    from metrics.dynamics.llc import SGLDSettings, estimate_llc, head_masks
+    from metrics.dynamics.llc import estimate_llc, head_masks
     from metrics.dynamics.stages import essential_dynamics, stage_boundaries
     from reports.run_report import read_series
 
@@ -189,16 +146,7 @@ def run_stages(request: StagesRequest) -> dict:
     if cfg.tracker.num_threads:
         torch.set_num_threads(int(cfg.tracker.num_threads))
     llc_cfg = stages.llc
-    settings = SGLDSettings(
-        lr=llc_cfg.lr,
-        n_beta=n_beta_of(llc_cfg),
-        localization=llc_cfg.localization,
-        chains=llc_cfg.chains,
-        draws=llc_cfg.draws,
-        burnin=llc_cfg.burnin,
-        batch_size=llc_cfg.batch_size,
-        seed=llc_cfg.seed,
-    )
+    settings = sgld_settings(llc_cfg)
     llc_rows = held_out_sequences(cfg, llc_cfg.batches * llc_cfg.batch_size)
     probe = held_out_sequences(cfg, stages.sequences, offset=llc_cfg.batches * llc_cfg.batch_size)
     heads = circuit_heads(request.run_dir) if stages.llc_enabled and llc_cfg.heads else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import string
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
@@ -18,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from callbacks.divergence import DivergenceGuard
 from callbacks.final_report import PhaseChangeFigure
+from callbacks.llc_estimates import LLCEstimates
 from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines
 from callbacks.run_record import RunRecord
@@ -25,6 +28,7 @@ from callbacks.tracker import CompositionTracker
 from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
 from data.datamodule import TokenDataModule, TokenSampler, make_sampler
 from data.probe import make_probe_batch
+from metrics.dynamics.llc import SGLDSettings
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 from records.csv_log import ResumableCSVLogger
@@ -239,6 +243,10 @@ def build_callbacks(
         callbacks.append(build_trajectory(cfg, run_dir, config, run, tracker))
     if tracker is not None:
         callbacks.append(PhaseChangeFigure(run_dir, smoothing_window=tr.smoothing_window))
+    llc = cfg.stages.llc
+    if llc.every_n_steps > 0:
+        rows = held_out_sequences(cfg, llc.batches * llc.batch_size)
+        callbacks.append(LLCEstimates(sgld_settings(llc), rows, llc.every_n_steps, llc.settle_tolerance))
     return callbacks
 
 
@@ -324,4 +332,33 @@ def build_trainer(
         logger=build_loggers(cfg, run_dir, continuation, wandb_id, naming) or False,
         callbacks=callbacks,
         enable_model_summary=False,
+    )
+
+
+HELD_OUT_IDS = 10**12
+"""First sample id of the held-out sequences: the training stream draws ids from 0 upward, so these
+are never trained on (the generators are counter-based: any id is a fresh sample)."""
+
+
+def held_out_sequences(cfg: DictConfig, count: int, offset: int = 0) -> torch.Tensor:
+    """``[count, seq_len]`` token sequences of the run's training distribution that it never trained on."""
+    return build_sampler(cfg)(np.arange(HELD_OUT_IDS + offset, HELD_OUT_IDS + offset + count))
+
+
+def n_beta_of(llc: DictConfig) -> float:
+    """nβ: the configured value, or devinterp's ``default_nbeta``: batch_size / ln(batch_size)."""
+    return float(llc.n_beta) if llc.n_beta is not None else llc.batch_size / math.log(llc.batch_size)
+
+
+def sgld_settings(llc: DictConfig) -> SGLDSettings:
+    """The SGLD settings of one LLC estimate, from ``stages.llc``."""
+    return SGLDSettings(
+        lr=llc.lr,
+        n_beta=n_beta_of(llc),
+        localization=llc.localization,
+        chains=llc.chains,
+        draws=llc.draws,
+        burnin=llc.burnin,
+        batch_size=llc.batch_size,
+        seed=llc.seed,
     )

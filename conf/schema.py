@@ -237,12 +237,15 @@ class LLCConfig:
     seed: int = 0
     settle_tolerance: float = 0.1  # an estimate whose loss trace drifts more (a share of λ̂) is flagged
     heads: bool = True  # also each head of the circuit pair, sampled alone (devinterp's param_masks)
+    # during training: λ̂ every this many steps, logged as llc/* (0: only afterwards, by analysis.stages)
+    every_n_steps: int = 0
 
 
 @dataclass
 class StagesConfig:
     """Developmental stages from the saved weights (``python -m analysis.stages RUN_DIR``): the LLC
-    and essential dynamics over the trajectory, and the boundaries where they turn."""
+    and essential dynamics over the trajectory, and the boundaries where they turn; with
+    ``llc.every_n_steps`` the LLC during training too."""
 
     llc: LLCConfig = field(default_factory=LLCConfig)
     llc_enabled: bool = True  # false: essential dynamics only (no devinterp needed)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.snapshot import COMPOSITION_MEASURES
 from models.transformer import TransformerShape
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
@@ -232,6 +233,8 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.extend(tracker_problems(cfg))
     if cfg.trajectory.enabled and not problems:
         problems.extend(trajectory_problems(cfg))
+    if not problems:
+        problems.extend(stages_problems(cfg.stages))
     return problems
 
 
@@ -345,3 +348,41 @@ def validate(cfg: DictConfig, multirun: bool = False) -> None:
     problems = config_problems(cfg, multirun)
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def stages_problems(stages: DictConfig) -> list[str]:
+    """Every out-of-range ``stages`` setting (``analysis.stages``, and the LLC during training), one
+    message each; asking for the LLC during training without the ``llc`` extra is one of them."""
+    llc, problems = stages.llc, []
+    for name in ("chains", "batch_size", "batches"):
+        if llc[name] < 1:
+            problems.append(f"stages.llc.{name}={llc[name]}: must be >= 1")
+    if llc.draws < 3:
+        problems.append(f"stages.llc.draws={llc.draws}: must be >= 3")
+    if llc.burnin < 0:
+        problems.append(f"stages.llc.burnin={llc.burnin}: must be >= 0")
+    for name in ("lr", "localization", "settle_tolerance"):
+        if not llc[name] >= 0 or (name == "lr" and llc.lr == 0):
+            problems.append(f"stages.llc.{name}={llc[name]}: must be {'> 0' if name == 'lr' else '>= 0'}")
+    if llc.n_beta is not None and not llc.n_beta > 0:
+        problems.append(f"stages.llc.n_beta={llc.n_beta}: must be > 0 (or null for batch_size / ln batch_size)")
+    if llc.n_beta is None and llc.batch_size < 2:
+        problems.append(
+            "stages.llc.batch_size=1 leaves nβ = batch_size / ln(batch_size) undefined: set stages.llc.n_beta"
+        )
+    if stages.sequences < 1:
+        problems.append(f"stages.sequences={stages.sequences}: must be >= 1")
+    if stages.components < 2:
+        problems.append(f"stages.components={stages.components}: must be >= 2")
+    if stages.window < 1:
+        problems.append(f"stages.window={stages.window}: must be >= 1")
+    if not 0 < stages.min_turn < 1:
+        problems.append(f"stages.min_turn={stages.min_turn}: must be in (0, 1)")
+    if llc.every_n_steps < 0:
+        problems.append(f"stages.llc.every_n_steps={llc.every_n_steps}: must be >= 0 (0: not during training)")
+    elif llc.every_n_steps > 0 and not problems:
+        try:
+            require_devinterp()
+        except LLCUnavailable as error:
+            problems.append(f"stages.llc.every_n_steps={llc.every_n_steps}: {error}")
+    return problems

@@ -525,7 +525,8 @@ def print_stages(report: SweepReport) -> None:
     if not staged:
         return
     print("\nstage boundaries (step:source; python -m analysis.stages):")
-    print(format_table(staged, ["job", *report.swept, "seed", "phase_change_midpoint", "stage_boundaries"]))
+    columns = ["job", *report.swept, *(["seed"] if "seed" not in report.swept else []), "phase_change_midpoint"]
+    print(format_table(staged, [*columns, "stage_boundaries"]))
     for row in report.group_table:
         spread = []
         for name in (f"{source}_turn_{i + 1}" for source in ("llc", "ed") for i in range(TURNS_PER_SOURCE)):

@@ -174,3 +174,12 @@ def test_seed_002s_library_options_train_track_and_open_in_transformer_lens(tmp_
     with torch.no_grad():
         assert (tl_model(tokens) - ours(tokens)).abs().max() <= 1e-10
     assert float(ours.layers[0].b_K.detach().abs().max()) > 0  # the biases trained
+
+
+def test_a_thinned_step_selection_still_ends_at_the_last_saved_step():
+    from analysis.rescore import select_steps
+
+    saved = [0, 10, 20, 30, 40]
+    assert select_steps(saved, "all", 3) == [0, 30, 40]
+    assert select_steps(saved, "all", 2) == [0, 20, 40]
+    assert select_steps(saved, "10:30", 5) == [10, 30]

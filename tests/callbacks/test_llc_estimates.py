@@ -1,0 +1,46 @@
+"""The LLC during training (``stages.llc.every_n_steps``): real ``train.py`` runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from reports.run_report import read_series
+from tests.helpers import REPO, TINY, run_train, train_env
+
+pytestmark = pytest.mark.slow
+
+QUICK = ["stages.llc.chains=2", "stages.llc.draws=12", "stages.llc.burnin=4", "stages.llc.batches=2"]
+
+
+def test_llc_every_n_steps_is_logged_and_leaves_training_unchanged(tmp_path):
+    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+    one_thread = ["trainer.num_threads=1", "tracker.num_threads=1"]
+    with_llc = run_train([*TINY, *one_thread, "stages.llc.every_n_steps=30", *QUICK], tmp_path / "with")
+    assert with_llc.returncode == 0, with_llc.stderr[-3000:]
+    without = run_train([*TINY, *one_thread], tmp_path / "without")
+    assert without.returncode == 0, without.stderr[-3000:]
+    logged = read_series(tmp_path / "with" / "csv" / "metrics.csv")
+    assert list(logged["llc/mean"][0]) == [30.0, 60.0] and all(logged["llc/std"][1] >= 0)
+    assert "llc: λ̂" in (tmp_path / "with" / "train.log").read_text()
+    plain = read_series(tmp_path / "without" / "csv" / "metrics.csv")
+    for key in ("train/loss", "loss/repeated"):  # devinterp reseeds the global RNGs: they are restored
+        assert list(logged[key][1]) == list(plain[key][1]), key
+
+
+def test_without_the_extra_llc_during_training_is_a_config_error(tmp_path):
+    blocked = "import sys, runpy; sys.modules['devinterp'] = None; sys.argv[0] = 'train.py'; runpy.run_path('train.py', run_name='__main__')"
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, "stages.llc.every_n_steps=10", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0 and not (tmp_path / "run").exists()
+    assert (
+        "config error: stages.llc.every_n_steps=10: the local learning coefficient needs devinterp, the 'llc' extra"
+        in (result.stdout + result.stderr)
+    )
