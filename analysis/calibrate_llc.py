@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--localization", default="10,100,300", help="localizations γ to try")
     parser.add_argument("--steps", default=None, help="saved steps (default: first, nearest the phase change, last)")
     parser.add_argument("--max-spread", type=float, default=0.1, help="largest std across chains, a share of λ̂")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing calibration")
     args = parser.parse_intermixed_args(argv)
     try:
         trajectory = Trajectory(args.run_dir)
@@ -79,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         steps = [int(s) for s in args.steps.split(",")] if args.steps else default_steps(trajectory)
         for step in steps:
             trajectory.check(step)
+        out = args.run_dir / ANALYSIS_DIR / NAME
+        if out.exists() and not args.overwrite:
+            raise StagesError(f"{out} exists: pass --overwrite to replace it")
     except (TrajectoryError, StagesError, LLCUnavailable, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -86,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     from reports.plots import plt
 
     llc = cfg.stages.llc
-    out = args.run_dir / ANALYSIS_DIR / NAME
     out.mkdir(parents=True, exist_ok=True)
     rows_data = held_out_sequences(cfg, llc.batches * llc.batch_size)
     n_beta = n_beta_of(llc)

@@ -140,9 +140,6 @@ def run_stages(request: StagesRequest) -> dict:
 
     trajectory = Trajectory(request.run_dir)
     cfg, stages, out = request.cfg, request.cfg.stages, request.out_dir
-    if out.exists():
-        shutil.rmtree(out)  # --overwrite: this analysis only
-    out.mkdir(parents=True)
     if cfg.tracker.num_threads:
         torch.set_num_threads(int(cfg.tracker.num_threads))
     llc_cfg = stages.llc
@@ -190,6 +187,9 @@ def run_stages(request: StagesRequest) -> dict:
             what = "losses"
         print(f"stages: step {step} ({i + 1}/{len(request.steps)}): {what}; {elapsed:.0f} s so far", flush=True)
     seconds = time.perf_counter() - started
+    if out.exists():  # --overwrite: this analysis only, and only once the new one is measured
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     steps_t = torch.tensor(request.steps, dtype=torch.float64)
     dynamics = essential_dynamics(steps_t, torch.stack(losses), stages.components)
     llc_curve = (steps_t, torch.tensor([r["llc_mean"] for r in rows])) if stages.llc_enabled else None

@@ -68,6 +68,10 @@ def test_calibration_sweeps_step_size_and_localization_and_picks_one(trained):
         assert "calibrate_llc: pick ε 0.001" in result.stdout
     else:  # 12 draws may not settle: then it says so and exits 1, never a pick
         assert result.returncode == 1 and "no setting passes" in result.stdout
+    before = (out / "calibration.csv").read_bytes()
+    again = module("analysis.calibrate_llc", trained, "--lr", "1e-3", *QUICK[:3])
+    assert again.returncode == 2 and "pass --overwrite" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert (out / "calibration.csv").read_bytes() == before
 
 
 @pytest.mark.parametrize(
