@@ -18,6 +18,11 @@ from tests.helpers import FINISHED, REPO, job_field, slurm_is_up, start_requeued
 
 pytestmark = pytest.mark.slow
 
+STEPS = 600
+"""Long enough (~12 s at ~20 ms a step) that the warning reaches the job while it trains, however late
+a loaded machine delivers it: a signal after training ends meets Lightning's own SLURM handler, which
+requeues the finished job without our checkpoint (a CI run once lost the race at 120 steps)."""
+
 
 def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
     if not slurm_is_up():
@@ -32,7 +37,7 @@ def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
 #SBATCH --output={log}
 #SBATCH --chdir={tmp_path}
 export WANDB_MODE=offline WANDB_SILENT=true PYTHONUNBUFFERED=1
-exec {sys.executable} {REPO / "train.py"} trainer.max_steps=120 tracker.enabled=false logger=csv trainer.log_every_n_steps=1 \\
+exec {sys.executable} {REPO / "train.py"} trainer.max_steps={STEPS} tracker.enabled=false logger=csv trainer.log_every_n_steps=1 \\
     trainer.progress_every_n_steps=1 trainer.checkpoint_every_n_steps=1000
 """)
     job = subprocess.run(
@@ -60,5 +65,5 @@ exec {sys.executable} {REPO / "train.py"} trainer.max_steps=120 tracker.enabled=
     assert f"resuming {run_dir}" in printed
     with open(run_dir / "csv" / "metrics.csv", newline="") as file:
         steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
-    assert steps == list(range(120))  # every step once, across the two attempts
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 120
+    assert steps == list(range(STEPS))  # every step once, across the two attempts
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
