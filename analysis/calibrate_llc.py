@@ -22,7 +22,8 @@ import math
 import sys
 from pathlib import Path
 
-from analysis.stages import StagesError, stages_config, write_csv
+from analysis.saved_run import AnalysisError
+from analysis.stages import stages_config, write_csv
 from conf.build import held_out_sequences, n_beta_of
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from records.layout import ANALYSIS_DIR, SUMMARY_NAME
@@ -35,9 +36,9 @@ def parse_floats(text: str, flag: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise StagesError(f"{flag} {text!r}: give comma-separated numbers, e.g. 1e-4,1e-3") from None
+        raise AnalysisError(f"{flag} {text!r}: give comma-separated numbers, e.g. 1e-4,1e-3") from None
     if not values or any(not v > 0 for v in values):
-        raise StagesError(f"{flag} {text!r}: every value must be > 0")
+        raise AnalysisError(f"{flag} {text!r}: every value must be > 0")
     return values
 
 
@@ -82,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             trajectory.check(step)
         out = args.run_dir / ANALYSIS_DIR / NAME
         if out.exists() and not args.overwrite:
-            raise StagesError(f"{out} exists: pass --overwrite to replace it")
-    except (TrajectoryError, StagesError, LLCUnavailable, ValueError) as error:
+            raise AnalysisError(f"{out} exists: pass --overwrite to replace it")
+    except (TrajectoryError, AnalysisError, LLCUnavailable, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from metrics.dynamics.llc import SGLDSettings, estimate_llc

@@ -26,7 +26,6 @@ in the run's group with the curves and both figures. An existing analysis is kep
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -34,86 +33,50 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from analysis.rescore import Request, select_steps, sweep_jobs, wandb_loggers
+from analysis.saved_run import (
+    AnalysisError,
+    Request,
+    argument_parser,
+    checked_steps,
+    new_request,
+    run_config,
+    run_each_job,
+    wandb_loggers,
+)
 from conf.build import held_out_sequences, sgld_settings
-from conf.schema import Config
 from conf.validate import stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
-from records.layout import ANALYSIS_DIR, CSV_RELATIVE_PATH, SUMMARY_NAME
-from records.trajectory import Trajectory, TrajectoryError, describe_steps
+from records.layout import CSV_RELATIVE_PATH, SUMMARY_NAME
+from records.trajectory import Trajectory, describe_steps
 
 DEFAULT_NAME = "stages"
 STAGES_NAME = "stages.json"
 
 
-class StagesError(ValueError):
-    """A request that cannot run: the message says what is wrong, in one line."""
-
-
 def stages_config(trajectory: Trajectory, overrides: list[str]) -> DictConfig:
     """The run's config on the schema with ``stages.*`` overrides, checked."""
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), trajectory.config)
-    except OmegaConfBaseException as error:
-        raise StagesError(f"the run's config does not fit this version's schema ({error})") from None
-    for override in overrides:
-        key, equals, _ = override.partition("=")
-        if not equals:
-            raise StagesError(f"{override!r}: an override is KEY=VALUE (e.g. stages.llc.lr=3e-4)")
-        if not key.startswith("stages."):
-            raise StagesError(f"{override!r}: only stages.* options apply here (the weights are fixed)")
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([override]))
-        except OmegaConfBaseException as error:
-            raise StagesError(f"{override!r}: {str(error).strip().splitlines()[0]}") from None
+    cfg = run_config(trajectory, overrides, "stages", "stages.llc.lr=3e-4")
     problems = stages_problems(cfg.stages)
     if problems:
-        raise StagesError("; ".join(problems))
+        raise AnalysisError("; ".join(problems))
     return cfg
 
 
-@dataclass(frozen=True)
-class StagesRequest:
-    run_dir: Path
-    cfg: DictConfig
-    overrides: tuple[str, ...]
-    steps: list[int]
-    name: str
-
-    @property
-    def out_dir(self) -> Path:
-        return self.run_dir / ANALYSIS_DIR / self.name
-
-
-def plan(run_dir: Path, overrides: list[str], spec="all", every=1, name=None, overwrite=False) -> StagesRequest:
+def plan(run_dir: Path, overrides: list[str], spec: str = "all", every: int = 1, name: str | None = None) -> Request:
     """Check everything before anything is written or sampled."""
     trajectory = Trajectory(run_dir)
     cfg = stages_config(trajectory, overrides)
     if cfg.stages.llc_enabled:
         require_devinterp()
-    try:
-        steps = select_steps(trajectory.steps, spec, every)
-    except ValueError as error:
-        raise StagesError(str(error)) from None
-    if len(steps) < 3:
-        raise StagesError(f"{len(steps)} steps selected ({describe_steps(steps)}): stages need at least 3")
-    for step in steps:
-        trajectory.check(step)
-    name = name or DEFAULT_NAME
-    if not re.fullmatch(r"[A-Za-z0-9._=+,-]+", name) or name in (".", ".."):
-        raise StagesError(f"--name {name!r}: use letters, digits and . _ = + , -")
-    request = StagesRequest(Path(run_dir), cfg, tuple(overrides), steps, name)
-    if request.out_dir.exists() and not overwrite:
-        raise StagesError(f"{request.out_dir} exists: choose another --name, or --overwrite to replace that analysis")
-    return request
+    steps = checked_steps(trajectory, spec, every, at_least=3)
+    return new_request(run_dir, cfg, overrides, steps, name or DEFAULT_NAME)
 
 
 def circuit_heads(run_dir: Path) -> list[tuple[int, int]]:
@@ -132,9 +95,8 @@ def per_token_losses(model, tokens: torch.Tensor) -> torch.Tensor:
         return next_token_loss(model, tokens).flatten()
 
 
-def run_stages(request: StagesRequest) -> dict:
+def run_stages(request: Request) -> dict:
     """Measure every selected step, find the stages, write and log everything; returns stages.json's content."""
-    from metrics.dynamics.llc import estimate_llc, head_masks
     from metrics.dynamics.stages import essential_dynamics, stage_boundaries
     from reports.run_report import read_series
 
@@ -159,33 +121,33 @@ def run_stages(request: StagesRequest) -> dict:
         f"stages: {len(request.steps)} saved steps of {request.run_dir} ({describe_steps(request.steps)}); {', '.join(parts)}; into {out}",
         flush=True,
     )
+    measured = MeasuredSteps(partial_dir(request), measurement_settings(stages, heads))
+    if done := len(set(measured.steps) & set(request.steps)):
+        print(
+            f"stages: continuing: {done} of the {len(request.steps)} steps were measured by an interrupted run"
+            f" with these settings ({measured.directory})",
+            flush=True,
+        )
     rows, losses, started = [], [], time.perf_counter()
-    for i, step in enumerate(request.steps):
-        model = trajectory.model(step)
-        losses.append(per_token_losses(model, probe))
-        row: dict[str, float] = {"step": step}
-        if stages.llc_enabled:
-            estimate = estimate_llc(model, llc_rows, settings)
-            row.update(
-                llc_mean=estimate.mean,
-                llc_std=estimate.std,
-                llc_drift=estimate.drift,
-                llc_settled=float(estimate.settled(llc_cfg.settle_tolerance)),
-                llc_init_loss=estimate.init_loss,
-                llc_seconds=estimate.seconds,
+    try:
+        for i, step in enumerate(request.steps):
+            kept = measured.get(step) or measure_step(trajectory, step, stages, llc_rows, probe, heads, measured)
+            rows.append(kept[0])
+            losses.append(kept[1])
+            elapsed = time.perf_counter() - started
+            left = elapsed / (i + 1) * (len(request.steps) - i - 1)
+            print(
+                f"stages: step {step} ({i + 1}/{len(request.steps)}): {describe_row(kept[0])}; {elapsed:.0f} s so far,"
+                f" about {left:.0f} s left",
+                flush=True,
             )
-            for layer, head in heads:
-                by_head = estimate_llc(model, llc_rows, settings, param_masks=head_masks(model, layer, head))
-                row[f"llc_L{layer}H{head}"] = by_head.mean
-                row[f"llc_L{layer}H{head}_std"] = by_head.std
-        rows.append(row)
-        elapsed = time.perf_counter() - started
-        if "llc_mean" in row:
-            settled = "" if row["llc_settled"] else f" NOT SETTLED (drift {row['llc_drift']:+.2f})"
-            what = f"λ̂ {row['llc_mean']:.2f} ± {row['llc_std']:.2f} in {row['llc_seconds']:.1f} s{settled}"
-        else:
-            what = "losses"
-        print(f"stages: step {step} ({i + 1}/{len(request.steps)}): {what}; {elapsed:.0f} s so far", flush=True)
+    except KeyboardInterrupt:
+        print(
+            f"\nstages: stopped; {len(measured.steps)} measured steps kept in {measured.directory}: the same command"
+            " continues from there",
+            flush=True,
+        )
+        raise SystemExit(130) from None
     seconds = time.perf_counter() - started
     if out.exists():  # --overwrite: this analysis only, and only once the new one is measured
         shutil.rmtree(out)
@@ -209,8 +171,11 @@ def run_stages(request: StagesRequest) -> dict:
         "nearest_phase_change": [nearest(p.step, change) for p in boundaries],
         "explained_variance": dynamics.explained.tolist(),
         "seconds": seconds,
-        "llc_seconds_per_estimate": float(np.mean([r["llc_seconds"] for r in rows])) if stages.llc_enabled else None,
-        "unsettled_steps": [r["step"] for r in rows if stages.llc_enabled and not r["llc_settled"]],
+        "llc_seconds_per_estimate": seconds_per_estimate(rows),
+        "unsettled_steps": [
+            r["step"] for r in rows if stages.llc_enabled and not r["llc_settled"] and not r["llc_diverged"]
+        ],
+        "diverged_steps": [r["step"] for r in rows if stages.llc_enabled and r["llc_diverged"]],
     }
     write_csv(out / "llc.csv", rows)
     write_csv(
@@ -220,14 +185,106 @@ def run_stages(request: StagesRequest) -> dict:
             for s, coords in zip(request.steps, dynamics.coords, strict=True)
         ],
     )
-    (out / STAGES_NAME).write_text(json.dumps(result, indent=1))
     csv_path = request.run_dir / CSV_RELATIVE_PATH
     series = read_series(csv_path) if csv_path.is_file() else {}
     figures = draw(out, rows, heads, series, dynamics, boundaries, change, cfg, request)
     log_to_wandb(request, trajectory, rows, dynamics, figures, result)
+    (out / STAGES_NAME).write_text(json.dumps(result, indent=1))  # last: the analysis is whole
+    measured.remove()
     print_stages(result)
     print(f"stages: {len(request.steps)} steps in {seconds:.1f} s; wrote {out}")
     return result
+
+
+def measure_step(trajectory, step, stages, llc_rows, probe, heads, measured) -> tuple[dict, torch.Tensor]:
+    """One saved step's row of llc.csv (the LLC of the model and of each head in ``heads``) and its
+    per-token losses on ``probe``, saved in ``measured`` before they are returned."""
+    from metrics.dynamics.llc import head_masks, llc_record
+
+    model = trajectory.model(step)
+    row: dict[str, float] = {"step": step}
+    if stages.llc_enabled:
+        settings, tolerance = sgld_settings(stages.llc), stages.llc.settle_tolerance
+        row.update({f"llc_{key}": value for key, value in llc_record(model, llc_rows, settings, tolerance).items()})
+        for layer, head in heads:
+            by_head = llc_record(model, llc_rows, settings, tolerance, head_masks(model, layer, head))
+            row[f"llc_L{layer}H{head}"] = by_head["mean"]
+            row[f"llc_L{layer}H{head}_std"] = by_head["std"]
+    losses = per_token_losses(model, probe)
+    measured.put(step, row, losses)
+    return row, losses
+
+
+def seconds_per_estimate(rows: list[dict]) -> float | None:
+    """The mean time of the whole model's LLC estimates that finished (None when none did)."""
+    finished = [r["llc_seconds"] for r in rows if "llc_seconds" in r and not r["llc_diverged"]]
+    return float(np.mean(finished)) if finished else None
+
+
+def describe_row(row: dict) -> str:
+    """What one step's progress line says of it."""
+    if "llc_mean" not in row:
+        return "losses"
+    if row["llc_diverged"]:
+        return f"λ̂ DIVERGED (a non-finite loss) after {row['llc_seconds']:.1f} s"
+    settled = "" if row["llc_settled"] else f" NOT SETTLED (drift {row['llc_drift']:+.2f})"
+    return f"λ̂ {row['llc_mean']:.2f} ± {row['llc_std']:.2f} in {row['llc_seconds']:.1f} s{settled}"
+
+
+def partial_dir(request: Request) -> Path:
+    return request.out_dir.parent / f".{request.name}.partial"
+
+
+def measurement_settings(stages: DictConfig, heads: list[tuple[int, int]]) -> dict:
+    """What a step's measurements depend on (not how the curves are read afterwards)."""
+    llc = {k: v for k, v in OmegaConf.to_container(stages.llc, resolve=True).items() if k != "every_n_steps"}
+    return {
+        "llc_enabled": stages.llc_enabled,
+        "llc": llc,
+        "sequences": stages.sequences,
+        "heads": [list(h) for h in heads],
+    }
+
+
+class MeasuredSteps:
+    """Each step's measurements, saved as soon as they are made under ``RUN_DIR/analysis/.NAME.partial/``
+    (one safetensors file a step: the per-token losses, the row in its header), so that an
+    interrupted analysis (Ctrl-C, a time limit, a crash) continues where it stopped when run again
+    with the same settings; other settings discard them. Removed once the analysis is written."""
+
+    SETTINGS = "settings.json"
+
+    def __init__(self, directory: Path, settings: dict) -> None:
+        self.directory = directory
+        wanted = json.dumps(settings, sort_keys=True)
+        saved = directory / self.SETTINGS
+        if directory.exists() and (not saved.is_file() or saved.read_text() != wanted):
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        saved.write_text(wanted)
+        self.steps = sorted(int(p.stem.removeprefix("step-")) for p in directory.glob("step-*.safetensors"))
+
+    def path(self, step: int) -> Path:
+        return self.directory / f"step-{step:08d}.safetensors"
+
+    def get(self, step: int) -> tuple[dict, torch.Tensor] | None:
+        from safetensors import safe_open
+
+        if step not in self.steps:
+            return None
+        with safe_open(self.path(step), framework="pt") as handle:
+            return json.loads(handle.metadata()["row"]), handle.get_tensor("losses")
+
+    def put(self, step: int, row: dict, losses: torch.Tensor) -> None:
+        from safetensors.torch import save_file
+
+        written = self.path(step).with_suffix(".tmp")
+        save_file({"losses": losses.contiguous()}, written, metadata={"row": json.dumps(row)})
+        written.replace(self.path(step))  # whole or not at all: a kill mid-write leaves no half step
+        self.steps.append(step)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def nearest(step: float, change: dict) -> dict | None:
@@ -278,9 +335,7 @@ def draw(out, rows, heads, series, dynamics, boundaries, change, cfg, request) -
 def log_to_wandb(request, trajectory, rows, dynamics, figures, result) -> None:
     """The curves at their steps, both figures, and the boundaries in the summary, in a W&B run
     grouped with the training run (none when the run had W&B off)."""
-    loggers = wandb_loggers(
-        Request(request.run_dir, request.cfg, request.overrides, request.steps, request.name), trajectory
-    )
+    loggers = wandb_loggers(request, trajectory)
     if not loggers:
         return
     import wandb
@@ -314,6 +369,11 @@ def print_stages(result: dict) -> None:
     for point, near in zip(result["boundaries"], result["nearest_phase_change"], strict=True):
         where = f"; {near['distance']:+.0f} steps from the phase change's {near['part']}" if near else ""
         print(f"stages: boundary at step {point['step']:.0f}: {point['source']} {point['kind']}{where}")
+    if result["diverged_steps"]:
+        print(
+            f"stages: warning: an SGLD chain diverged at steps {result['diverged_steps']} (λ̂ NaN there): lower"
+            " stages.llc.lr or raise stages.llc.localization; python -m analysis.calibrate_llc RUN_DIR tries several"
+        )
     if result["unsettled_steps"]:
         print(
             f"stages: warning: the LLC's loss trace had not settled at steps {result['unsettled_steps']} (see llc.csv's llc_drift)"
@@ -323,35 +383,28 @@ def print_stages(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", type=Path, help="a train.py run directory with trajectory/, or a sweep directory")
-    parser.add_argument("overrides", nargs="*", help="stages.* options: stages.llc.lr=3e-4 stages.llc.heads=false ...")
-    parser.add_argument("--steps", default="all", help="which saved steps: all (default), A:B, or 100,200,300")
-    parser.add_argument("--every", type=int, default=1, help="every k-th of the selected steps")
-    parser.add_argument("--name", default=None, help=f"the analysis's directory name (default: {DEFAULT_NAME})")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace analysis/NAME if it exists (that analysis only)"
+    parser = argument_parser(
+        __doc__.split("\n\n")[0], "stages.* options: stages.llc.lr=3e-4 stages.llc.heads=false ...", DEFAULT_NAME
     )
-    args = parser.parse_intermixed_args(argv)
-    if not args.run_dir.is_dir():
-        print(f"error: {args.run_dir}: no such run or sweep directory", file=sys.stderr)
-        return 2
-    jobs = sweep_jobs(args.run_dir)
-    try:  # every job is checked before any is written
-        requests = [
-            plan(job, args.overrides, args.steps, args.every, args.name, args.overwrite)
-            for job in (jobs or [args.run_dir])
-        ]
-    except (TrajectoryError, StagesError, LLCUnavailable) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    for request in requests:
-        run_stages(request)
-    if jobs:
-        from reports.sweep_report import print_sweep_report, sweep_report
+    return run_each_job(
+        parser.parse_intermixed_args(argv),
+        plan,
+        run_stages,
+        report_as="stages",
+        errors=(LLCUnavailable,),
+        incomplete=lambda result: bool(result["diverged_steps"]),
+        finished=finished,
+    )
 
-        print_sweep_report(sweep_report(jobs, args.run_dir / ANALYSIS_DIR / requests[0].name, stages=requests[0].name))
-    return 0
+
+def finished(request: Request) -> bool:
+    """Whether ``request``'s analysis was written whole before: its stages.json (written last) names
+    the same overrides and steps."""
+    path = request.out_dir / STAGES_NAME
+    if not path.is_file():
+        return False
+    written = json.loads(path.read_text())
+    return written.get("overrides") == list(request.overrides) and written.get("steps") == request.steps
 
 
 if __name__ == "__main__":

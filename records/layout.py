@@ -12,7 +12,8 @@ A run directory (``outputs/DATE/TIME-MICROSECONDS`` by default; a sweep's job: `
     wandb/                     W&B's offline run
     summary.json               the phase change and final values (reports/run_report.py)
     phase_change.png, composition.png, validity.csv, validity.png, pair_curves.png
-    analysis/NAME/             a re-scoring of the trajectory (analysis/rescore.py), laid out as above
+    analysis/NAME/             an analysis of the trajectory: a re-scoring (analysis/rescore.py), laid out as
+                               above; stages (analysis/stages.py); the LLC's calibration (analysis/calibrate_llc.py)
 
 A sweep directory holds its jobs and ``sweep_jobs.csv``, ``sweep_groups.csv`` and three figures.
 ``resume=`` takes a run directory (training continues in it) or a checkpoint file (a fork).

@@ -177,7 +177,7 @@ def test_seed_002s_library_options_train_track_and_open_in_transformer_lens(tmp_
 
 
 def test_a_thinned_step_selection_still_ends_at_the_last_saved_step():
-    from analysis.rescore import select_steps
+    from analysis.saved_run import select_steps
 
     saved = [0, 10, 20, 30, 40]
     assert select_steps(saved, "all", 3) == [0, 30, 40]

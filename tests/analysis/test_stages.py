@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import subprocess
 import sys
 
@@ -56,6 +57,47 @@ def test_stages_of_a_run_write_every_output_and_touch_nothing_else(trained):
     assert again.returncode == 2 and "exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
 
 
+def test_a_diverged_chain_is_nan_named_and_the_rest_of_the_trajectory_goes_on(trained):
+    result = module(
+        "analysis.stages", trained, *QUICK, "stages.llc.heads=false", "stages.llc.lr=10", "--name", "diverged"
+    )
+    assert result.returncode == 1, result.stderr[-3000:]  # written, but not reported as a success
+    out = trained / "analysis" / "diverged"
+    stages = json.loads((out / "stages.json").read_text())
+    assert stages["diverged_steps"] == stages["steps"] and stages["llc_seconds_per_estimate"] is None
+    with open(out / "llc.csv") as handle:
+        assert all(row["llc_mean"] == "nan" and row["llc_diverged"] == "1.0" for row in csv.DictReader(handle))
+    assert f"warning: an SGLD chain diverged at steps {stages['steps']}" in result.stdout
+    assert (out / "stages.png").is_file() and (out / "essential_dynamics.csv").is_file()
+
+
+def test_an_interrupted_analysis_continues_where_it_stopped(trained):
+    args = [*QUICK, "stages.llc.heads=false"]
+    whole = module("analysis.stages", trained, *args, "--name", "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    command = [sys.executable, "-m", "analysis.stages", str(trained), *args, "--name", "cut"]
+    process = subprocess.Popen(command, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if " (2/" in line:  # two steps measured: Ctrl-C
+            process.send_signal(signal.SIGINT)
+            break
+    printed = process.communicate(timeout=120)[0]
+    partial = trained / "analysis" / ".cut.partial"
+    assert process.returncode == 130 and "the same command continues from there" in printed, printed
+    assert not (trained / "analysis" / "cut").exists() and len(list(partial.glob("step-*.safetensors"))) >= 2
+    again = module("analysis.stages", trained, *args, "--name", "cut")
+    assert again.returncode == 0 and "stages: continuing: " in again.stdout, again.stdout + again.stderr[-2000:]
+    assert not partial.exists()
+
+    def measured(name):
+        with open(trained / "analysis" / name / "llc.csv") as handle:  # all but how long each took
+            llc = [{k: v for k, v in row.items() if k != "llc_seconds"} for row in csv.DictReader(handle)]
+        stages = json.loads((trained / "analysis" / name / "stages.json").read_text())
+        return llc, (trained / "analysis" / name / "essential_dynamics.csv").read_text(), stages["boundaries"]
+
+    assert measured("cut") == measured("whole")
+
+
 def test_calibration_sweeps_step_size_and_localization_and_picks_one(trained):
     result = module(
         "analysis.calibrate_llc", trained, "--lr", "1e-3", "--localization", "100,300", "--steps", "0,30,60", *QUICK[:3]
@@ -80,7 +122,7 @@ def test_calibration_sweeps_step_size_and_localization_and_picks_one(trained):
         (["stages.llc.lr=0"], "stages.llc.lr=0.0: must be > 0"),
         (["stages.llc.chains=0"], "stages.llc.chains=0"),
         (["tracker.measures=[subspace]"], "only stages.* options"),
-        (["--steps", "0,1"], "need at least 3"),
+        (["--steps", "0,1"], "at least 3 are needed"),
     ],
 )
 def test_bad_requests_are_one_line_before_any_work(trained, args, message):
@@ -149,3 +191,7 @@ def test_a_sweeps_stages_reach_its_report(tmp_path):
         assert row["stage_boundaries"] == (
             " ".join(f"{p['step']:.0f}:{p['source']}" for p in stages["boundaries"]) or "none"
         )
+    again = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=false")  # as after an interruption
+    assert again.returncode == 0 and again.stdout.count("kept: ") == 2 and "stage boundaries" in again.stdout
+    other = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=true")  # another request: refused
+    assert other.returncode == 2 and "exists" in other.stderr
