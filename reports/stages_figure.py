@@ -32,17 +32,29 @@ def stages_figure(
     title: str,
 ) -> Figure:
     """Five panels sharing the step axis: the LLC (``llc``: label -> (steps, λ̂), the model's first,
-    each circuit head's after), the repeated-token loss, the circuit pair's K-composition under
-    ``measures`` (each rescaled to [0, 1] over the run), its ablation loss change, and the top
-    induction score. Boundaries are vertical lines coloured by source; stages alternate shading;
+    each circuit head's after; a cross where the model's chain diverged), the repeated-token loss,
+    the circuit pair's K-composition under ``measures`` (each rescaled to [0, 1] over the run), its
+    ablation loss change, and the top induction score. Boundaries are vertical lines coloured by source; stages alternate shading;
     the phase change (onset-end) is the orange band."""
     fig, axes = plt.subplots(5, 1, figsize=(9, 12), sharex=True)
     ax_llc, ax_loss, ax_comp, ax_abl, ax_ind = axes
     for i, (label, (steps, values)) in enumerate(llc.items()):
         ax_llc.plot(steps, values, marker=".", ms=3, color="tab:red" if i == 0 else None, label=label)
+    model_steps, model_llc = next(iter(llc.values())) if llc else (np.array([]), np.array([]))
     if llc_std is not None and llc:
-        steps, values = next(iter(llc.values()))
-        ax_llc.fill_between(steps, values - llc_std[1], values + llc_std[1], color="tab:red", alpha=0.2, lw=0)
+        ax_llc.fill_between(
+            model_steps, model_llc - llc_std[1], model_llc + llc_std[1], color="tab:red", alpha=0.2, lw=0
+        )
+    diverged = model_steps[np.isnan(model_llc)]  # where the model's chain diverged: a cross on the axis
+    if len(diverged):
+        ax_llc.scatter(
+            diverged,
+            np.full(len(diverged), 0.03),
+            transform=ax_llc.get_xaxis_transform(),
+            marker="x",
+            color="k",
+            label="diverged (no λ̂)",
+        )
     ax_llc.set_ylabel("LLC λ̂")
     if llc:
         ax_llc.legend(loc="upper left", fontsize=8)

@@ -200,3 +200,39 @@ def estimate_llc(
         seconds=time.perf_counter() - started,
         trace=trace,
     )
+
+
+def llc_record(
+    model: nn.Module,
+    rows: Tensor,
+    settings: SGLDSettings,
+    settle_tolerance: float,
+    param_masks: dict[str, Tensor] | None = None,
+) -> dict[str, float]:
+    """One estimate (:func:`estimate_llc`) as flat numbers: ``mean``, ``std``, ``drift``, ``settled``
+    and ``diverged`` (0/1), ``init_loss``, ``seconds``. A chain that diverged gives NaN and
+    ``diverged`` 1 rather than an error: one bad estimate must not end a trajectory's analysis or a
+    training run."""
+    started = time.perf_counter()
+    try:
+        estimate = estimate_llc(model, rows, settings, param_masks=param_masks)
+    except FloatingPointError:
+        nan = math.nan
+        return dict(
+            mean=nan,
+            std=nan,
+            drift=nan,
+            settled=0.0,
+            diverged=1.0,
+            init_loss=nan,
+            seconds=time.perf_counter() - started,
+        )
+    return dict(
+        mean=estimate.mean,
+        std=estimate.std,
+        drift=estimate.drift,
+        settled=float(estimate.settled(settle_tolerance)),
+        diverged=0.0,
+        init_loss=estimate.init_loss,
+        seconds=estimate.seconds,
+    )

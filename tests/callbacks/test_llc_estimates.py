@@ -17,10 +17,11 @@ QUICK = ["stages.llc.chains=2", "stages.llc.draws=12", "stages.llc.burnin=4", "s
 
 def test_llc_every_n_steps_is_logged_and_leaves_training_unchanged(tmp_path):
     pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
-    one_thread = ["trainer.num_threads=1", "tracker.num_threads=1"]
-    with_llc = run_train([*TINY, *one_thread, "stages.llc.every_n_steps=30", *QUICK], tmp_path / "with")
+    # one thread: bit-identical losses; two micro-batches a step: the callback runs twice per step
+    both = ["trainer.num_threads=1", "tracker.num_threads=1", "trainer.accumulate_grad_batches=2"]
+    with_llc = run_train([*TINY, *both, "stages.llc.every_n_steps=30", *QUICK], tmp_path / "with")
     assert with_llc.returncode == 0, with_llc.stderr[-3000:]
-    without = run_train([*TINY, *one_thread], tmp_path / "without")
+    without = run_train([*TINY, *both], tmp_path / "without")
     assert without.returncode == 0, without.stderr[-3000:]
     logged = read_series(tmp_path / "with" / "csv" / "metrics.csv")
     assert list(logged["llc/mean"][0]) == [30.0, 60.0] and all(logged["llc/std"][1] >= 0)
