@@ -116,7 +116,7 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
     trained_as = run.get("wandb_name") or request.run_dir.name
     mode = effective_mode(wandb_mode(request.cfg), w.connect_timeout_s, request.out_dir)
     config = OmegaConf.to_container(request.cfg, resolve=True, enum_to_str=True)
-    config["rescore"] = {
+    config["analysis"] = {
         "run_dir": str(request.run_dir),
         "overrides": list(request.overrides),
         "name": request.name,
@@ -168,13 +168,14 @@ def run_each_job(
     report_as: str,
     errors: tuple[type[Exception], ...] = (),
     incomplete: Callable[[object], bool] = lambda result: False,
-    finished: Callable[[Request], bool] | None = None,
+    finished: Callable[[Request], object | None] | None = None,
 ) -> int:
     """``plan`` every job (the run directory, or each job of a sweep directory) before any is
     analysed, so that a bad request is one line (exit 2) with nothing written; then ``analyse``
     each, and for a sweep print its report read from the analyses (``sweep_report(..., {report_as}=NAME)``).
-    In a sweep, a job whose analysis is already ``finished`` (the same request, written whole) is
-    kept, so the same command again finishes an interrupted sweep; ``--overwrite`` measures it again.
+    In a sweep, a job whose analysis is already ``finished`` (the same request, written whole: its
+    result) is kept, so the same command again finishes an interrupted sweep; ``--overwrite``
+    measures it again.
     Exit status 1 when any analysis is ``incomplete`` (written, but with parts that failed), else 0."""
     if not args.run_dir.is_dir():
         print(f"error: {args.run_dir}: no such run or sweep directory", file=sys.stderr)
@@ -186,8 +187,8 @@ def run_each_job(
             request = plan(job, args.overrides, args.steps, args.every, args.name)
             if not request.out_dir.exists() or args.overwrite:
                 requests.append(request)
-            elif jobs and finished is not None and finished(request):
-                kept.append(request)
+            elif jobs and finished is not None and (result := finished(request)) is not None:
+                kept.append((request, result))
             else:
                 raise AnalysisError(
                     f"{request.out_dir} exists: choose another --name, or --overwrite to replace that analysis"
@@ -195,13 +196,13 @@ def run_each_job(
     except (TrajectoryError, AnalysisError, *errors) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    for request in kept:
+    for request, _ in kept:
         print(f"kept: {request.out_dir} (this request, finished before; --overwrite measures it again)")
-    results = [analyse(request) for request in requests]
+    results = [result for _, result in kept] + [analyse(request) for request in requests]
     if jobs:
         from reports.sweep_report import print_sweep_report, sweep_report
 
-        name = (requests or kept)[0].name
+        name = (requests or [request for request, _ in kept])[0].name
         print_sweep_report(sweep_report(jobs, args.run_dir / ANALYSIS_DIR / name, **{report_as: name}))
     return 1 if any(incomplete(result) for result in results) else 0
 

@@ -97,18 +97,11 @@ def per_token_losses(model, tokens: torch.Tensor) -> torch.Tensor:
 
 def run_stages(request: Request) -> dict:
     """Measure every selected step, find the stages, write and log everything; returns stages.json's content."""
-    from metrics.dynamics.stages import essential_dynamics, stage_boundaries
-    from reports.run_report import read_series
-
-    trajectory = Trajectory(request.run_dir)
-    cfg, stages, out = request.cfg, request.cfg.stages, request.out_dir
+    cfg, stages = request.cfg, request.cfg.stages
     if cfg.tracker.num_threads:
         torch.set_num_threads(int(cfg.tracker.num_threads))
-    llc_cfg = stages.llc
-    settings = sgld_settings(llc_cfg)
-    llc_rows = held_out_sequences(cfg, llc_cfg.batches * llc_cfg.batch_size)
-    probe = held_out_sequences(cfg, stages.sequences, offset=llc_cfg.batches * llc_cfg.batch_size)
-    heads = circuit_heads(request.run_dir) if stages.llc_enabled and llc_cfg.heads else []
+    settings = sgld_settings(stages.llc)
+    heads = circuit_heads(request.run_dir) if stages.llc_enabled and stages.llc.heads else []
     parts = ["essential dynamics"]
     if stages.llc_enabled:
         parts.insert(
@@ -118,29 +111,13 @@ def run_stages(request: Request) -> dict:
     if heads:
         parts.insert(1, "per-head LLC of " + ", ".join(f"L{layer}H{head}" for layer, head in heads))
     print(
-        f"stages: {len(request.steps)} saved steps of {request.run_dir} ({describe_steps(request.steps)}); {', '.join(parts)}; into {out}",
+        f"stages: {len(request.steps)} saved steps of {request.run_dir} ({describe_steps(request.steps)});"
+        f" {', '.join(parts)}; into {request.out_dir}",
         flush=True,
     )
     measured = MeasuredSteps(partial_dir(request), measurement_settings(stages, heads))
-    if done := len(set(measured.steps) & set(request.steps)):
-        print(
-            f"stages: continuing: {done} of the {len(request.steps)} steps were measured by an interrupted run"
-            f" with these settings ({measured.directory})",
-            flush=True,
-        )
-    rows, losses, started = [], [], time.perf_counter()
     try:
-        for i, step in enumerate(request.steps):
-            kept = measured.get(step) or measure_step(trajectory, step, stages, llc_rows, probe, heads, measured)
-            rows.append(kept[0])
-            losses.append(kept[1])
-            elapsed = time.perf_counter() - started
-            left = elapsed / (i + 1) * (len(request.steps) - i - 1)
-            print(
-                f"stages: step {step} ({i + 1}/{len(request.steps)}): {describe_row(kept[0])}; {elapsed:.0f} s so far,"
-                f" about {left:.0f} s left",
-                flush=True,
-            )
+        rows, losses, seconds = measure_steps(request, heads, measured)
     except KeyboardInterrupt:
         print(
             f"\nstages: stopped; {len(measured.steps)} measured steps kept in {measured.directory}: the same command"
@@ -148,7 +125,61 @@ def run_stages(request: Request) -> dict:
             flush=True,
         )
         raise SystemExit(130) from None
-    seconds = time.perf_counter() - started
+    try:
+        result = write_analysis(request, rows, losses, heads, seconds)
+    except BaseException as error:  # half-written: the measurements stay, the same command writes it again
+        shutil.rmtree(request.out_dir, ignore_errors=True)
+        if isinstance(error, KeyboardInterrupt):
+            print(f"\nstages: stopped while writing; the same command writes it from {measured.directory}", flush=True)
+            raise SystemExit(130) from None
+        raise
+    measured.remove()
+    print_stages(result)
+    print(f"stages: {len(request.steps)} steps, {seconds:.1f} s of measuring; wrote {request.out_dir}")
+    return result
+
+
+def measure_steps(request: Request, heads: list[tuple[int, int]], measured: MeasuredSteps):
+    """Every selected step's llc.csv row and per-token losses, from ``measured`` where an interrupted
+    run left them, else measured now and saved there; a progress line a step. Returns ``(rows,
+    losses, seconds spent measuring now)``."""
+    trajectory, cfg, stages = Trajectory(request.run_dir), request.cfg, request.cfg.stages
+    llc_rows = held_out_sequences(cfg, stages.llc.batches * stages.llc.batch_size)
+    probe = held_out_sequences(cfg, stages.sequences, offset=stages.llc.batches * stages.llc.batch_size)
+    if done := len(set(measured.steps) & set(request.steps)):
+        print(
+            f"stages: continuing: {done} of the {len(request.steps)} steps were measured by an interrupted run"
+            f" with these settings ({measured.directory})",
+            flush=True,
+        )
+    rows, losses, spent, fresh = [], [], 0.0, 0
+    for i, step in enumerate(request.steps):
+        kept = measured.get(step)
+        if kept is None:
+            started = time.perf_counter()
+            row, step_losses = measure_step(trajectory.model(step), stages, llc_rows, probe, heads)
+            measured.put(step, {"step": step, **row}, step_losses)
+            spent, fresh = spent + time.perf_counter() - started, fresh + 1
+        row, step_losses = kept or measured.get(step)
+        rows.append(row)
+        losses.append(step_losses)
+        to_measure = sum(1 for later in request.steps[i + 1 :] if later not in measured.steps)
+        left = f", about {spent / fresh * to_measure:.0f} s left" if fresh else ""
+        print(
+            f"stages: step {step} ({i + 1}/{len(request.steps)}): {describe_row(row)}{' (kept)' if kept else ''};"
+            f" {spent:.0f} s of measuring{left}",
+            flush=True,
+        )
+    return rows, losses, spent
+
+
+def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor], heads, seconds: float) -> dict:
+    """The stages from the measured rows and losses: the CSVs, the figures, the W&B run and, last
+    (so that its presence means the analysis is whole), stages.json; returns its content."""
+    from metrics.dynamics.stages import essential_dynamics, stage_boundaries
+    from reports.run_report import read_series
+
+    cfg, stages, out = request.cfg, request.cfg.stages, request.out_dir
     if out.exists():  # --overwrite: this analysis only, and only once the new one is measured
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -164,7 +195,7 @@ def run_stages(request: Request) -> dict:
         "steps": request.steps,
         "overrides": list(request.overrides),
         "stages": OmegaConf.to_container(stages, resolve=True),
-        "n_beta": settings.n_beta,
+        "n_beta": sgld_settings(stages.llc).n_beta,
         "circuit_heads": [f"L{layer}H{head}" for layer, head in heads],
         "boundaries": [asdict(p) for p in boundaries],
         "phase_change": change,
@@ -175,7 +206,7 @@ def run_stages(request: Request) -> dict:
         "unsettled_steps": [
             r["step"] for r in rows if stages.llc_enabled and not r["llc_settled"] and not r["llc_diverged"]
         ],
-        "diverged_steps": [r["step"] for r in rows if stages.llc_enabled and r["llc_diverged"]],
+        "diverged": {str(r["step"]): diverged_estimates(r) for r in rows if diverged_estimates(r)},  # step: which
     }
     write_csv(out / "llc.csv", rows)
     write_csv(
@@ -188,31 +219,35 @@ def run_stages(request: Request) -> dict:
     csv_path = request.run_dir / CSV_RELATIVE_PATH
     series = read_series(csv_path) if csv_path.is_file() else {}
     figures = draw(out, rows, heads, series, dynamics, boundaries, change, cfg, request)
-    log_to_wandb(request, trajectory, rows, dynamics, figures, result)
-    (out / STAGES_NAME).write_text(json.dumps(result, indent=1))  # last: the analysis is whole
-    measured.remove()
-    print_stages(result)
-    print(f"stages: {len(request.steps)} steps in {seconds:.1f} s; wrote {out}")
+    log_to_wandb(request, Trajectory(request.run_dir), rows, dynamics, figures, result)
+    written = out / f"{STAGES_NAME}.tmp"
+    written.write_text(json.dumps(result, indent=1))
+    written.replace(out / STAGES_NAME)
     return result
 
 
-def measure_step(trajectory, step, stages, llc_rows, probe, heads, measured) -> tuple[dict, torch.Tensor]:
-    """One saved step's row of llc.csv (the LLC of the model and of each head in ``heads``) and its
-    per-token losses on ``probe``, saved in ``measured`` before they are returned."""
+def measure_step(model, stages: DictConfig, llc_rows, probe, heads) -> tuple[dict, torch.Tensor]:
+    """One saved step's row of llc.csv (λ̂ of the model and of each head in ``heads``, each head's
+    ``..._diverged`` too) and its per-token losses on ``probe``."""
     from metrics.dynamics.llc import head_masks, llc_record
 
-    model = trajectory.model(step)
-    row: dict[str, float] = {"step": step}
+    row: dict[str, float] = {}
     if stages.llc_enabled:
         settings, tolerance = sgld_settings(stages.llc), stages.llc.settle_tolerance
         row.update({f"llc_{key}": value for key, value in llc_record(model, llc_rows, settings, tolerance).items()})
         for layer, head in heads:
             by_head = llc_record(model, llc_rows, settings, tolerance, head_masks(model, layer, head))
-            row[f"llc_L{layer}H{head}"] = by_head["mean"]
-            row[f"llc_L{layer}H{head}_std"] = by_head["std"]
-    losses = per_token_losses(model, probe)
-    measured.put(step, row, losses)
-    return row, losses
+            for key in ("mean", "std", "diverged"):
+                row[f"llc_L{layer}H{head}" + ("" if key == "mean" else f"_{key}")] = by_head[key]
+    return row, per_token_losses(model, probe)
+
+
+def diverged_estimates(row: dict) -> list[str]:
+    """Which of a row's estimates diverged: ``model``, ``L0H1``, ..."""
+    names = ["model"] if row.get("llc_diverged") else []
+    return names + [
+        key[4:-9] for key, value in row.items() if key.endswith("_diverged") and key != "llc_diverged" and value
+    ]
 
 
 def seconds_per_estimate(rows: list[dict]) -> float | None:
@@ -225,10 +260,12 @@ def describe_row(row: dict) -> str:
     """What one step's progress line says of it."""
     if "llc_mean" not in row:
         return "losses"
+    heads = [name for name in diverged_estimates(row) if name != "model"]
+    also = f"; λ̂ of {', '.join(heads)} DIVERGED" if heads else ""
     if row["llc_diverged"]:
-        return f"λ̂ DIVERGED (a non-finite loss) after {row['llc_seconds']:.1f} s"
+        return f"λ̂ DIVERGED (a non-finite loss) after {row['llc_seconds']:.1f} s{also}"
     settled = "" if row["llc_settled"] else f" NOT SETTLED (drift {row['llc_drift']:+.2f})"
-    return f"λ̂ {row['llc_mean']:.2f} ± {row['llc_std']:.2f} in {row['llc_seconds']:.1f} s{settled}"
+    return f"λ̂ {row['llc_mean']:.2f} ± {row['llc_std']:.2f} in {row['llc_seconds']:.1f} s{settled}{also}"
 
 
 def partial_dir(request: Request) -> Path:
@@ -259,6 +296,7 @@ class MeasuredSteps:
         wanted = json.dumps(settings, sort_keys=True)
         saved = directory / self.SETTINGS
         if directory.exists() and (not saved.is_file() or saved.read_text() != wanted):
+            print(f"stages: {directory} holds steps measured with other settings: measuring afresh", flush=True)
             shutil.rmtree(directory)
         directory.mkdir(parents=True, exist_ok=True)
         saved.write_text(wanted)
@@ -369,10 +407,11 @@ def print_stages(result: dict) -> None:
     for point, near in zip(result["boundaries"], result["nearest_phase_change"], strict=True):
         where = f"; {near['distance']:+.0f} steps from the phase change's {near['part']}" if near else ""
         print(f"stages: boundary at step {point['step']:.0f}: {point['source']} {point['kind']}{where}")
-    if result["diverged_steps"]:
+    if result["diverged"]:
+        where = ", ".join(f"{step} ({', '.join(names)})" for step, names in result["diverged"].items())
         print(
-            f"stages: warning: an SGLD chain diverged at steps {result['diverged_steps']} (λ̂ NaN there): lower"
-            " stages.llc.lr or raise stages.llc.localization; python -m analysis.calibrate_llc RUN_DIR tries several"
+            f"stages: warning: an SGLD chain diverged at steps {where} (λ̂ NaN there): lower stages.llc.lr or"
+            " raise stages.llc.localization; python -m analysis.calibrate_llc RUN_DIR tries several"
         )
     if result["unsettled_steps"]:
         print(
@@ -392,19 +431,20 @@ def main(argv: list[str] | None = None) -> int:
         run_stages,
         report_as="stages",
         errors=(LLCUnavailable,),
-        incomplete=lambda result: bool(result["diverged_steps"]),
+        incomplete=lambda result: bool(result["diverged"]),
         finished=finished,
     )
 
 
-def finished(request: Request) -> bool:
-    """Whether ``request``'s analysis was written whole before: its stages.json (written last) names
-    the same overrides and steps."""
-    path = request.out_dir / STAGES_NAME
-    if not path.is_file():
-        return False
-    written = json.loads(path.read_text())
-    return written.get("overrides") == list(request.overrides) and written.get("steps") == request.steps
+def finished(request: Request) -> dict | None:
+    """``request``'s stages.json if its analysis was written whole before (stages.json comes last)
+    with the same overrides and steps, else None."""
+    try:
+        written = json.loads((request.out_dir / STAGES_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    same = written.get("overrides") == list(request.overrides) and written.get("steps") == request.steps
+    return written if same else None
 
 
 if __name__ == "__main__":

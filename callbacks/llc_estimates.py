@@ -27,6 +27,9 @@ class LLCEstimates(L.Callback):
         self.reported = False
         self.last_step: int | None = None
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.last_step = trainer.global_step  # a resumed run's first step was estimated before it stopped
+
     @rank_zero_only
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step

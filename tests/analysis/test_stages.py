@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -50,7 +51,7 @@ def test_stages_of_a_run_write_every_output_and_touch_nothing_else(trained):
     with open(out / "essential_dynamics.csv") as handle:
         assert list(csv.DictReader(handle))[0].keys() == {"step", "PC1", "PC2", "PC3"}
     assert (out / "stages.png").stat().st_size > 10_000 and (out / "essential_dynamics.png").stat().st_size > 10_000
-    assert "s per LLC estimate" in result.stdout and f"{len(steps)} steps in" in result.stdout
+    assert "s per LLC estimate" in result.stdout and f"stages: {len(steps)} steps, " in result.stdout
     assert list(out.glob("wandb/offline-run-*/run-*.wandb"))
     assert digest(trained) == before  # the run's own files are untouched
     again = module("analysis.stages", trained, *QUICK)
@@ -64,10 +65,11 @@ def test_a_diverged_chain_is_nan_named_and_the_rest_of_the_trajectory_goes_on(tr
     assert result.returncode == 1, result.stderr[-3000:]  # written, but not reported as a success
     out = trained / "analysis" / "diverged"
     stages = json.loads((out / "stages.json").read_text())
-    assert stages["diverged_steps"] == stages["steps"] and stages["llc_seconds_per_estimate"] is None
+    assert stages["diverged"] == {str(step): ["model"] for step in stages["steps"]}
+    assert stages["llc_seconds_per_estimate"] is None
     with open(out / "llc.csv") as handle:
         assert all(row["llc_mean"] == "nan" and row["llc_diverged"] == "1.0" for row in csv.DictReader(handle))
-    assert f"warning: an SGLD chain diverged at steps {stages['steps']}" in result.stdout
+    assert f"warning: an SGLD chain diverged at steps {stages['steps'][0]} (model), " in result.stdout
     assert (out / "stages.png").is_file() and (out / "essential_dynamics.csv").is_file()
 
 
@@ -77,25 +79,35 @@ def test_an_interrupted_analysis_continues_where_it_stopped(trained):
     assert whole.returncode == 0, whole.stderr[-3000:]
     command = [sys.executable, "-m", "analysis.stages", str(trained), *args, "--name", "cut"]
     process = subprocess.Popen(command, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, text=True)
+    printed = ""
     for line in process.stdout:
-        if " (2/" in line:  # two steps measured: Ctrl-C
+        printed += line
+        if line.startswith("stages: step ") and " (1/" in line:  # one step measured: Ctrl-C
             process.send_signal(signal.SIGINT)
-            break
-    printed = process.communicate(timeout=120)[0]
+    process.wait(timeout=120)
     partial = trained / "analysis" / ".cut.partial"
     assert process.returncode == 130 and "the same command continues from there" in printed, printed
-    assert not (trained / "analysis" / "cut").exists() and len(list(partial.glob("step-*.safetensors"))) >= 2
+    assert not (trained / "analysis" / "cut").exists() and list(partial.glob("step-*.safetensors"))
     again = module("analysis.stages", trained, *args, "--name", "cut")
     assert again.returncode == 0 and "stages: continuing: " in again.stdout, again.stdout + again.stderr[-2000:]
     assert not partial.exists()
 
-    def measured(name):
-        with open(trained / "analysis" / name / "llc.csv") as handle:  # all but how long each took
-            llc = [{k: v for k, v in row.items() if k != "llc_seconds"} for row in csv.DictReader(handle)]
-        stages = json.loads((trained / "analysis" / name / "stages.json").read_text())
-        return llc, (trained / "analysis" / name / "essential_dynamics.csv").read_text(), stages["boundaries"]
+    def measured(name, table):  # every number but how long each estimate took
+        with open(trained / "analysis" / name / table) as handle:
+            return [{k: float(v) for k, v in row.items() if k != "llc_seconds"} for row in csv.DictReader(handle)]
 
-    assert measured("cut") == measured("whole")
+    # Equal up to float rounding: two processes' BLAS kernels may sum in another order (CI saw
+    # 2e-6 relative after an SGLD chain), so not bit for bit.
+    for table in ("llc.csv", "essential_dynamics.csv"):
+        cut, whole = measured("cut", table), measured("whole", table)
+        assert [row.keys() for row in cut] == [row.keys() for row in whole]
+        assert all(
+            math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(cut, whole, strict=True) for k in a
+        ), (table, cut, whole)
+    boundaries = [
+        json.loads((trained / "analysis" / n / "stages.json").read_text())["boundaries"] for n in ("cut", "whole")
+    ]
+    assert boundaries[0] == boundaries[1]
 
 
 def test_calibration_sweeps_step_size_and_localization_and_picks_one(trained):
