@@ -176,12 +176,20 @@ def hand_fold(norm, W):
     return W - W.mean(0, keepdim=True) if isinstance(norm, torch.nn.LayerNorm) else W
 
 
+def hand_centre(norm, W):
+    """A writing weight ``W [..., d_model]`` in float64, under LayerNorm each row minus its mean over
+    d_model (TransformerLens's ``center_writing_weights``, by hand)."""
+    W = W.detach().double()
+    return W - W.mean(-1, keepdim=True) if isinstance(norm, torch.nn.LayerNorm) else W
+
+
 def dense_reader_factors(model, layer, head, kind):
-    """The reader's (read factor, full matrix) for a composition kind, from the raw weights."""
+    """The reader's (read factor, full matrix) for a composition kind, from the raw weights (the
+    norm folded into the readers, ``W_O`` centred under LayerNorm, by hand)."""
     attn = model.layers[layer]
     W = {n: getattr(attn, n)[head].detach().double() for n in ("W_Q", "W_K", "W_V", "W_O")}
     Q, K, V = (hand_fold(attn.norm, W[n]) for n in ("W_Q", "W_K", "W_V"))
-    return {"Q": (Q, Q @ K.T), "K": (K, K @ Q.T), "V": (V, V @ W["W_O"])}[kind]
+    return {"Q": (Q, Q @ K.T), "K": (K, K @ Q.T), "V": (V, V @ hand_centre(attn.norm, W["W_O"]))}[kind]
 
 
 def slurm_is_up() -> bool:

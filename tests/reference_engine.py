@@ -1,8 +1,9 @@
 """The composition engine as it stood before the all-pairs rewrite (commit 6878a2e): per-pair
 ``d_model``-sized stacks, scored measure by measure. Kept verbatim as a reference that the new
 engine (:mod:`metrics.composition.engine`) must equal on random weights; too slow and too big for
-real models (it gathers ``[pairs, d_model, d_head]`` stacks). One change since: :func:`head_circuits`
-folds LayerNorm's centring as well as the gain, the convention of ``metrics/composition/circuits.py``."""
+real models (it gathers ``[pairs, d_model, d_head]`` stacks). One change since: under LayerNorm
+:func:`head_circuits` folds the centring into the readers as well as the gain, and centres the
+writers' ``W_O``, the convention of ``metrics/composition/circuits.py``."""
 
 from __future__ import annotations
 
@@ -106,7 +107,10 @@ def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype = torch.fl
             W_Q.append(fold(layer.W_Q))
             W_K.append(fold(layer.W_K))
             W_V.append(fold(layer.W_V))
-            W_O.append(layer.W_O)
+            centred = isinstance(layer.norm, torch.nn.LayerNorm)
+            W_O.append(
+                layer.W_O - layer.W_O.mean(dim=-1, keepdim=True) if centred else layer.W_O
+            )  # (head, d_head, d_model)
         stack = lambda ws: weight(torch.stack(ws), dtype)  # (n_layers, n_heads, ...)
         W_Q, W_K, W_V, W_O = stack(W_Q), stack(W_K), stack(W_V), stack(W_O)
     return HeadCircuits(qk=LowRank(W_Q, W_K).with_triangles(), ov=LowRank(W_V, W_O.mT).with_triangles())

@@ -6,8 +6,10 @@ Axioms 1-3 on constructed writer/reader matrices in ``d_model = 12`` with rank 3
 3. smooth and monotone as A's write subspace rotates from aligned (θ = 0) to orthogonal (θ = π/2).
 
 Axiom 4 on a model: each function-preserving reparametrisation (residual rotation, residual GL,
-head-internal GL of OV and of QK, a shift of the embeddings between tokens and positions) must leave the logits unchanged (checked first, in float64);
-then each measure is reported invariant or not, by the largest change of any pair's score.
+head-internal GL of OV and of QK, a shift of the embeddings between tokens and positions; under
+LayerNorm a rotation that fixes the all-ones direction, and a shift of every writer's rows along it)
+must leave the logits unchanged (checked first, in float64); then each measure, and the copying and
+matching scores, is reported invariant or not, by the largest change of any pair's (head's) score.
 
 On constructed matrices the whitened ratios (``token_space`` too) are Frobenius in an isotropic basis
 (Σ = I); on models they whiten as the tracker does (embedding covariance; token Gram ``W_Eᵀ W_E``;
@@ -27,13 +29,18 @@ from metrics.composition.circuits import LowRank, head_circuits
 from metrics.composition.measures import COMPOSITION_MEASURES, Measure
 from metrics.composition.reparametrize import (
     embedding_shift,
+    ones_shift,
     query_key_transform,
     residual_transform,
+    rotation_fixing_ones,
     value_output_transform,
 )
 from metrics.composition.scores import composition_of
-from metrics.heads.circuit_scores import MATCHING, matching_scores
-from models.transformer import AttentionOnlyTransformer
+from metrics.heads.circuit_scores import MATCHING, copying_scores, matching_scores
+from models.transformer import AttentionOnlyTransformer, norm_centres
+
+COPYING = "copying"
+"""The weight copying score's name beside the composition measures and ``match`` in axiom 4."""
 
 LOGIT_TOLERANCE = 1e-5  # a reparametrisation must move no logit by more (float64)
 INVARIANCE_TOLERANCE = 1e-8  # a measure is invariant when no pair's score moves by more
@@ -96,33 +103,51 @@ def constructed_scores(measure: Measure, seed: int = 0) -> ConstructedScores:
 
 
 def reparametrisations(model: AttentionOnlyTransformer, seed: int = 0) -> dict[str, AttentionOnlyTransformer]:
-    """docs/measures.md axiom 4's function-preserving maps, each with a random, well-conditioned matrix."""
+    """docs/measures.md axiom 4's function-preserving maps, each with a random, well-conditioned matrix.
+
+    Under LayerNorm the rotation fixes the all-ones direction (:func:`rotation_fixing_ones`; a
+    symmetry with unit gains), and one more map moves every writer's rows along that direction
+    (``ones shift``: every head's ``W_O``, ``W_E``, and ``W_pos`` unless shortformer)."""
     g = torch.Generator().manual_seed(seed)
     s = model.shape
     dtype = model.W_E.dtype
+    layernorm = norm_centres(model.final_norm)
     gaussian = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)
-    rotation = torch.linalg.qr(gaussian(s.d_model, s.d_model)).Q
+    rotation = (
+        rotation_fixing_ones(s.d_model, g, dtype) if layernorm else torch.linalg.qr(gaussian(s.d_model, s.d_model)).Q
+    )
     general = gaussian(s.d_model, s.d_model) / s.d_model**0.5 + torch.eye(s.d_model, dtype=dtype)
     per_head = lambda: (
         gaussian(s.n_layers, s.n_heads, s.d_head, s.d_head) / s.d_head**0.5 + torch.eye(s.d_head, dtype=dtype)
     )
-    return {
+    maps = {
         "residual rotation": residual_transform(model, rotation),
         "residual GL": residual_transform(model, general),
         "head GL (V, O)": value_output_transform(model, per_head()),
         "head GL (Q, K)": query_key_transform(model, per_head()),
         "embedding shift": embedding_shift(model, 2 * gaussian(s.d_model) * model.W_E.detach().std()),
     }
+    if layernorm:
+        scale = lambda w: 2 * float(w.detach().std())  # shifts well above the rows' own means
+        maps["ones shift"] = ones_shift(
+            model,
+            W_O=gaussian(s.n_layers, s.n_heads, s.d_head) * scale(model.layers[0].W_O),
+            W_E=gaussian(s.d_vocab) * scale(model.W_E),
+            W_pos=None if s.positions == "shortformer" else gaussian(s.n_ctx) * scale(model.W_pos),
+        )
+    return maps
 
 
 def pair_scores(model: AttentionOnlyTransformer, measures: tuple[str, ...], tokens: Tensor) -> dict[str, Tensor]:
-    """Every scored pair and kind of each measure, flattened, plus the QK matching score."""
+    """Every scored pair and kind of each measure, flattened, plus the QK matching score of every pair
+    and the copying score of every head."""
     circuits = head_circuits(model)
     residual = model.run_with_cache(tokens)[1]["resid_pre"]
     flat = lambda t: t[~t.isnan()]
     by_measure = composition_of(model, measures, circuits, residual)
     scores = {m: torch.cat([flat(s) for s in by_kind.values()]) for m, by_kind in by_measure.items()}
     scores[MATCHING] = flat(matching_scores(model, circuits))
+    scores[COPYING] = copying_scores(model, circuits).flatten()
     return scores
 
 
@@ -154,8 +179,8 @@ def axiom_table(
     measures: tuple[str, ...] = tuple(COMPOSITION_MEASURES),
     seed: int = 0,
 ) -> AxiomTable:
-    """Axioms 1-3 for each measure, and axiom 4 for each measure and the matching score on a float64
-    copy of ``model`` (logits compared on ``tokens [batch, pos]``)."""
+    """Axioms 1-3 for each measure, and axiom 4 for each measure and the matching and copying scores
+    on a float64 copy of ``model`` (logits compared on ``tokens [batch, pos]``)."""
     model = copy.deepcopy(model).double().eval()
     logits, before = model(tokens), pair_scores(model, measures, tokens)
     invariance = {}

@@ -9,8 +9,10 @@ reference path the tests use.
 Normalization is folded into the weights that read the normalized stream (:func:`fold_norm`): the
 gain always, and under LayerNorm also the centring ``x -> x - mean(x)``, a linear map, as
 TransformerLens's ``fold_ln`` with ``center_weights`` does. What is left of the norm is a division
-by one positive scalar per position, not a map of the residual space (docs/measures.md,
-"Folding normalization").
+by one positive scalar per position, not a map of the residual space. Under LayerNorm the weights
+that write into the stream are centred too (:func:`centre_writing`), as TransformerLens's
+``center_writing_weights`` does: no reader sees a write's component along the all-ones direction,
+so no score should (docs/measures.md, "Folding normalization").
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class HeadCircuits:
 
     ``qk``: ``W_QK = W_Q W_Kᵀ`` (logit of dst i, src j is ``x_i W_QK x_jᵀ / sqrt(d_head)``).
     ``ov``: ``W_OV = W_V W_O`` (a head writes ``x_j W_OV``).
-    The layer's normalization is folded into the reading weights ``W_Q, W_K, W_V`` (:func:`fold_norm`).
+    The layer's normalization is folded into the reading weights ``W_Q, W_K, W_V`` (:func:`fold_norm`);
+    under LayerNorm ``W_O`` is centred (:func:`centre_writing`).
     """
 
     qk: LowRank
@@ -110,6 +113,24 @@ def fold_norm(norm: torch.nn.Module, reading: Tensor, dtype: torch.dtype) -> Ten
     return folded - folded.mean(-2, keepdim=True) if norm_centres(norm) else folded
 
 
+def centre_writing(norm: torch.nn.Module, writing: Tensor, dtype: torch.dtype) -> Tensor:
+    """``writing [..., d_model]``, rows written into the residual stream (a head's ``W_O``, ``W_E``,
+    ``W_pos``, or the stream itself), in ``dtype``, detached; under LayerNorm ``W C``: each row minus
+    its mean over ``d_model``, as TransformerLens's ``center_writing_weights`` does
+    (``W_O - W_O.mean(-1, keepdim=True)``; docs/measures.md, "Folding normalization").
+
+    ``norm`` is a normalization that reads the stream (the model's final norm: every write reaches
+    it, and a model's norms are all of one kind). LayerNorm reads ``x C`` only, ``LN(x + a 1) = LN(x)``,
+    so ``W`` and ``W + c 1ᵀ`` (any ``c``, one constant a row) are the same model: the centred ``W C``
+    is the same for both. Every folded reader ``R`` has ``C R = R``, so a product ``W C R = W R`` is
+    unchanged (``C² = C``); what the centring removes is the invisible component's share of norms,
+    spectra and subspaces. Under RMSNorm or no normalization nothing is centred:
+    ``rms(x + a 1) != rms(x)``, so there ``W + c 1ᵀ`` is another model.
+    """
+    writing = weight(writing, dtype)
+    return writing - writing.mean(-1, keepdim=True) if norm_centres(norm) else writing
+
+
 def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> HeadCircuits:
     """The model's QK and OV circuits, detached, on the model's device, in ``metric_dtype(model, dtype)``."""
     dtype = metric_dtype(model, dtype)
@@ -119,6 +140,6 @@ def head_circuits(model: AttentionOnlyTransformer, dtype: torch.dtype | None = N
             W_Q.append(fold_norm(layer.norm, layer.W_Q, dtype))
             W_K.append(fold_norm(layer.norm, layer.W_K, dtype))
             W_V.append(fold_norm(layer.norm, layer.W_V, dtype))
-            W_O.append(weight(layer.W_O, dtype))
+            W_O.append(centre_writing(model.final_norm, layer.W_O, dtype))
         W_Q, W_K, W_V, W_O = (torch.stack(ws) for ws in (W_Q, W_K, W_V, W_O))  # (n_layers, n_heads, ...)
     return HeadCircuits(qk=LowRank(W_Q, W_K), ov=LowRank(W_V, W_O.mT))

@@ -17,8 +17,9 @@ def residual_transform(model: AttentionOnlyTransformer, T: Tensor) -> AttentionO
 
     Function-preserving for ``normalization: none`` with any invertible T. With a norm, only where
     the norm commutes with T: RMSNorm with unit gains for orthogonal T (up to a global scale, seed
-    001); LayerNorm additionally needs T to fix the all-ones direction it centres along. With
-    non-unit gains a rotation changes the logits (measured: by up to 2.6 under LayerNorm).
+    001); LayerNorm additionally needs T to fix the all-ones direction it centres along
+    (:func:`rotation_fixing_ones`). With non-unit gains a rotation changes the logits (measured: by
+    up to 2.6 under LayerNorm).
     """
     new = copy.deepcopy(model)
     T = T.to(model.W_E.dtype)
@@ -70,4 +71,43 @@ def embedding_shift(model: AttentionOnlyTransformer, v: Tensor) -> AttentionOnly
     with torch.no_grad():
         new.W_E.copy_(model.W_E + v)
         new.W_pos.copy_(model.W_pos - v)
+    return new
+
+
+def rotation_fixing_ones(d_model: int, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
+    """A random rotation ``T [d_model, d_model]`` with ``1 T = 1``: orthogonal, so it commutes with
+    LayerNorm's centring ``C``, ``LN(x T) = LN(x) T`` with unit gains. ``B diag(1, R) Bᵀ`` for ``B``
+    an orthonormal basis whose first vector is ``1/sqrt(d_model)`` and ``R`` a random rotation of the rest."""
+    gaussian = lambda *shape: torch.randn(*shape, generator=generator, dtype=dtype)
+    B = torch.linalg.qr(torch.cat([torch.ones(d_model, 1, dtype=dtype), gaussian(d_model, d_model - 1)], 1)).Q
+    R = torch.linalg.qr(gaussian(d_model - 1, d_model - 1)).Q
+    return B @ torch.block_diag(torch.ones(1, 1, dtype=dtype), R) @ B.T
+
+
+def ones_shift(
+    model: AttentionOnlyTransformer,
+    W_O: Tensor | None = None,
+    W_E: Tensor | None = None,
+    W_pos: Tensor | None = None,
+) -> AttentionOnlyTransformer:
+    """Each row of a writer plus a constant times ``1``: ``W_O[l][h, e, :] += W_O[l, h, e]``
+    (``W_O [n_layers, n_heads, d_head]``), ``W_E[t, :] += W_E[t]`` (``[d_vocab]``), ``W_pos[p, :] +=
+    W_pos[p]`` (``[n_ctx]``); a writer not given is left alone.
+
+    Function-preserving under LayerNorm: every write moves along ``1`` alone, and every reader of the
+    stream reads it through a LayerNorm, ``LN(x + a 1) = LN(x)`` (``W_pos`` only with standard
+    positions: shortformer adds it after the norm). Under RMSNorm or no normalization it changes the
+    function: there ``W`` and ``W + c 1ᵀ`` are different models. So the composition measures centre
+    the writers under LayerNorm alone (:func:`~metrics.composition.circuits.centre_writing`).
+    """
+    new = copy.deepcopy(model)
+    dtype = model.W_E.dtype
+    with torch.no_grad():
+        if W_O is not None:
+            for l, layer in enumerate(new.layers):
+                layer.W_O.add_(W_O[l].to(dtype)[..., None])
+        if W_E is not None:
+            new.W_E.add_(W_E.to(dtype)[:, None])
+        if W_pos is not None:
+            new.W_pos.add_(W_pos.to(dtype)[:, None])
     return new

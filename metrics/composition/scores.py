@@ -20,7 +20,8 @@ def basis_whitening(
     model: AttentionOnlyTransformer, basis: str, residual: list[Tensor] | None, dtype: torch.dtype | None
 ) -> Whitening:
     """The whitening of ``basis``: by the embeddings' covariance, the token embeddings' Gram matrix
-    (token space), or the residual stream's covariance on the probe."""
+    (token space), or the residual stream's covariance on the probe (under LayerNorm each of the
+    centred rows, :func:`~metrics.composition.whitening.stream_covariance`)."""
     if basis == "embedding":
         return Whitening.of(embedding_covariance(model, dtype))
     if basis == "token":
@@ -29,7 +30,7 @@ def basis_whitening(
         raise ValueError(f"unknown residual basis {basis!r}")
     if residual is None:
         raise ValueError("the residual basis needs the residual stream observed on a probe batch")
-    return Whitening.of(residual_covariance(residual, dtype))
+    return Whitening.of(residual_covariance(residual, dtype, model.final_norm))
 
 
 def composition_of(

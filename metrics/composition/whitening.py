@@ -10,15 +10,18 @@ orthogonal, so every rotation-invariant score computed there is invariant to eve
 Three choices of ``Σ``, all covariant (``Σ -> Tᵀ Σ T``), so all give invariant scores:
 the embedding covariance (the layer-0 input over every token and position), the observed
 residual stream on the probe batch, every layer's input pooled (Snell 2024's "way out" 1), and the
-token Gram matrix ``W_Eᵀ W_E`` (uncentred, tokens only: measure 7, Snell 2024's "analyse composition
-in the token basis"). The second also sees the directions earlier heads write into, such as a
+token Gram matrix ``W_Eᵀ W_E`` (not centred over tokens; tokens only: measure 7, Snell 2024's
+"analyse composition in the token basis"). The second also sees the directions earlier heads write into, such as a
 previous-token head's output. The third is token space itself: for any form ``X`` on the residual
 stream ``‖W_E X W_Eᵀ‖_F = ‖G^(1/2) X G^(1/2)‖_F`` with ``G = W_Eᵀ W_E``, so a Frobenius ratio
 computed in this basis is the ratio of the ``[d_vocab, d_vocab]`` token-to-token maps.
 
 With LayerNorm or RMSNorm the symmetry shrinks to rotations and a global scale (Snell 2024), under
-which the plain ratios are already invariant; ``Σ`` is still taken over the raw (pre-norm)
-stream, so the whitened ratio there is one more basis choice, not a fix of a symmetry.
+which the plain ratios are already invariant; ``Σ`` is still taken over the pre-norm stream, so the
+whitened ratio there is one more basis choice, not a fix of a symmetry. Under LayerNorm that stream
+is taken as LayerNorm reads it, centred (:func:`~metrics.composition.circuits.centre_writing`), as
+the writers are: ``Σ`` is then singular along the all-ones direction, which no centred weight reads
+or writes, and :func:`fill_ones_direction` gives it a positive eigenvalue there that changes no score.
 """
 
 from __future__ import annotations
@@ -29,39 +32,75 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from metrics.composition.circuits import HeadCircuits, LowRank, metric_dtype, weight
-from models.transformer import AttentionOnlyTransformer
+from metrics.composition.circuits import HeadCircuits, LowRank, centre_writing, metric_dtype
+from models.transformer import AttentionOnlyTransformer, norm_centres
+
+
+def fill_ones_direction(covariance: Tensor) -> Tensor:
+    """``Σ + λ̄ 11ᵀ/d`` for ``Σ [d, d]`` a second moment of centred rows (``Σ 1 = 0``), ``λ̄ = tr Σ / (d - 1)``
+    the mean of its other eigenvalues: the all-ones direction, Σ's null direction, gets ``λ̄``, so
+    ``Σ^(±1/2)`` need no eigenvalue floor there and ``κ(Σ)`` is that of ``Σ`` on ``1⊥``.
+
+    The value changes no score: ``1`` is an eigenvector, so ``Σ^(±1/2)`` map ``1⊥`` to itself and
+    act on it as before, and every centred weight lies in ``1⊥`` (a reader ``1ᵀ R = 0``, a writer
+    ``W 1 = 0``). Raised to the floor instead (:func:`symmetric_powers`), ``Σ^(-1/2)`` would scale that
+    direction by up to 1e5 (1e3 in float32), and with it the rounding error of an eigenvector that is
+    ``1`` only to rounding.
+    """
+    d = covariance.shape[-1]
+    return covariance + covariance.diagonal().sum() / (max(d - 1, 1) * d)  # + λ̄/d in every entry: λ̄ 11ᵀ/d
+
+
+def stream_covariance(
+    norm: torch.nn.Module, parts: list[Tensor], dtype: torch.dtype, covariance: bool = True
+) -> Tensor:
+    """``Σ [d_model, d_model]``, the sum over ``parts`` (rows ``[..., d_model]`` each, e.g. ``W_E``)
+    of their covariance, or (``covariance=False``) their mean second moment (the mean over rows not
+    removed), in ``dtype``, on their device. Under LayerNorm (``norm``, a norm that reads the stream)
+    the rows are taken as LayerNorm reads them, each minus its mean over ``d_model``
+    (:func:`~metrics.composition.circuits.centre_writing`), and the all-ones direction is filled
+    (:func:`fill_ones_direction`)."""
+    sigma = 0
+    for part in parts:
+        rows = centre_writing(norm, part, dtype).reshape(-1, part.shape[-1])  # (N, d)
+        sigma = sigma + (torch.cov(rows.T, correction=0) if covariance else rows.T @ rows / rows.shape[0])
+    return fill_ones_direction(sigma) if norm_centres(norm) else sigma
 
 
 def embedding_covariance(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> Tensor:
     """Covariance ``[d_model, d_model]`` of the stream layer 0 reads, ``W_E[t] + W_pos[p]`` over
     uniform independent ``t, p`` (every token id, every position): ``Cov(W_E rows) + Cov(W_pos rows)``,
     on the model's device. With shortformer positions the stream holds the tokens alone (positions
-    reach only the queries' and keys' inputs), so ``Cov(W_E rows)``."""
-    dtype = metric_dtype(model, dtype)
-    cov = lambda rows: torch.cov(weight(rows, dtype).T, correction=0)
-    return cov(model.W_E) if model.shape.positions == "shortformer" else cov(model.W_E) + cov(model.W_pos)
+    reach only the queries' and keys' inputs), so ``Cov(W_E rows)``. Under LayerNorm that of the
+    centred rows, ``C Σ C``, with the all-ones direction filled (:func:`stream_covariance`)."""
+    parts = [model.W_E] if model.shape.positions == "shortformer" else [model.W_E, model.W_pos]
+    return stream_covariance(model.final_norm, parts, metric_dtype(model, dtype))
 
 
 def token_gram(model: AttentionOnlyTransformer, dtype: torch.dtype | None = None) -> Tensor:
-    """The token embeddings' uncentred second moment ``W_Eᵀ W_E / d_vocab`` ``[d_model, d_model]``
-    (no positions, no centring), on the model's device: the ``Σ`` of the token basis (measure 7).
+    """The token embeddings' mean second moment ``W_Eᵀ W_E / d_vocab`` ``[d_model, d_model]`` (no
+    positions; the mean over tokens not removed), on the model's device: the ``Σ`` of the token basis
+    (measure 7). Under LayerNorm that of the centred embeddings ``W_E C``, ``C G C``, with the
+    all-ones direction filled (:func:`stream_covariance`).
 
     The mean over tokens instead of the sum keeps it on the scale of :func:`embedding_covariance`;
     a global scale ``c`` of ``Σ`` cancels in every ratio (a QK circuit gains ``c``, in the product and
     in its own norm alike; an OV circuit nothing), so the token-space ratio is that of ``G = W_Eᵀ W_E``.
     """
-    W_E = weight(model.W_E, metric_dtype(model, dtype))
-    return W_E.T @ W_E / W_E.shape[0]
+    return stream_covariance(model.final_norm, [model.W_E], metric_dtype(model, dtype), covariance=False)
 
 
-def residual_covariance(streams: list[Tensor], dtype: torch.dtype | None = None) -> Tensor:
+def residual_covariance(
+    streams: list[Tensor], dtype: torch.dtype | None = None, norm: torch.nn.Module | None = None
+) -> Tensor:
     """Covariance ``[d_model, d_model]`` of every row of the residual streams ``[batch, pos, d_model]``
     given (e.g. each layer's input on the probe batch), pooled, on their device, in ``dtype``
-    (default: theirs, at least float32)."""
+    (default: theirs, at least float32). ``norm``: a norm that reads the streams (the model's final
+    norm); under LayerNorm the covariance of the centred rows, with the all-ones direction filled
+    (:func:`stream_covariance`)."""
     dtype = dtype or torch.promote_types(streams[0].dtype, torch.float32)
-    rows = torch.cat([weight(s, dtype).reshape(-1, s.shape[-1]) for s in streams])  # (N, d)
-    return torch.cov(rows.T, correction=0)
+    rows = torch.cat([s.reshape(-1, s.shape[-1]) for s in streams])  # (N, d)
+    return stream_covariance(torch.nn.Identity() if norm is None else norm, [rows], dtype)
 
 
 def symmetric_powers(covariance: Tensor, eps: float | None = None) -> tuple[Tensor, Tensor]:

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from metrics.composition.circuits import HeadCircuits, fold_norm, weight
+from metrics.composition.circuits import HeadCircuits, centre_writing, fold_norm
 from metrics.parallel import over_threads
 from models.transformer import AttentionOnlyTransformer
 
@@ -34,9 +34,12 @@ def folded_unembedding(model: AttentionOnlyTransformer, dtype: torch.dtype | Non
 
 def copying_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> Tensor:
     """Copying score of every head's full OV circuit ``W_E W_OV W_U [d_vocab, d_vocab]``, from the
-    eigenvalues of ``(W_O W_U)(W_E W_V)`` ``[d_head, d_head]`` -> ``[n_layers, n_heads]``."""
+    eigenvalues of ``(W_O W_U)(W_E W_V)`` ``[d_head, d_head]`` -> ``[n_layers, n_heads]``. Every
+    writer (``W_E``, ``W_O``) meets a folded reader (``W_V``, ``W_U``), so under LayerNorm the
+    centring of ``W_E`` (:func:`~metrics.composition.circuits.centre_writing`) changes no value;
+    it spares the products the cancellation of a large component along ``1``."""
     dtype = circuits.ov.left.dtype
-    W_E = weight(model.W_E, dtype)  # (v, d)
+    W_E = centre_writing(model.final_norm, model.W_E, dtype)  # (v, d)
     writes = circuits.ov.right.mT @ folded_unembedding(model, dtype)  # (L, H, r, v) = W_O W_U
     reads = W_E @ circuits.ov.left  # (L, H, v, r) = W_E W_V
     return eigenvalue_positivity(writes @ reads)
@@ -47,11 +50,12 @@ def matching_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> 
     positive when reader h2 attends to keys whose previous token (written there by h1) equals the
     query token. Its non-zero eigenvalues are those of ``(W_K²ᵀ W_O¹ᵀ)(W_V¹ᵀ W_Eᵀ W_E W_Q²)``
     ``[d_head, d_head]``; both factors of every pair of a reader layer come from one GEMM each.
-    ``[n_layers, n_heads, n_layers, n_heads]``, NaN unless the reader's layer is later."""
+    ``[n_layers, n_heads, n_layers, n_heads]``, NaN unless the reader's layer is later. As for
+    :func:`copying_scores`, every writer meets a folded reader: centring ``W_E`` changes no value."""
     L, H = circuits.n_layers, circuits.n_heads
     ov, qk = circuits.ov.flatten_heads(), circuits.qk.flatten_heads()  # (L H, d, r) factors
     dtype = ov.left.dtype
-    W_E = weight(model.W_E, dtype)
+    W_E = centre_writing(model.final_norm, model.W_E, dtype)
     token_gram = W_E.T @ W_E  # (d, d): W_Eᵀ W_E
     n, d, r = ov.left.shape
     full = ov.left.new_full((n, n), math.nan)

@@ -1,8 +1,10 @@
 """docs/measures.md's axioms, asserted: constructed matrices against closed-form values (axioms 1-3),
-and invariance under each function-preserving reparametrisation of a trained model (axiom 4)."""
+and invariance under each function-preserving reparametrisation (axiom 4) of a trained model without
+normalization and of LayerNorm and RMSNorm models, with random and with unit gains."""
 
 from __future__ import annotations
 
+import copy
 import math
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from bench.axiom_table import train_small_model
 from data.probe import make_probe_batch
 from metrics.composition.axioms import PATH_POINTS, axiom_table, constructed_scores
 from metrics.snapshot import COMPOSITION_MEASURES
+from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests.helpers import REPO, random_model
 
 S_A = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)  # the constructed writer's singular values
@@ -75,18 +78,30 @@ def test_a_jump_or_a_rise_is_caught():
 
 
 # what docs/measures.md and the seeds lead one to expect; the table confirms it
+EVERY_SCORE = set(COMPOSITION_MEASURES) | {"match", "copying"}
 INVARIANT_UNDER = {
-    "residual rotation": set(COMPOSITION_MEASURES) | {"match"},
-    "residual GL": {"whitened", "whitened_resid", "token_space", "match"},
-    "head GL (V, O)": set(COMPOSITION_MEASURES) | {"match"},
-    "head GL (Q, K)": set(COMPOSITION_MEASURES) | {"match"},
+    "residual rotation": EVERY_SCORE,
+    "residual GL": {"whitened", "whitened_resid", "token_space", "match", "copying"},
+    "head GL (V, O)": EVERY_SCORE,
+    "head GL (Q, K)": EVERY_SCORE,
     # the stream is unchanged, its split between tokens and positions is not: token-space scores see it
-    "embedding shift": set(COMPOSITION_MEASURES) - {"token_space"},
+    "embedding shift": EVERY_SCORE - {"token_space", "match", "copying"},
+    # LayerNorm only: every writer's rows moved along 1, which no reader sees (the writers are centred)
+    "ones shift": EVERY_SCORE,
+}
+NORMALIZATIONS = ("none", "layernorm", "rmsnorm")
+SYMMETRY_UNDER = {  # where each map preserves the function (a rotation: with unit gains, and under LayerNorm fixing 1)
+    "residual rotation": set(NORMALIZATIONS),
+    "residual GL": {"none"},
+    "head GL (V, O)": set(NORMALIZATIONS),
+    "head GL (Q, K)": set(NORMALIZATIONS),
+    "embedding shift": set(NORMALIZATIONS),
+    "ones shift": {"layernorm"},
 }
 
 
 @pytest.fixture(scope="module")
-def trained_table():
+def trained_table():  # normalization none
     model = train_small_model(steps=150)
     return axiom_table(model, make_probe_batch(0, 8, 16, 256).tokens)
 
@@ -96,7 +111,7 @@ def test_axiom_4_reparametrisations_preserve_the_logits(trained_table):
         assert inv.logit_change < 1e-9, name  # float64; the command's tolerance is 1e-5
 
 
-@pytest.mark.parametrize("transform", list(INVARIANT_UNDER))
+@pytest.mark.parametrize("transform", [t for t in INVARIANT_UNDER if t != "ones shift"])
 def test_axiom_4_which_measures_are_invariant(trained_table, transform):
     inv = trained_table.invariance[transform]
     for measure, change in inv.score_change.items():
@@ -104,6 +119,49 @@ def test_axiom_4_which_measures_are_invariant(trained_table, transform):
             assert change < 1e-9, (measure, change)
         else:
             assert change > 1e-2, (measure, change)  # not rounding: a real change
+
+
+def unit_gains(model):
+    """The same function with every norm's gain folded into the weights that read it (``W_Q, W_K, W_V``,
+    ``W_U``) and the gains set to 1, where a residual rotation is a symmetry (docs/measures.md, measure 4)."""
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in new.layers:
+            for name in ("W_Q", "W_K", "W_V"):
+                getattr(layer, name).mul_(layer.norm.weight[:, None])
+            layer.norm.weight.fill_(1.0)
+        new.W_U.mul_(new.final_norm.weight[:, None])
+        new.final_norm.weight.fill_(1.0)
+    return new
+
+
+@pytest.mark.parametrize("gains", ["random", "unit"])
+@pytest.mark.parametrize("normalization", ["layernorm", "rmsnorm"])
+def test_axiom_4_under_normalization(normalization, gains):
+    """Each map preserves the logits exactly where docs/measures.md says it does (the rotation only
+    with unit gains; under LayerNorm it fixes 1, and the ones shift is one more map), and there every
+    score it claims is invariant is (the others are reported as changing); elsewhere the logit
+    check catches it. (Normalization none: the trained table above. d_vocab 40 > d_model 24, so the
+    token Gram has full rank and token space is well defined.)"""
+    torch.manual_seed(0)
+    model = AttentionOnlyTransformer(TransformerShape(2, 3, 24, 5, 17, 40, normalization))
+    with torch.no_grad():
+        for norm in [*(layer.norm for layer in model.layers), model.final_norm]:
+            norm.weight.uniform_(0.5, 1.5)
+    model = unit_gains(model) if gains == "unit" else model
+    table = axiom_table(model, torch.randint(0, 40, (3, 17), generator=torch.Generator().manual_seed(0)))
+    assert set(table.invariance) == set(SYMMETRY_UNDER) - ({"ones shift"} if normalization != "layernorm" else set())
+    for transform, inv in table.invariance.items():
+        symmetry = normalization in SYMMETRY_UNDER[transform] and (transform != "residual rotation" or gains == "unit")
+        if not symmetry:
+            assert inv.logit_change > 1e-3, transform
+            continue
+        assert inv.logit_change < 1e-9, transform
+        for measure, change in inv.score_change.items():
+            if measure in INVARIANT_UNDER[transform]:
+                assert change < 1e-9, (transform, measure, change)
+            else:
+                assert change > 1e-2, (transform, measure, change)
 
 
 def test_the_logit_check_catches_a_map_that_is_no_symmetry():
@@ -129,7 +187,7 @@ def test_axioms_command_prints_the_table():
         for line in result.stdout.splitlines()
         if line.startswith("| ") and "---" not in line
     }
-    assert set(rows) == {"measure", *COMPOSITION_MEASURES, "match"}
+    assert set(rows) == {"measure", *COMPOSITION_MEASURES, "match", "copying"}
     assert rows["whitened"].count("invariant") == rows["whitened_resid"].count("invariant") == 5
     assert (
         rows["token_space"].count("invariant") == 4 and "**changes**" in rows["token_space"].split("|")[10]

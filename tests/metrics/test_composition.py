@@ -22,7 +22,8 @@ def frobenius(model):
 
 def dense_weights(model):
     """Per layer ``(W_Q, W_K, W_V, W_O)`` in float64 with the norm folded in, by plain indexing: the
-    gain, and under LayerNorm the centring matrix ``C = I - 11ᵀ/d_model`` (``C diag(g) W``)."""
+    gain, and under LayerNorm the centring matrix ``C = I - 11ᵀ/d_model`` (``C diag(g) W``), which
+    also centres the writer (``W_O C``)."""
     out = []
     d = model.shape.d_model
     for layer in model.layers:
@@ -36,7 +37,7 @@ def dense_weights(model):
                 [fold(w) for w in layer.W_Q],
                 [fold(w) for w in layer.W_K],
                 [fold(w) for w in layer.W_V],
-                [w.detach().double() for w in layer.W_O],
+                [w.detach().double() @ C for w in layer.W_O],
             )
         )
     return out

@@ -15,7 +15,7 @@ from metrics.composition.measures import (
     singular_value_bound_ratio,
     subspace_overlap,
 )
-from tests.helpers import dense_reader_factors, hand_fold, random_model
+from tests.helpers import dense_reader_factors, hand_centre, hand_fold, random_model
 
 
 def pairs(n=6, d=12, r=4, seed=0):
@@ -122,7 +122,7 @@ def test_new_measures_on_a_model_match_per_pair_dense(normalization, kind):
     }
     for l1, h1, l2, h2 in (~scores[subspace_overlap].isnan()).nonzero().tolist():
         writer = model.layers[l1]
-        W_O = writer.W_O[h1].detach().double()
+        W_O = hand_centre(writer.norm, writer.W_O[h1])
         A = hand_fold(writer.norm, writer.W_V[h1]) @ W_O
         read, B = dense_reader_factors(model, l2, h2, kind)
         want = {

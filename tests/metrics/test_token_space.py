@@ -14,7 +14,7 @@ from metrics.composition.reparametrize import residual_transform
 from metrics.composition.scores import basis_whitening, composition_of
 from metrics.composition.whitening import embedding_covariance, symmetric_powers, token_gram
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import dense_reader_factors, hand_fold
+from tests.helpers import dense_reader_factors, hand_centre, hand_fold
 
 SHAPE = TransformerShape(n_layers=3, n_heads=2, d_model=16, d_head=4, n_ctx=9, d_vocab=40)
 
@@ -79,11 +79,12 @@ def dense_token_ratio(model, l1, h1, l2, h2, kind) -> float:
     in token coordinates is ``W_E`` (a token's embedding read), its writing side ``W_E⁺`` (a write
     expressed as a least-squares mix of token embeddings). Writer ``A = W_OV¹`` -> ``W_E A W_E⁺``;
     readers ``W_QK²`` (Q), ``W_QK²ᵀ`` (K) -> ``W_E B W_Eᵀ``, ``W_OV²`` (V) -> ``W_E B W_E⁺``; the
-    products ``W_E A B W_Eᵀ`` (Q, K) and ``W_E A B W_E⁺`` (V)."""
-    W_E = model.W_E.detach()
+    products ``W_E A B W_Eᵀ`` (Q, K) and ``W_E A B W_E⁺`` (V). Under LayerNorm the writers are centred,
+    ``W_E`` too: its pseudo-inverse then mixes centred embeddings, rank ``d_model - 1``."""
+    W_E = hand_centre(model.final_norm, model.W_E)
     W_E_plus = torch.linalg.pinv(W_E)
     writer = model.layers[l1]
-    A = hand_fold(writer.norm, writer.W_V[h1]) @ writer.W_O[h1].detach()
+    A = hand_fold(writer.norm, writer.W_V[h1]) @ hand_centre(writer.norm, writer.W_O[h1])
     _, B = dense_reader_factors(model, l2, h2, kind)
     out = W_E_plus if kind == "V" else W_E.T
     A_tok, B_tok, AB_tok = W_E @ A @ W_E_plus, W_E @ B @ out, W_E @ A @ B @ out

@@ -13,7 +13,7 @@ from metrics.composition.measures import frobenius_ratio
 from metrics.composition.reparametrize import residual_transform
 from metrics.composition.whitening import embedding_covariance
 from metrics.snapshot import composition_of, take_snapshot
-from tests.helpers import dense_reader_factors, random_model
+from tests.helpers import dense_reader_factors, hand_centre, random_model
 
 
 def random_gl(d, seed=0):
@@ -40,15 +40,20 @@ def observed_residual_rows(model, tokens):
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
 @pytest.mark.parametrize("kind", ["Q", "K", "V"])
 def test_whitened_ratio_matches_dense(measure, normalization, kind):
-    """Every d_model x d_model matrix formed from the raw weights (gains folded by hand), mapped to
-    the whitened basis: readers gain Σ^(1/2) on each reading side, writers Σ^(-1/2) on the writing side."""
+    """Every d_model x d_model matrix formed from the raw weights (gains folded by hand, ``W_O``
+    centred under LayerNorm), mapped to the whitened basis: readers gain Σ^(1/2) on each reading side,
+    writers Σ^(-1/2) on the writing side. Under LayerNorm Σ is the covariance of the centred rows,
+    singular along 1: its powers are taken on ``1⊥`` alone (0 along 1), not filled as the code's are."""
     model = random_model(normalization)
     tokens = torch.randint(0, 11, (4, 17), generator=torch.Generator().manual_seed(1))
     if measure == "whitened":
         rows = (model.W_E[:, None, :] + model.W_pos[None, :, :]).reshape(-1, model.shape.d_model).double().detach()
     else:
         rows = observed_residual_rows(model, tokens)
-    values, vectors = torch.linalg.eigh(torch.cov(rows.T, correction=0))
+    values, vectors = torch.linalg.eigh(torch.cov(hand_centre(model.final_norm, rows).T, correction=0))
+    if normalization == "layernorm":  # drop the null direction, 1
+        assert values[0].abs() < 1e-12 and (vectors[:, 0].abs() - model.shape.d_model**-0.5).abs().max() < 1e-9
+        values, vectors = values[1:], vectors[:, 1:]
     half, inv_half = (vectors * values.sqrt()) @ vectors.T, (vectors / values.sqrt()) @ vectors.T
     with torch.no_grad():
         residual = model.run_with_cache(tokens)[1]["resid_pre"]
