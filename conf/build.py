@@ -29,6 +29,7 @@ from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, Trajectory
 from data.datamodule import TokenDataModule, TokenSampler, make_sampler
 from data.probe import make_probe_batch
 from metrics.dynamics.llc import SGLDSettings
+from metrics.dynamics.stages import StageSettings
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 from records.csv_log import ResumableCSVLogger
@@ -348,6 +349,18 @@ def held_out_sequences(cfg: DictConfig, count: int, offset: int = 0) -> torch.Te
 def n_beta_of(llc: DictConfig) -> float:
     """nβ: the configured value, or devinterp's ``default_nbeta``: batch_size / ln(batch_size)."""
     return float(llc.n_beta) if llc.n_beta is not None else llc.batch_size / math.log(llc.batch_size)
+
+
+def stage_settings(stages: DictConfig) -> StageSettings:
+    """How stage boundaries are read, from ``stages``."""
+    return StageSettings(
+        bandwidth=stages.bandwidth,
+        alpha=stages.alpha,
+        plateau=stages.plateau,
+        min_share=stages.min_share,
+        resamples=stages.resamples,
+        seed=stages.llc.seed,
+    )
 
 
 def sgld_settings(llc: DictConfig) -> SGLDSettings:

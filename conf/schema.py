@@ -228,7 +228,9 @@ class LLCConfig:
 
     lr: float = 1e-3  # ε, the SGLD step
     localization: float = 100.0  # γ, the pull back to the weights being measured
-    n_beta: float | None = None  # nβ; None: batch_size / ln(batch_size), devinterp's default_nbeta
+    # nβ; None: n / ln n with n = batch_size, the sequences of one SGLD batch (devinterp's default_nbeta,
+    # Hoogland et al. 2024; why: metrics/dynamics/llc.py, "Which n nβ stands for")
+    n_beta: float | None = None
     chains: int = 4
     draws: int = 100
     burnin: int = 20  # steps before the draws, left out of the estimate
@@ -250,9 +252,13 @@ class StagesConfig:
     llc: LLCConfig = field(default_factory=LLCConfig)
     llc_enabled: bool = True  # false: essential dynamics only (no devinterp needed)
     sequences: int = 64  # essential dynamics: fixed held-out sequences whose per-token losses are tracked
-    components: int = 3  # principal components of the essential dynamics
-    window: int = 3  # points of the moving average before turning points are read
-    min_turn: float = 0.1  # a turning point must be undone by this share of the curve's range
+    components: int = 3  # principal components of the essential dynamics (only those that beat the null are read)
+    # stage boundaries (metrics.dynamics.stages; docs/results.md, "Developmental stages": the nulls)
+    bandwidth: float = 0.25  # the LLC's smoothing: the kernel's half-width in ln(step + 1)
+    alpha: float = 0.01  # the chance that noise alone gives a boundary, per signal
+    plateau: float = 0.1  # the LLC is on a plateau where its slope is under this share of its largest significant slope
+    min_share: float = 0.05  # a boundary of the essential dynamics must carry this share of the trajectory's variance
+    resamples: int = 200  # bootstrap resamples (chains; tokens) behind each boundary's support and interval
 
 
 @dataclass

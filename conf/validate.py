@@ -374,10 +374,15 @@ def stages_problems(stages: DictConfig) -> list[str]:
         problems.append(f"stages.sequences={stages.sequences}: must be >= 1")
     if stages.components < 2:
         problems.append(f"stages.components={stages.components}: must be >= 2")
-    if stages.window < 1:
-        problems.append(f"stages.window={stages.window}: must be >= 1")
-    if not 0 < stages.min_turn < 1:
-        problems.append(f"stages.min_turn={stages.min_turn}: must be in (0, 1)")
+    if not stages.bandwidth > 0:
+        problems.append(f"stages.bandwidth={stages.bandwidth}: must be > 0 (a half-width in ln(step + 1))")
+    for name in ("alpha", "plateau", "min_share"):
+        if not 0 < stages[name] < 1:
+            problems.append(f"stages.{name}={stages[name]}: must be in (0, 1)")
+    if stages.resamples < 0:
+        problems.append(f"stages.resamples={stages.resamples}: must be >= 0")
+    if llc.chains < 2 and not problems:
+        problems.append(f"stages.llc.chains={llc.chains}: the LLC's boundaries need the spread of at least 2 chains")
     if llc.every_n_steps < 0:
         problems.append(f"stages.llc.every_n_steps={llc.every_n_steps}: must be >= 0 (0: not during training)")
     elif llc.every_n_steps > 0 and not problems:

@@ -16,6 +16,20 @@ sampled set is exactly ``batches × batch_size`` sequences served in a fixed ord
 draw ``t`` saw batch ``t mod batches``, and each draw's loss is paired with ``L`` at ``w*`` on the
 same batch (a control variate: the batches' own noise cancels); burn-in is left out.
 
+**Which n nβ stands for.** Lau et al. 2023 define the estimator at ``β* = 1 / ln n`` with ``n`` the
+number of samples ``L_n`` averages over; with SGLD on mini-batches devinterp's ``default_nbeta``
+takes ``n`` to be the batch size, and so do Hoogland et al. 2024 for their language model
+(``num_samples`` = the SGLD batch of 100 sequences, nβ = 100 / ln 100; ``timaeus-research/icl``).
+Here too: ``n`` is the number of sequences in one SGLD batch (``stages.llc.batch_size``, nβ =
+32 / ln 32 = 9.2 by default), because the gradient each step follows is a batch's. Its noise
+enters the chain as ``(ε nβ / 2)² Var(∇L_B)`` a step beside the injected ``ε``, so it grows with
+nβ²: at nβ = 9.2 it adds about 3 % to λ̂ on ``bench.llc_check``'s localized quadratic; with ``n`` the
+8192 tokens of the sampled set (nβ = 909) the default model's largest Hessian eigenvalue (28 at
+the phase change) would need ε < 2 / (nβ h) ≈ 8e-5 to stay stable, and the localization's
+relaxation, 1 / (ε γ) steps, chains of several hundred draws: many times the 5 s an estimate
+may take. The price of the small nβ is that γ dominates: only directions with ``nβ h ≳ γ`` count
+fully (``½ Σ nβhᵢ / (nβhᵢ + γ)`` on a quadratic), so λ̂ is comparable only within one (ε, nβ, γ).
+
 devinterp is an optional extra (``pip install -e '.[llc]'``): it is imported only when an
 estimate is asked for, and :func:`require_devinterp` says in one line how to install it.
 """
@@ -210,7 +224,8 @@ def llc_record(
     param_masks: dict[str, Tensor] | None = None,
 ) -> dict[str, float]:
     """One estimate (:func:`estimate_llc`) as flat numbers: ``mean``, ``std``, ``drift``, ``settled``
-    and ``diverged`` (0/1), ``init_loss``, ``seconds``. A chain that diverged gives NaN and
+    and ``diverged`` (0/1), ``init_loss``, ``seconds``, and each chain's λ̂ as ``chain_0``, ``chain_1``,
+    ... (their spread is what a stage boundary must clear). A chain that diverged gives NaN and
     ``diverged`` 1 rather than an error: one bad estimate must not end a trajectory's analysis or a
     training run."""
     started = time.perf_counter()
@@ -226,6 +241,7 @@ def llc_record(
             diverged=1.0,
             init_loss=nan,
             seconds=time.perf_counter() - started,
+            **{f"chain_{i}": nan for i in range(settings.chains)},
         )
     return dict(
         mean=estimate.mean,
@@ -235,4 +251,5 @@ def llc_record(
         diverged=0.0,
         init_loss=estimate.init_loss,
         seconds=estimate.seconds,
+        **{f"chain_{i}": value for i, value in enumerate(estimate.per_chain)},
     )

@@ -1,5 +1,7 @@
 """The LLC estimator against known values: d/2 for a regular model (full-rank linear regression
-at its least-squares optimum), agreement between two copies of one model, and one head's LLC."""
+at its least-squares optimum), ½ Σ nβh/(nβh + γ) for a quadratic in the localized regime the
+product runs, agreement between two copies of one model, and one head's LLC, whose sampling moves
+nothing else."""
 
 from __future__ import annotations
 
@@ -10,7 +12,16 @@ import math
 import pytest
 import torch
 
-from bench.llc_check import BATCH, REGRESSION, D, regression_loss, regular_model
+from bench.llc_check import (
+    BATCH,
+    REGRESSION,
+    D,
+    localized_expectation,
+    localized_model,
+    product_settings,
+    regression_loss,
+    regular_model,
+)
 from metrics.dynamics.llc import SGLDSettings, batch_losses, estimate_llc, head_masks, next_token_loss
 from tests.helpers import random_model
 
@@ -32,6 +43,21 @@ def test_a_regular_model_has_llc_d_over_2(regression):
     assert estimate.trace.shape == (REGRESSION.chains, REGRESSION.draws)
     assert estimate.settled(0.1) and estimate.spread < 0.2
     assert estimate.init_loss == pytest.approx(float(batch_losses(model, rows, BATCH, regression_loss).mean()))
+
+
+def test_in_the_products_localized_regime_llc_is_the_localized_posteriors_expectation():
+    """bench.llc_check's second case: the default stages.llc settings (ε 1e-3, nβ = 32 / ln 32, γ 100,
+    4 chains × 100 draws) on a regression whose Hessian spans the default model's, against the
+    exact E[λ̂] of the localized posterior (docs/results.md, "The estimator where it is used")."""
+    model, rows, h = localized_model()
+    settings = product_settings()
+    assert settings.localization > 0 and settings.n_beta == pytest.approx(32 / math.log(32))
+    exact = localized_expectation(h, settings)
+    assert exact == pytest.approx(1.2306, abs=1e-3)  # ½ Σ over 10 eigenvalues in [0.1, 30]
+    estimates = [
+        estimate_llc(model, rows, dataclasses.replace(settings, seed=seed), regression_loss) for seed in range(3)
+    ]
+    assert sum(e.mean for e in estimates) / 3 == pytest.approx(exact, rel=0.10), [e.mean for e in estimates]
 
 
 def test_an_unsettled_chain_is_flagged(regression):
@@ -69,8 +95,24 @@ def test_one_head_alone_samples_only_its_slices():
         lr=1e-3, n_beta=16 / math.log(16), localization=100.0, chains=2, draws=60, burnin=10, batch_size=16
     )
     whole = estimate_llc(model, tokens, settings)
-    head = estimate_llc(model, tokens, settings, param_masks=masks)
+    seen = []  # every weight devinterp's sampled copy holds when a draw's loss is taken
+
+    def recording_loss(sampled, rows):
+        seen.append({name: p.detach().clone() for name, p in sampled.named_parameters()})
+        return next_token_loss(sampled, rows)
+
+    head = estimate_llc(model, tokens, settings, recording_loss, param_masks=masks)
     assert 0 < head.mean < whole.mean  # a quarter of one layer's attention weights: a smaller λ̂
+    start = dict(model.named_parameters())
+    assert len(seen) >= settings.chains * (settings.burnin + settings.draws)
+    moved = set()
+    for weights in seen:
+        for name, value in weights.items():
+            mask = masks.get(name, torch.zeros_like(value)).bool()
+            assert torch.equal(value[~mask], start[name].detach()[~mask]), name  # every other weight exactly as it was
+            if not torch.equal(value[mask], start[name].detach()[mask]):
+                moved.add(name)
+    assert moved == set(masks)  # and the head's own slices did move
     with pytest.raises(ValueError, match="no attention weights"):
         head_masks(model, 5, 0)
 

@@ -1,4 +1,6 @@
-"""Turning points and essential dynamics on curves whose turns are known by construction."""
+"""Stage boundaries on trajectories whose truth is known: noise gives none, one transition one,
+two two, a plateau its edges (``bench.stage_nulls``' cases, 100 draws each on the default run's
+grid and on a log ∪ linear grid), and the parts of the finder against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,52 +9,110 @@ import math
 import pytest
 import torch
 
-from metrics.dynamics.stages import essential_dynamics, stage_boundaries, turning_points
+from bench.stage_nulls import CASES, GRIDS, LOG_LINEAR_STEPS, llc_chains, plateau_curve, settings_of, tally
+from conf.schema import StagesConfig
+from metrics.dynamics.stages import (
+    DYNAMICS_SOURCE,
+    LLC_SOURCE,
+    essential_dynamics,
+    llc_boundaries,
+    local_linear_weights,
+    mean_shifts,
+    significant_components,
+    stage_boundaries,
+)
+
+DEFAULTS = settings_of(StagesConfig(), resamples=0)
 
 
-def test_turning_points_of_a_sine_are_its_extrema():
-    steps = torch.arange(0, 200, dtype=torch.float64)
-    values = torch.sin(steps * 2 * math.pi / 100)  # peaks at 25, 125; troughs at 75, 175
-    found = turning_points(steps, values, window=1, min_turn=0.1)
-    assert found == [(25.0, "peak"), (75.0, "trough"), (125.0, "peak"), (175.0, "trough")]
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", list(GRIDS))
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_the_finder_is_right_on_known_truths_in_95_percent_of_100_draws(case, grid):
+    """python -m bench.stage_nulls prints the same table (docs/results.md, "The nulls")."""
+    result = tally(case, grid, draws=100, settings=DEFAULTS)
+    assert result.rate >= 0.95, (case.truth, result.answers.most_common(3))
 
 
-def test_wiggles_smaller_than_min_turn_are_not_turns():
-    steps = torch.arange(40, dtype=torch.float64)
-    rise = torch.cat([torch.linspace(0, 1, 20), torch.linspace(1, 0, 20)])  # one peak, steps 19-20
-    wiggle = 0.03 * torch.tensor([(-1.0) ** i for i in range(40)])  # noise: 6 % of the range
-    assert turning_points(steps, rise + wiggle, window=1, min_turn=0.1) == [(20.0, "peak")]  # 1.03 at 20
-    assert turning_points(steps, torch.linspace(0, 1, 40), window=3) == []  # monotone: one stage
-    assert turning_points(steps, torch.ones(40), window=3) == []  # flat: no range at all
+def test_local_linear_fits_a_line_exactly_on_an_uneven_grid():
+    """Value and slope of ``y = 3 + 2x`` at every point, whatever the kernel's widths."""
+    x = torch.log1p(torch.tensor([0.0, 1, 2, 5, 10, 100, 101, 150, 400, 410, 1500], dtype=torch.float64))
+    value, slope = local_linear_weights(x, bandwidth=0.25)
+    y = 3 + 2 * x
+    torch.testing.assert_close(value @ y, y)
+    torch.testing.assert_close(slope @ y, torch.full_like(x, 2.0))
 
 
-def test_uneven_steps_are_reported_as_steps_not_indices():
-    steps = torch.tensor([0.0, 1, 3, 10, 30, 100, 300, 1000])
-    values = torch.tensor([0.0, 1, 2, 3, 2, 1, 0, -1])
-    assert turning_points(steps, values, window=1) == [(10.0, "peak")]
+def test_a_plateau_between_two_rises_is_found_with_its_interval_and_support():
+    steps = LOG_LINEAR_STEPS
+    settings = settings_of(StagesConfig(), resamples=100)
+    found, states = llc_boundaries(steps, llc_chains(plateau_curve(steps), torch.Generator().manual_seed(0)), settings)
+    assert [b.kind for b in found] == ["rise starts", "rise ends", "rise starts"]
+    for boundary, truth in zip(found, (100, 300, 700), strict=True):
+        assert boundary.source == LLC_SOURCE and boundary.support >= 0.9
+        assert boundary.low <= boundary.step <= boundary.high and boundary.high - boundary.low < 100
+        assert abs(boundary.step - truth) <= 2 * 25  # two grid steps
+        assert boundary.statistic > states.q
+    assert states.state[(steps > 350) & (steps < 650)].eq(0).all()  # FLAT on the plateau
 
 
-def test_essential_dynamics_turns_where_the_outputs_change_direction():
-    """Outputs move along direction a for 30 checkpoints, then along b: PC1 and PC2 are (a mix of)
-    a and b; the trajectory turns at checkpoint 30, so some component has a turning point there."""
+def test_chains_that_disagree_more_than_the_curve_moves_give_no_boundary():
+    """The same rise, its chains 10 times as spread as the rise is tall: nothing is significant."""
+    steps = LOG_LINEAR_STEPS
+    curve = 10 + 2 * torch.sigmoid((steps - 400) / 25)
+    chains = llc_chains(curve, torch.Generator().manual_seed(1), spread=torch.full_like(steps, 20.0))
+    assert llc_boundaries(steps, chains, DEFAULTS)[0] == []
+
+
+def test_a_diverged_step_is_left_out_and_one_chain_is_refused():
+    steps = LOG_LINEAR_STEPS
+    chains = llc_chains(plateau_curve(steps), torch.Generator().manual_seed(0))
+    chains[10, 2] = math.nan
+    assert [b.kind for b in llc_boundaries(steps, chains, DEFAULTS)[0]] == ["rise starts", "rise ends", "rise starts"]
+    with pytest.raises(ValueError, match="at least 2 chains"):
+        llc_boundaries(steps, chains[:, :1], DEFAULTS)
+
+
+def test_parallel_analysis_keeps_planted_components_and_no_noise():
     generator = torch.Generator().manual_seed(0)
-    a, b = torch.randn(50, generator=generator), torch.randn(50, generator=generator)
-    t = torch.arange(60, dtype=torch.float64)
-    outputs = torch.where(t[:, None] < 30, t[:, None] * a, 30 * a + (t[:, None] - 30) * 2 * b).float()
-    dynamics = essential_dynamics(t * 10, outputs, components=3)
-    assert dynamics.coords.shape == (60, 3) and dynamics.explained[:2].sum() > 0.99
-    boundaries = stage_boundaries(None, dynamics, window=1, min_turn=0.1)
-    assert any(p.step == pytest.approx(290, abs=10) and p.source in ("PC1", "PC2") for p in boundaries), boundaries
+    t = torch.linspace(0, 1, 60, dtype=torch.float64)[:, None]
+    noise = 0.05 * torch.randn(60, 300, generator=generator, dtype=torch.float64)
+    assert significant_components(noise, alpha=0.01, seed=0) == 0
+    loadings = torch.randn(2, 300, generator=generator, dtype=torch.float64)
+    planted = torch.cat([torch.sigmoid((t - 0.3) / 0.03), torch.sigmoid((t - 0.7) / 0.03)], dim=1) @ loadings
+    assert significant_components(planted + noise, alpha=0.01, seed=0) == 2
 
 
-def test_llc_and_dynamics_boundaries_are_merged_by_step():
-    steps = torch.arange(50, dtype=torch.float64)
-    llc = torch.cat([torch.linspace(0, 10, 25), torch.linspace(10, 6, 25)])
-    outputs = torch.stack([torch.cat([torch.linspace(0, 1, 10), torch.linspace(1, -1, 40)]), torch.zeros(50)], 1)
-    points = stage_boundaries((steps, llc), essential_dynamics(steps, outputs.repeat(1, 3), 2), window=1)
-    assert (24.0, "llc", "peak") in [(p.step, p.source, p.kind) for p in points]
-    assert 9.0 in [p.step for p in points if p.source == "PC1"]
-    assert [p.step for p in points] == sorted(p.step for p in points)
+def test_mean_shifts_are_found_at_their_index_with_the_variance_they_carry():
+    """Two dimensions, the mean jumping at index 20 and 45 of 60: the shares are what a hand
+    computation of the between-segment sums of squares gives."""
+    coords = torch.zeros(60, 2, dtype=torch.float64)
+    coords[20:, 0] = 3.0
+    coords[45:, 1] = 1.0
+    coords += 0.01 * torch.randn(60, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    shifts = mean_shifts(coords.numpy(), min_share=0.05)
+    assert [index for index, _ in shifts] == [20, 45]
+    total = float((coords - coords.mean(0)).square().sum())
+    # removing the shift at 20 merges [0, 20) with [20, 45): its first coordinate's jump of 3
+    jump_20 = 20 * 25 / 45 * 3.0**2
+    jump_45 = 25 * 15 / 40 * 1.0**2
+    assert shifts[0][1] == pytest.approx(jump_20 / total, rel=0.02)
+    assert shifts[1][1] == pytest.approx(jump_45 / total, rel=0.05)
+    alone = 20 * 40 / 60 * (3.0**2 + (15 / 40) ** 2)  # the only shift: [0, 20) against [20, 60)
+    assert mean_shifts(coords.numpy(), min_share=0.5) == [(20, pytest.approx(alone / total, rel=0.02))]
+
+
+def test_essential_dynamics_and_llc_boundaries_merge_by_step():
+    steps = LOG_LINEAR_STEPS
+    generator = torch.Generator().manual_seed(3)
+    outputs = (
+        5.5 - 4 * torch.sigmoid((steps[:, None] - 1000) / 20) + 0.02 * torch.randn(len(steps), 200, generator=generator)
+    )
+    chains = llc_chains(plateau_curve(steps), generator)
+    found, dynamics, states = stage_boundaries((steps, chains), (steps, outputs.float()), DEFAULTS)
+    assert [b.source for b in found] == [LLC_SOURCE, LLC_SOURCE, LLC_SOURCE, DYNAMICS_SOURCE]
+    assert found[-1].kind == "shift" and abs(found[-1].step - 1000) <= 25
+    assert dynamics.significant == 1 and states is not None
 
 
 def test_essential_dynamics_needs_three_checkpoints():
