@@ -8,6 +8,7 @@ written.
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 import sys
 from collections.abc import Callable
@@ -20,6 +21,10 @@ from omegaconf.errors import OmegaConfBaseException
 from conf.schema import Config
 from records.layout import ANALYSIS_DIR, TRAJECTORY_DIR
 from records.trajectory import Trajectory, TrajectoryError, describe_steps
+
+RETIRED_KEYS = ("stages.window", "stages.min_turn")
+"""Settings a run trained by an earlier version may carry that this version no longer has (the
+turning-point finder's smoothing and threshold): dropped when the run is analysed."""
 
 
 class AnalysisError(ValueError):
@@ -44,8 +49,12 @@ class Request:
 def run_config(trajectory: Trajectory, overrides: list[str], section: str, example: str) -> DictConfig:
     """The run's resolved config on the typed schema, with ``overrides`` applied; only ``SECTION.*``
     keys may change (the weights are fixed). ``example`` is a valid override, for the error message."""
+    saved = copy.deepcopy(trajectory.config)
+    for key in RETIRED_KEYS:  # written by earlier versions, read by none: not a reason to refuse the run
+        section, _, name = key.partition(".")
+        saved.get(section, {}).pop(name, None)
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), trajectory.config)
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
     except OmegaConfBaseException as error:
         raise AnalysisError(f"the run's config does not fit this version's schema ({first_line(error)})") from None
     for override in overrides:

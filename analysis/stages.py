@@ -50,13 +50,16 @@ from analysis.saved_run import (
     run_each_job,
     wandb_loggers,
 )
-from conf.build import held_out_sequences, sgld_settings
+from conf.build import held_out_sequences, sgld_settings, stage_settings
 from conf.validate import stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
+from metrics.dynamics.stages import MIN_STEPS, Boundary
 from records.layout import CSV_RELATIVE_PATH, SUMMARY_NAME
 from records.trajectory import Trajectory, describe_steps
 
 DEFAULT_NAME = "stages"
+BOUNDARY_KEYS = ("step", "source", "kind", "low", "high", "support", "statistic")
+"""What W&B's summary keeps of each boundary, one list a key (``stages/boundary_step``, ...)."""
 STAGES_NAME = "stages.json"
 
 
@@ -115,7 +118,7 @@ def run_stages(request: Request) -> dict:
         f" {', '.join(parts)}; into {request.out_dir}",
         flush=True,
     )
-    measured = MeasuredSteps(partial_dir(request), measurement_settings(stages, heads))
+    measured = MeasuredSteps(measurements_dir(request), measurement_settings(stages, heads))
     try:
         rows, losses, seconds = measure_steps(request, heads, measured)
     except KeyboardInterrupt:
@@ -133,9 +136,12 @@ def run_stages(request: Request) -> dict:
             print(f"\nstages: stopped while writing; the same command writes it from {measured.directory}", flush=True)
             raise SystemExit(130) from None
         raise
-    measured.remove()
     print_stages(result)
-    print(f"stages: {len(request.steps)} steps, {seconds:.1f} s of measuring; wrote {request.out_dir}")
+    print(
+        f"stages: {len(request.steps)} steps, {seconds:.1f} s of measuring; wrote {request.out_dir} (the measurements"
+        f" stay in {measured.directory}: --overwrite with other reading settings, stages.alpha=... and the like,"
+        " reads them again without measuring)"
+    )
     return result
 
 
@@ -148,8 +154,8 @@ def measure_steps(request: Request, heads: list[tuple[int, int]], measured: Meas
     probe = held_out_sequences(cfg, stages.sequences, offset=stages.llc.batches * stages.llc.batch_size)
     if done := len(set(measured.steps) & set(request.steps)):
         print(
-            f"stages: continuing: {done} of the {len(request.steps)} steps were measured by an interrupted run"
-            f" with these settings ({measured.directory})",
+            f"stages: continuing: {done} of the {len(request.steps)} steps are measured already, with these settings"
+            f" ({measured.directory})",
             flush=True,
         )
     rows, losses, spent, fresh = [], [], 0.0, 0
@@ -176,7 +182,7 @@ def measure_steps(request: Request, heads: list[tuple[int, int]], measured: Meas
 def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor], heads, seconds: float) -> dict:
     """The stages from the measured rows and losses: the CSVs, the figures, the W&B run and, last
     (so that its presence means the analysis is whole), stages.json; returns its content."""
-    from metrics.dynamics.stages import essential_dynamics, stage_boundaries
+    from metrics.dynamics.stages import stage_boundaries
     from reports.run_report import read_series
 
     cfg, stages, out = request.cfg, request.cfg.stages, request.out_dir
@@ -184,9 +190,10 @@ def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor
         shutil.rmtree(out)
     out.mkdir(parents=True)
     steps_t = torch.tensor(request.steps, dtype=torch.float64)
-    dynamics = essential_dynamics(steps_t, torch.stack(losses), stages.components)
-    llc_curve = (steps_t, torch.tensor([r["llc_mean"] for r in rows])) if stages.llc_enabled else None
-    boundaries = stage_boundaries(llc_curve, dynamics, stages.window, stages.min_turn)
+    llc = (steps_t, chain_estimates(rows)) if stages.llc_enabled else None
+    boundaries, dynamics, states = stage_boundaries(
+        llc, (steps_t, torch.stack(losses)), stage_settings(stages), stages.components
+    )
     summary_path = request.run_dir / SUMMARY_NAME
     run_summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     change = {part: run_summary.get(f"phase_change/loss_{part}_step") for part in ("onset", "midpoint", "end")}
@@ -197,10 +204,12 @@ def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor
         "stages": OmegaConf.to_container(stages, resolve=True),
         "n_beta": sgld_settings(stages.llc).n_beta,
         "circuit_heads": [f"L{layer}H{head}" for layer, head in heads],
-        "boundaries": [asdict(p) for p in boundaries],
+        "boundaries": [asdict(b) for b in boundaries],
         "phase_change": change,
-        "nearest_phase_change": [nearest(p.step, change) for p in boundaries],
+        "nearest_phase_change": [nearest(b.step, change) for b in boundaries],
         "explained_variance": dynamics.explained.tolist(),
+        "significant_components": dynamics.significant,
+        "llc_band": states.q if states is not None else None,
         "seconds": seconds,
         "llc_seconds_per_estimate": seconds_per_estimate(rows),
         "unsettled_steps": [
@@ -218,12 +227,18 @@ def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor
     )
     csv_path = request.run_dir / CSV_RELATIVE_PATH
     series = read_series(csv_path) if csv_path.is_file() else {}
-    figures = draw(out, rows, heads, series, dynamics, boundaries, change, cfg, request)
+    figures = draw(out, rows, heads, series, dynamics, boundaries, states, change, cfg, request)
     log_to_wandb(request, Trajectory(request.run_dir), rows, dynamics, figures, result)
     written = out / f"{STAGES_NAME}.tmp"
     written.write_text(json.dumps(result, indent=1))
     written.replace(out / STAGES_NAME)
     return result
+
+
+def chain_estimates(rows: list[dict]) -> torch.Tensor:
+    """``[steps, chains]``: each step's λ̂ of every SGLD chain (NaN where an estimate diverged)."""
+    chains = sorted((key for key in rows[0] if re.fullmatch(r"llc_chain_\d+", key)), key=lambda k: int(k[10:]))
+    return torch.tensor([[row[key] for key in chains] for row in rows], dtype=torch.float64)
 
 
 def measure_step(model, stages: DictConfig, llc_rows, probe, heads) -> tuple[dict, torch.Tensor]:
@@ -268,8 +283,8 @@ def describe_row(row: dict) -> str:
     return f"λ̂ {row['llc_mean']:.2f} ± {row['llc_std']:.2f} in {row['llc_seconds']:.1f} s{settled}{also}"
 
 
-def partial_dir(request: Request) -> Path:
-    return request.out_dir.parent / f".{request.name}.partial"
+def measurements_dir(request: Request) -> Path:
+    return request.out_dir.parent / f".{request.name}.measured"
 
 
 def measurement_settings(stages: DictConfig, heads: list[tuple[int, int]]) -> dict:
@@ -280,14 +295,17 @@ def measurement_settings(stages: DictConfig, heads: list[tuple[int, int]]) -> di
         "llc": llc,
         "sequences": stages.sequences,
         "heads": [list(h) for h in heads],
+        "row": "per-chain",  # rows carry each chain's λ̂ (llc_chain_*): older measurements do not
     }
 
 
 class MeasuredSteps:
-    """Each step's measurements, saved as soon as they are made under ``RUN_DIR/analysis/.NAME.partial/``
+    """Each step's measurements, saved as soon as they are made under ``RUN_DIR/analysis/.NAME.measured/``
     (one safetensors file a step: the per-token losses, the row in its header), so that an
     interrupted analysis (Ctrl-C, a time limit, a crash) continues where it stopped when run again
-    with the same settings; other settings discard them. Removed once the analysis is written."""
+    with the same settings, and a finished one is read again (``--overwrite`` with other
+    reading settings, other ``--steps``) without measuring what is there; other measurement settings
+    discard them."""
 
     SETTINGS = "settings.json"
 
@@ -321,9 +339,6 @@ class MeasuredSteps:
         written.replace(self.path(step))  # whole or not at all: a kill mid-write leaves no half step
         self.steps.append(step)
 
-    def remove(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
-
 
 def nearest(step: float, change: dict) -> dict | None:
     """The phase-change point (onset / midpoint / end) nearest ``step``, and how far."""
@@ -341,7 +356,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def draw(out, rows, heads, series, dynamics, boundaries, change, cfg, request) -> dict[str, Path]:
+def draw(out, rows, heads, series, dynamics, boundaries, states, change, cfg, request) -> dict[str, Path]:
     from metrics.dynamics.phase_change import PhaseChange
     from reports.plots import plt
     from reports.stages_figure import essential_dynamics_figure, stages_figure
@@ -353,13 +368,16 @@ def draw(out, rows, heads, series, dynamics, boundaries, change, cfg, request) -
         llc_std = (steps, np.array([r["llc_std"] for r in rows]))
         for layer, head in heads:
             llc[f"L{layer}H{head} alone"] = (steps, np.array([r[f"llc_L{layer}H{head}"] for r in rows]))
+    smoothed = None
+    if states is not None:  # the curve the LLC's boundaries are read from, at its finite steps
+        smoothed = (np.expm1(states.x.numpy()), states.smoothed.numpy())
     phase = None
     if all(v is not None for v in change.values()):
         phase = PhaseChange(change["onset"], change["midpoint"], change["end"], math.nan, math.nan)
     title = f"{request.run_dir.name}: {cfg.model.n_layers}L × {cfg.model.n_heads}H, d_model {cfg.model.d_model}"
     figures = {"stages": out / "stages.png", "essential_dynamics": out / "essential_dynamics.png"}
     for key, figure in (
-        ("stages", stages_figure(llc, llc_std, series, list(cfg.tracker.measures), boundaries, phase, title)),
+        ("stages", stages_figure(llc, llc_std, smoothed, series, list(cfg.tracker.measures), boundaries, phase, title)),
         (
             "essential_dynamics",
             essential_dynamics_figure(dynamics, boundaries, f"{title}: essential dynamics (per-token losses)"),
@@ -386,8 +404,8 @@ def log_to_wandb(request, trajectory, rows, dynamics, figures, result) -> None:
     logger.experiment.log({f"images/{key}": wandb.Image(str(path)) for key, path in figures.items()})
     logger.experiment.summary.update(
         {
-            "stages/boundaries": [p["step"] for p in result["boundaries"]],
-            "stages/boundary_sources": [p["source"] for p in result["boundaries"]],
+            **{f"stages/boundary_{key}": [b[key] for b in result["boundaries"]] for key in BOUNDARY_KEYS},
+            "stages/significant_components": result["significant_components"],
             "stages/seconds": result["seconds"],
         }
     )
@@ -402,11 +420,25 @@ def print_stages(result: dict) -> None:
         )
     else:
         print("stages: no phase change in the run's summary")
+    explained = ", ".join(f"PC{c + 1} {100 * v:.0f} %" for c, v in enumerate(result["explained_variance"]))
+    print(
+        f"stages: essential dynamics: {result['significant_components']} of {len(result['explained_variance'])}"
+        f" components beat the null ({explained} of the variance)"
+    )
+    if result["stages"]["llc_enabled"] and result["llc_band"] is None:
+        print(f"stages: LLC: fewer than {MIN_STEPS} steps with a finite λ̂: no LLC boundary can be read")
+    elif result["llc_band"] is not None:
+        print(
+            f"stages: LLC: a slope counts where |slope| / SE > {result['llc_band']:.2f}"
+            f" (pure noise crosses that band with chance {result['stages']['alpha']:g})"
+        )
     if not result["boundaries"]:
-        print("stages: no turning point: one stage")
+        print("stages: no boundary survives its null: one stage")
     for point, near in zip(result["boundaries"], result["nearest_phase_change"], strict=True):
-        where = f"; {near['distance']:+.0f} steps from the phase change's {near['part']}" if near else ""
-        print(f"stages: boundary at step {point['step']:.0f}: {point['source']} {point['kind']}{where}")
+        print(
+            f"stages: boundary at step {Boundary(**point).describe()}; {point['statistic_name']} {point['statistic']:.2f}"
+            + (f"; {near['distance']:+.0f} steps from the phase change's {near['part']}" if near else "")
+        )
     if result["diverged"]:
         where = ", ".join(f"{step} ({', '.join(names)})" for step, names in result["diverged"].items())
         print(

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from metrics.dynamics.stages import Boundary
 from metrics.heads.circuit_pair import circuit_pair
 from records import wandb_records
 from records.layout import (
@@ -55,7 +56,7 @@ from reports.run_report import read_series
 
 SEED_KEYS = ("seed", "data.seed")  # what varies between repeats, not between settings
 STAGES_ANALYSIS = "stages"
-TURNS_PER_SOURCE = 2
+BOUNDARIES_PER_SOURCE = 2
 """Turning points per source (the LLC, the essential dynamics) given their own numeric columns, so
 the table over seeds has their mean and spread."""
 
@@ -118,15 +119,14 @@ def read_job(run_dir: Path, analysis: str | None = None, stages: str = STAGES_AN
 
 
 def fill_stages(job: Job, stages: dict) -> None:
-    """Stage boundaries of one job (``analysis.stages``'s stages.json): all of them as text, the
-    first turning points of the LLC and of the essential dynamics (any component) as numbers."""
+    """Stage boundaries of one job (``analysis.stages``'s stages.json): all of them as text, each
+    with its interval, and the first boundaries of the LLC and of the essential dynamics as numbers."""
     points = stages.get("boundaries", [])
-    job.values["stage_boundaries"] = " ".join(f"{p['step']:.0f}:{p['source']}" for p in points) or "none"
-    llc_turns = sorted(p["step"] for p in points if p["source"] == "llc")
-    ed_turns = sorted({p["step"] for p in points if p["source"].startswith("PC")})
-    for name, turns in (("llc_turn", llc_turns), ("ed_turn", ed_turns)):
-        for i in range(TURNS_PER_SOURCE):
-            job.values[f"{name}_{i + 1}"] = float(turns[i]) if i < len(turns) else math.nan
+    job.values["stage_boundaries"] = "; ".join(Boundary(**p).describe() for p in points) or "none"
+    for source, name in (("llc", "llc"), ("essential dynamics", "ed")):
+        found = sorted(p["step"] for p in points if p["source"] == source)
+        for i in range(BOUNDARIES_PER_SOURCE):
+            job.values[f"{name}_boundary_{i + 1}"] = float(found[i]) if i < len(found) else math.nan
 
 
 def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]], summary: dict) -> None:
@@ -520,21 +520,21 @@ def print_sweep_report(report: SweepReport) -> None:
 
 
 def print_stages(report: SweepReport) -> None:
-    """Each job's stage boundaries and, over its seeds, the first turning points' mean ± sd."""
+    """Each job's stage boundaries, with their intervals, and over its seeds the first boundaries' mean ± sd."""
     staged = [row for row in report.job_table if row.get("stage_boundaries", "") != ""]
     if not staged:
         return
-    print("\nstage boundaries (step:source; python -m analysis.stages):")
+    print("\nstage boundaries (step (90 % of resamples, share of resamples): source kind; python -m analysis.stages):")
     columns = ["job", *report.swept, *(["seed"] if "seed" not in report.swept else []), "phase_change_midpoint"]
     print(format_table(staged, [*columns, "stage_boundaries"]))
     for row in report.group_table:
         spread = []
-        for name in (f"{source}_turn_{i + 1}" for source in ("llc", "ed") for i in range(TURNS_PER_SOURCE)):
+        for name in (f"{source}_boundary_{i + 1}" for source in ("llc", "ed") for i in range(BOUNDARIES_PER_SOURCE)):
             mean, sd = row.get(f"{name}_mean", math.nan), row.get(f"{name}_sd", math.nan)
             if math.isfinite(mean):
                 spread.append(f"{name} {mean:.0f} ± {sd:.0f}" if math.isfinite(sd) else f"{name} {mean:.0f}")
         label = " ".join(f"{k}={row[k]}" for k in report.swept if k in row and k not in SEED_KEYS) or "all jobs"
-        print(f"over seeds ({label}): {', '.join(spread) or 'no turning points'}")
+        print(f"over seeds ({label}): {', '.join(spread) or 'no boundaries'}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,6 +102,8 @@ LLC_SOURCE = "llc"
 DYNAMICS_SOURCE = "essential dynamics"
 NEIGHBOURS = 2
 """The LLC's kernel is widened where the grid is sparse so that it always spans this many other steps."""
+MIN_STEPS = NEIGHBOURS + 2
+"""The LLC's boundaries are read from at least this many steps with a finite λ̂ (none are reported below)."""
 NULL_DRAWS = 2000
 """Simulated noise curves behind the LLC's simultaneous band (its 1 − alpha quantile)."""
 
@@ -265,18 +267,19 @@ def state_changes(s: SlopeStates) -> list[tuple[float, str, float]]:
     return found
 
 
-def llc_boundaries(steps: Tensor, chains: Tensor, settings: StageSettings) -> tuple[list[Boundary], SlopeStates]:
+def llc_boundaries(steps: Tensor, chains: Tensor, settings: StageSettings) -> tuple[list[Boundary], SlopeStates | None]:
     """Stage boundaries of the LLC curve: ``steps [n]``, ``chains [n, c]`` (λ̂ of each SGLD chain at
     each step; ``c >= 2``: the chains' spread is the noise), each with its resampled support and
     interval (:class:`Boundary`). Steps whose λ̂ is not finite (a diverged chain) are left out.
-    Returns the boundaries and the curve's :class:`SlopeStates` (for figures)."""
+    Returns the boundaries and the curve's :class:`SlopeStates` (for figures); ``([], None)`` when
+    fewer than ``MIN_STEPS`` steps are finite."""
     if chains.ndim != 2 or chains.shape[1] < 2:
         raise ValueError(f"the LLC's boundaries need at least 2 chains at every step, got {tuple(chains.shape)}")
     finite = torch.isfinite(chains).all(dim=1)
     steps, chains = steps[finite].double(), chains[finite].double()
     x = log_steps(steps)
-    if len(x) < NEIGHBOURS + 2:
-        raise ValueError(f"the LLC's boundaries need at least {NEIGHBOURS + 2} finite steps, got {len(x)}")
+    if len(x) < MIN_STEPS:  # e.g. every chain diverged: nothing to read
+        return [], None
     weights = local_linear_weights(x, settings.bandwidth)
     pooling = weights[0].abs() / weights[0].abs().sum(dim=1, keepdim=True)
     states = slope_states(x, chains, weights, pooling, None, settings)

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from metrics.dynamics.stages import Boundary
 from tests.helpers import REPO, TINY, digest, module, run_train, train_env
 
 pytestmark = pytest.mark.slow
@@ -85,12 +86,14 @@ def test_an_interrupted_analysis_continues_where_it_stopped(trained):
         if line.startswith("stages: step ") and " (1/" in line:  # one step measured: Ctrl-C
             process.send_signal(signal.SIGINT)
     process.wait(timeout=120)
-    partial = trained / "analysis" / ".cut.partial"
+    measured = trained / "analysis" / ".cut.measured"
     assert process.returncode == 130 and "the same command continues from there" in printed, printed
-    assert not (trained / "analysis" / "cut").exists() and list(partial.glob("step-*.safetensors"))
+    assert not (trained / "analysis" / "cut").exists() and list(measured.glob("step-*.safetensors"))
     again = module("analysis.stages", trained, *args, "--name", "cut")
     assert again.returncode == 0 and "stages: continuing: " in again.stdout, again.stdout + again.stderr[-2000:]
-    assert not partial.exists()
+    assert len(list(measured.glob("step-*.safetensors"))) == len(
+        json.loads((trained / "analysis" / "cut" / "stages.json").read_text())["steps"]
+    )
 
     def measured(name, table):  # every number but how long each estimate took
         with open(trained / "analysis" / name / table) as handle:
@@ -194,15 +197,13 @@ def test_a_sweeps_stages_reach_its_report(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     staged = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=false")
     assert staged.returncode == 0, staged.stderr[-3000:]
-    assert "stage boundaries (step:source" in staged.stdout and "over seeds (all jobs)" in staged.stdout
+    assert "stage boundaries (step (90 % of resamples" in staged.stdout and "over seeds (all jobs)" in staged.stdout
     with open(sweep / "analysis" / "stages" / "sweep_jobs.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 2 and all(row["stage_boundaries"] for row in rows)
     expected = [json.loads((sweep / job / "analysis" / "stages" / "stages.json").read_text()) for job in ("0", "1")]
     for row, stages in zip(rows, expected, strict=True):
-        assert row["stage_boundaries"] == (
-            " ".join(f"{p['step']:.0f}:{p['source']}" for p in stages["boundaries"]) or "none"
-        )
+        assert row["stage_boundaries"] == ("; ".join(Boundary(**p).describe() for p in stages["boundaries"]) or "none")
     again = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=false")  # as after an interruption
     assert again.returncode == 0 and again.stdout.count("kept: ") == 2 and "stage boundaries" in again.stdout
     other = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=true")  # another request: refused
