@@ -204,9 +204,10 @@ def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor
         "stages": OmegaConf.to_container(stages, resolve=True),
         "n_beta": sgld_settings(stages.llc).n_beta,
         "circuit_heads": [f"L{layer}H{head}" for layer, head in heads],
-        "boundaries": [asdict(b) for b in boundaries],
+        "boundaries": [asdict(b) for b in boundaries if b.kept],
+        "weak_boundaries": [asdict(b) for b in boundaries if not b.kept],  # found, but in too few resamples
         "phase_change": change,
-        "nearest_phase_change": [nearest(b.step, change) for b in boundaries],
+        "nearest_phase_change": [nearest(b.step, change) for b in boundaries if b.kept],
         "explained_variance": dynamics.explained.tolist(),
         "significant_components": dynamics.significant,
         "llc_band": states.q if states is not None else None,
@@ -227,7 +228,7 @@ def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor
     )
     csv_path = request.run_dir / CSV_RELATIVE_PATH
     series = read_series(csv_path) if csv_path.is_file() else {}
-    figures = draw(out, rows, heads, series, dynamics, boundaries, states, change, cfg, request)
+    figures = draw(out, rows, heads, series, dynamics, [b for b in boundaries if b.kept], states, change, cfg, request)
     log_to_wandb(request, Trajectory(request.run_dir), rows, dynamics, figures, result)
     written = out / f"{STAGES_NAME}.tmp"
     written.write_text(json.dumps(result, indent=1))
@@ -438,6 +439,11 @@ def print_stages(result: dict) -> None:
         print(
             f"stages: boundary at step {Boundary(**point).describe()}; {point['statistic_name']} {point['statistic']:.2f}"
             + (f"; {near['distance']:+.0f} steps from the phase change's {near['part']}" if near else "")
+        )
+    for point in result["weak_boundaries"]:
+        print(
+            f"stages: not kept: {Boundary(**point).describe()}: fewer than"
+            f" {100 * result['stages']['min_support']:.0f} % of the resamples find it"
         )
     if result["diverged"]:
         where = ", ".join(f"{step} ({', '.join(names)})" for step, names in result["diverged"].items())

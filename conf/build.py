@@ -359,6 +359,7 @@ def stage_settings(stages: DictConfig) -> StageSettings:
         plateau=stages.plateau,
         min_share=stages.min_share,
         resamples=stages.resamples,
+        min_support=stages.min_support,
         seed=stages.llc.seed,
     )
 

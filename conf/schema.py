@@ -259,6 +259,7 @@ class StagesConfig:
     plateau: float = 0.1  # the LLC is on a plateau where its slope is under this share of its largest significant slope
     min_share: float = 0.05  # a boundary of the essential dynamics must carry this share of the trajectory's variance
     resamples: int = 200  # bootstrap resamples (chains; tokens) behind each boundary's support and interval
+    min_support: float = 0.5  # a boundary is kept when at least this share of the resamples finds it again
 
 
 @dataclass

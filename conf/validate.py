@@ -379,6 +379,8 @@ def stages_problems(stages: DictConfig) -> list[str]:
     for name in ("alpha", "plateau", "min_share"):
         if not 0 < stages[name] < 1:
             problems.append(f"stages.{name}={stages[name]}: must be in (0, 1)")
+    if not 0 <= stages.min_support <= 1:
+        problems.append(f"stages.min_support={stages.min_support}: must be in [0, 1]")
     if stages.resamples < 0:
         problems.append(f"stages.resamples={stages.resamples}: must be >= 0")
     if llc.chains < 2 and not problems:

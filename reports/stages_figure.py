@@ -78,7 +78,7 @@ def stages_figure(
         )
     ax_llc.set_ylabel("LLC λ̂")
     if llc:
-        ax_llc.legend(loc="upper left", fontsize=8)
+        ax_llc.legend(loc="center right", fontsize=8)
     else:
         ax_llc.text(0.5, 0.5, "LLC not estimated", transform=ax_llc.transAxes, ha="center", color="0.4")
     panels = (

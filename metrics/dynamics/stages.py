@@ -10,14 +10,17 @@ here each signal has a stated test, so that noise and the shape of a single tran
 reported as stages:
 
 - **The LLC** (:func:`llc_boundaries`): λ̂ against ``x = ln(step + 1)`` (Hoogland's ``d_dlogt``),
-  smoothed by local linear regression with a Gaussian kernel; the slope's standard error comes
+  smoothed by local linear regression (tricube kernel, as LOESS); the slope's standard error comes
   from the chains' spread at every step (the variance of a mean of chains, pooled by the same
   kernel); the slope counts as rising or falling only where it clears a *simultaneous* band,
   ``|slope| > q · SE`` with ``q`` the ``1 − alpha`` quantile of the largest ``|slope / SE|``
   that noise alone gives anywhere on the curve (Chaudhuri & Marron 1999, "SiZer for exploration of
-  structures in curves"; here ``q`` by simulation). Boundaries are where that state changes: a
-  peak or trough between a significant rise and fall, and the edges of every stretch where the
-  slope is not significant (a plateau, Hoogland's |dλ̂/d log t| ≈ 0).
+  structures in curves"; here ``q`` by simulation, the chains' own spread re-estimated in every
+  simulated curve). Where the slope is not significant and small (under ``plateau`` of the largest
+  significant slope) the curve is on a plateau, Hoogland's |dλ̂/d log t| ≈ 0. Boundaries are where
+  that state changes: a peak or trough between a significant rise and fall, and a plateau's edges.
+  Written here because no maintained Python library gives a local slope with its standard error
+  from replicate spread and a simultaneous band (statsmodels' ``lowess`` smooths without either).
 - **The essential dynamics** (:func:`dynamics_boundaries`): only the principal components whose
   variance beats a null (Horn 1965's parallel analysis: each feature permuted over the steps
   independently) are read; the trajectory in them is cut into stretches of constant mean by
@@ -36,7 +39,7 @@ boundary of the same kind is found near it, and ``low``-``high`` is the 5-95 % r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -64,9 +67,11 @@ class Boundary:
     ``kind``: for the LLC ``peak``, ``trough``, ``rise starts``, ``rise ends``, ``fall starts`` or
     ``fall ends`` (a plateau's edges); for the essential dynamics ``shift`` (the mean of the
     trajectory moves). ``low``-``high``: where it falls in 90 % of the resamples; ``support``: the
-    share of resamples that find it; ``statistic``: what kept it (the LLC: the largest ``|slope| /
-    SE`` on the significant side(s), against the band ``q`` in ``statistic_name``; the essential
-    dynamics: the share of the trajectory's variance the shift accounts for)."""
+    share of resamples that find it (NaN without resamples); ``statistic``: what kept it (the LLC:
+    the largest ``|slope| / SE`` on the significant side(s), against the band ``q`` in
+    ``statistic_name``; the essential dynamics: the share of the trajectory's variance the shift
+    accounts for); ``kept``: whether its support reaches ``min_support`` (a boundary that fewer
+    resamples find is fragile to the estimate's own noise, and is not reported as a stage)."""
 
     step: float
     source: str
@@ -76,6 +81,7 @@ class Boundary:
     support: float
     statistic: float
     statistic_name: str
+    kept: bool = True
 
     def describe(self) -> str:
         """``440 (430-450, in 97 % of resamples): llc peak``."""
@@ -92,9 +98,12 @@ class StageSettings:
 
     bandwidth: float  # the LLC's smoothing kernel's width in ln(step + 1)
     alpha: float  # the false-boundary rate each signal allows under its null
-    plateau: float  # the LLC is flat where its slope is confidently below this share of its largest significant slope
+    plateau: (
+        float  # the LLC is flat where its slope is not significant and under this share of its largest significant one
+    )
     min_share: float  # a shift of the essential dynamics must carry this share of its variance
     resamples: int  # bootstrap resamples for each boundary's support and interval
+    min_support: float = 0.5  # a boundary is kept when at least this share of the resamples finds it
     seed: int = 0
 
 
@@ -116,15 +125,20 @@ def log_steps(steps: Tensor) -> Tensor:
     return torch.log1p(steps.double())
 
 
-def local_linear_weights(x: Tensor, bandwidth: float) -> tuple[Tensor, Tensor]:
-    """``(value [n, n], slope [n, n])``: row ``i`` holds the weights that give, from ``y [n]``, the
-    local linear fit's value and slope at ``x[i]`` (tricube kernel, as LOESS; Cleveland 1979). The
-    kernel's half-width at ``x[i]`` is ``bandwidth``, widened where the grid is sparse to reach past
-    the ``NEIGHBOURS``-th nearest other step, so that no fit rests on one point; the kernel is
-    compact, so a dense stretch of the grid far away never leaks into a sparse one."""
-    distance = x[None, :] - x[:, None]  # [i, j]: x_j - x_i
+def kernel_widths(x: Tensor, bandwidth: float) -> Tensor:
+    """``[n]``: the kernel's half-width at each ``x``: ``bandwidth``, widened where the grid is sparse
+    to reach past the ``NEIGHBOURS``-th nearest other step, so that no fit rests on one point."""
     k = min(NEIGHBOURS, len(x) - 1)
-    width = torch.maximum(torch.full_like(x, bandwidth), 1.25 * distance.abs().sort(dim=1).values[:, k])
+    nearest = (x[None, :] - x[:, None]).abs().sort(dim=1).values[:, k]
+    return torch.maximum(torch.full_like(x, bandwidth), 1.25 * nearest)
+
+
+def local_linear_weights(x: Tensor, width: Tensor) -> tuple[Tensor, Tensor]:
+    """``(value [n, n], slope [n, n])``: row ``i`` holds the weights that give, from ``y [n]``, the
+    local linear fit's value and slope at ``x[i]`` (tricube kernel of half-width ``width[i]``, as
+    LOESS; Cleveland 1979). The kernel is compact, so a dense stretch of the grid far away never
+    leaks into a sparse one."""
+    distance = x[None, :] - x[:, None]  # [i, j]: x_j - x_i
     kernel = (1 - (distance.abs() / width[:, None]).clamp(max=1) ** 3) ** 3
     s0, s1, s2 = ((kernel * distance**p).sum(1) for p in (0, 1, 2))
     det = s0 * s2 - s1**2  # weighted least squares of y on [1, x - x_i], solved in closed form
@@ -133,9 +147,26 @@ def local_linear_weights(x: Tensor, bandwidth: float) -> tuple[Tensor, Tensor]:
     return value, slope
 
 
-def simultaneous_band(
-    weights: tuple[Tensor, Tensor], pooling: Tensor, variance: Tensor, chains: int, settings: StageSettings
-) -> float:
+@dataclass(frozen=True)
+class Smoother:
+    """The LLC curve's smoothing on its grid ``x [n]`` (ln(step + 1)): each point's kernel
+    half-width, the local linear value and slope weights ``[n, n]``, and ``pooling [n, n]``, the
+    kernel's weights normalised (a step's variance is pooled with its neighbours')."""
+
+    x: Tensor
+    width: Tensor
+    value: Tensor
+    slope: Tensor
+    pooling: Tensor
+
+    @classmethod
+    def on(cls, x: Tensor, bandwidth: float) -> Smoother:
+        width = kernel_widths(x, bandwidth)
+        value, slope = local_linear_weights(x, width)
+        return cls(x, width, value, slope, value.abs() / value.abs().sum(dim=1, keepdim=True))
+
+
+def simultaneous_band(smoother: Smoother, variance: Tensor, chains: int, settings: StageSettings) -> float:
     """``q``: the ``1 − alpha`` quantile of ``max_i |slope_i| / SE_i`` over curves of pure noise,
     ``chains`` independent Gaussian chains a step with the variance ``variance [n]`` of their mean,
     each curve's SE estimated from its own chains as :func:`slope_states` does (so the band also
@@ -143,24 +174,24 @@ def simultaneous_band(
     generator = torch.Generator().manual_seed(settings.seed)
     shape = (len(variance), chains, NULL_DRAWS)
     noise = torch.randn(shape, generator=generator, dtype=torch.float64) * (variance * chains).sqrt()[:, None, None]
-    slope_w = weights[1]
-    se = (slope_w**2 @ (pooling @ (noise.var(dim=1) / chains))).sqrt()
-    z = (slope_w @ noise.mean(dim=1)).abs() / se
+    se = (smoother.slope**2 @ (smoother.pooling @ (noise.var(dim=1) / chains))).sqrt()
+    z = (smoother.slope @ noise.mean(dim=1)).abs() / se
     return float(torch.quantile(z.max(dim=0).values, 1 - settings.alpha))
 
 
-RISING, FALLING, FLAT, UNDETERMINED = 1, -1, 0, 2
+RISING, FALLING, STILL = 1, -1, 0
 
 
 @dataclass(frozen=True)
 class SlopeStates:
-    """The LLC's smoothed curve and what its slope does at every step. ``state [n]``: ``RISING`` or
-    ``FALLING`` where ``|z| > q`` (``z = slope / SE``); elsewhere ``FLAT`` (a plateau) where the
-    slope is small, ``|slope| <= plateau`` (a share of the largest significant ``|slope|``), and
-    ``UNDETERMINED`` where it is not small but not significant either (too few or too noisy chains
-    to tell, e.g. at the ends of the curve). ``mean`` and ``variance`` are λ̂ and the variance of its mean at each step."""
+    """The LLC's smoothed curve and what its slope does at every step: ``state [n]`` is ``RISING``
+    or ``FALLING`` where ``|z| > q`` (``z = slope / SE``), else ``STILL`` (no significant slope).
+    ``x``, ``width``: the grid and the kernel's half-width there; ``mean`` and ``variance``: λ̂ and
+    the variance of its mean at each step; ``plateau``: the slope under which a wide still stretch
+    is a plateau (a share of the largest significant ``|slope|``)."""
 
     x: Tensor
+    width: Tensor
     mean: Tensor
     variance: Tensor
     smoothed: Tensor
@@ -168,29 +199,26 @@ class SlopeStates:
     z: Tensor
     state: Tensor
     q: float
+    plateau: float
+    slope_weights: Tensor = field(repr=False)
 
 
-def slope_states(
-    x: Tensor, chains: Tensor, weights: tuple[Tensor, Tensor], pooling: Tensor, q: float | None, settings: StageSettings
-) -> SlopeStates:
-    """:class:`SlopeStates` of ``chains [n, c]`` (each step's per-chain λ̂) at ``x [n]``; ``q`` is
-    computed here when not given (resamples reuse the original curve's band)."""
-    value_w, slope_w = weights
+def slope_states(smoother: Smoother, chains: Tensor, q: float | None, settings: StageSettings) -> SlopeStates:
+    """:class:`SlopeStates` of ``chains [n, c]`` (each step's per-chain λ̂) on ``smoother``'s grid;
+    ``q`` is computed here when not given (resamples reuse the original curve's band)."""
     mean = chains.mean(dim=1)
-    variance = pooling @ (chains.var(dim=1) / chains.shape[1])  # of the mean at each step, kernel-pooled
+    variance = smoother.pooling @ (chains.var(dim=1) / chains.shape[1])  # of the mean at each step, pooled
     variance = variance.clamp(min=1e-24 * float(mean.abs().max()) ** 2 + 1e-300)
     if q is None:
-        q = simultaneous_band(weights, pooling, variance, chains.shape[1], settings)
-    slope = slope_w @ mean
-    se = (slope_w**2 @ variance).sqrt()
-    z = slope / se
-    state = torch.full_like(slope, UNDETERMINED, dtype=torch.long)
-    moving = z.abs() > q
-    if moving.any():
-        plateau = settings.plateau * float(slope[moving].abs().max())
-        state[slope.abs() <= plateau] = FLAT
-    state[z > q], state[z < -q] = RISING, FALLING
-    return SlopeStates(x, mean, variance, value_w @ mean, slope, z, state, q)
+        q = simultaneous_band(smoother, variance, chains.shape[1], settings)
+    slope = smoother.slope @ mean
+    z = slope / (smoother.slope**2 @ variance).sqrt()
+    state = torch.where(z > q, RISING, torch.where(z < -q, FALLING, STILL))
+    moving = state != STILL
+    plateau = settings.plateau * float(slope[moving].abs().max()) if moving.any() else 0.0
+    return SlopeStates(
+        smoother.x, smoother.width, mean, variance, smoother.value @ mean, slope, z, state, q, plateau, smoother.slope
+    )
 
 
 def runs(state: Tensor) -> list[tuple[int, int, int]]:
@@ -204,67 +232,92 @@ def runs(state: Tensor) -> list[tuple[int, int, int]]:
     return found
 
 
-def zero_crossing(x: Tensor, f: Tensor, i: int) -> float:
-    """Where ``f`` crosses 0 between ``x[i]`` and ``x[i + 1]``, linearly interpolated."""
-    a, b = float(f[i]), float(f[i + 1])
-    t = a / (a - b) if a != b else 0.5
-    return float(x[i] + min(max(t, 0.0), 1.0) * (x[i + 1] - x[i]))
-
-
 def hinge(x: Tensor, y: Tensor, weight: Tensor) -> float:
     """The corner ``x0`` of the continuous two-piece linear fit ``y ≈ a + b (x - x0)⁻ + c (x - x0)⁺``
-    (weighted least squares, ``x0`` searched on a fine grid between the first and last ``x``):
-    where a plateau meets a slope, located on the raw curve rather than its smoothed blur."""
-    best, where = math.inf, float(x[len(x) // 2])
-    for x0 in torch.linspace(float(x[0]), float(x[-1]), 101, dtype=x.dtype)[1:-1]:
-        design = torch.stack([torch.ones_like(x), (x - x0).clamp(max=0), (x - x0).clamp(min=0)], dim=1)
-        root = weight.sqrt()[:, None]
-        solution = torch.linalg.lstsq(design * root, y[:, None] * root).solution
-        error = float(((design @ solution)[:, 0] - y).square().mul(weight).sum())
-        if error < best:
-            best, where = error, float(x0)
-    return where
+    (weighted least squares, ``x0`` searched on 99 points between the first and last ``x``): where a
+    plateau meets a slope, located on the raw curve rather than its smoothed blur."""
+    corners = torch.linspace(float(x[0]), float(x[-1]), 101, dtype=x.dtype)[1:-1, None]  # [99, 1]
+    offset = x[None, :] - corners  # [99, n]
+    design = torch.stack([torch.ones_like(offset), offset.clamp(max=0), offset.clamp(min=0)], dim=2)  # [99, n, 3]
+    root = weight.sqrt()[None, :, None]
+    solution = torch.linalg.lstsq(design * root, (y[None, :, None] * root).expand(len(corners), -1, -1)).solution
+    error = ((design @ solution)[..., 0] - y).square().mul(weight).sum(dim=1)
+    return float(corners[int(error.argmin()), 0])
 
 
-EDGE_KIND = {
+KINDS = {
     (RISING, "start"): "rise starts",
     (RISING, "end"): "rise ends",
     (FALLING, "start"): "fall starts",
     (FALLING, "end"): "fall ends",
+    (RISING, FALLING): "peak",
+    (FALLING, RISING): "trough",
 }
 
 
+EVENTS = {kind: {kind} for kind in KINDS.values()} | {
+    "peak": {"peak", "rise ends", "fall starts"},
+    "trough": {"trough", "fall ends", "rise starts"},
+}
+"""What each kind of boundary says happened: a resample that finds a ``peak`` where the curve found
+``rise ends`` (its fall now significant) finds the same boundary."""
+
+
+def wide(s: SlopeStates, start: int, stop: int) -> bool:
+    """Whether the steps ``[start, stop)`` span more than the kernel's full width at their middle,
+    counted from the step before to the step after: wide enough to be told from a dip of the
+    slope's noise or an extremum the smoothing has flattened."""
+    left, right = s.x[max(start - 1, 0)], s.x[min(stop, len(s.x) - 1)]
+    return float(right - left) > 2 * float(s.width[(start + stop - 1) // 2])
+
+
+def slows(s: SlopeStates, run: tuple[int, int, int], stretch: tuple[int, int, int]) -> bool:
+    """Whether the mean slope over the steps of ``stretch`` is smaller in the direction of ``run``
+    than the mean slope over ``run`` by more than ``q`` standard errors of the difference (both are
+    linear in the means, so the difference's variance is exact): the run has stopped, even where
+    what follows is too noisy to call flat or a fall."""
+    weights = s.slope_weights[run[1] : run[2]].mean(dim=0) - s.slope_weights[stretch[1] : stretch[2]].mean(dim=0)
+    return run[0] * float(weights @ s.mean) > s.q * float((weights**2 @ s.variance).sqrt())
+
+
 def state_changes(s: SlopeStates) -> list[tuple[float, str, float]]:
-    """``(x, kind, statistic)`` at every change between the determined runs of ``s.state``
-    (undetermined stretches between them are skipped): a rise then a fall is a ``peak`` (where the
-    smoothed slope crosses 0, nearest the middle of what lies between), a fall then a rise a
-    ``trough``; a plateau then a rise ``rise starts`` and so on, located by :func:`hinge` on the means
-    from the middle of one run to the middle of the next. Two runs of one kind, with undetermined
-    steps between, are one stretch: no boundary. ``statistic``: the largest ``|z|`` of the moving run(s)
-    the boundary borders."""
-    pieces = [piece for piece in runs(s.state) if piece[0] != UNDETERMINED]
+    """``(x, kind, statistic)`` where the significant slope changes. A still stretch (no significant
+    slope) is a plateau when it is wider than the kernel (:func:`wide`) and its mean ``|slope|`` is
+    under ``s.plateau``; then the runs around it end and start there (``rise ends``, ``fall starts``,
+    ...: a plateau between two rises, a flat top between a rise and a fall). A rise and a fall that
+    meet, directly or across a still stretch that is no plateau, make one ``peak`` (a fall and a
+    rise a ``trough``). A wide still stretch at either end of the curve is where the first run starts
+    or the last ends when it is a plateau or the run's slope is significantly larger than its
+    (:func:`slows`). Any other still stretch is where the chains could not tell: no boundary. Each
+    boundary is located by :func:`hinge` on the means from the middle of one run to the middle of the
+    next; ``statistic`` is the largest ``|z|`` of the significant run(s) it borders."""
+    pieces = runs(s.state)
+    strongest = lambda piece: float(s.z[piece[1] : piece[2]].abs().max())
     found = []
-    for (a, a0, a1), (b, b0, b1) in zip(pieces, pieces[1:]):
-        if a == b:
-            continue
-        strongest = max(float(s.z[i0:i1].abs().max()) for v, i0, i1 in ((a, a0, a1), (b, b0, b1)) if v != FLAT)
-        if FLAT not in (a, b):  # a rise meets a fall
-            inside = range(a1 - 1, b0)
-            turns = [i for i in inside if float(s.slope[i]) * float(s.slope[i + 1]) <= 0]
-            middle = (a1 - 1 + b0) / 2
-            i = min(turns, key=lambda t: abs(t - middle)) if turns else int(middle)
-            found.append((zero_crossing(s.x, s.slope, i), "peak" if a == RISING else "trough", strongest))
-            continue
-        lo, hi = (a0 + a1 - 1) // 2, (b0 + b1) // 2 + 1  # middle of one run to the middle of the next
+
+    def locate(first, second) -> float:  # middle of one run to the middle of the next
+        lo, hi = (first[1] + first[2] - 1) // 2, (second[1] + second[2]) // 2 + 1
+        if hi - lo < 4:
+            return float(s.x[first[2] - 1] + s.x[second[1]]) / 2
         window = slice(lo, hi)
-        where = (
-            hinge(s.x[window], s.mean[window], 1 / s.variance[window])
-            if hi - lo >= 4
-            else float(s.x[a1 - 1] + s.x[b0]) / 2
-        )
-        kind = EDGE_KIND[(b, "start")] if a == FLAT else EDGE_KIND[(a, "end")]
-        found.append((where, kind, strongest))
-    return found
+        return hinge(s.x[window], s.mean[window], 1 / s.variance[window])
+
+    flat = lambda piece: wide(s, piece[1], piece[2]) and float(s.slope[piece[1] : piece[2]].abs().mean()) <= s.plateau
+    stops = lambda run, piece: flat(piece) or (wide(s, piece[1], piece[2]) and slows(s, run, piece))
+    if len(pieces) > 1 and pieces[0][0] == STILL and stops(pieces[1], pieces[0]):  # still, then moving
+        found.append((locate(pieces[0], pieces[1]), KINDS[(pieces[1][0], "start")], strongest(pieces[1])))
+    for run, after, nxt in zip(pieces, pieces[1:], [*pieces[2:], None]):
+        if run[0] == STILL:
+            continue
+        if after[0] != STILL:  # a rise meets a fall with no step between
+            found.append((locate(run, after), KINDS[(run[0], after[0])], min(strongest(run), strongest(after))))
+        elif nxt is not None and nxt[0] == -run[0] and not flat(after):  # across no plateau: an extremum
+            found.append((locate(run, nxt), KINDS[(run[0], nxt[0])], min(strongest(run), strongest(nxt))))
+        elif (nxt is None and stops(run, after)) or flat(after):  # the run ends; the next, if any, starts after
+            found.append((locate(run, after), KINDS[(run[0], "end")], strongest(run)))
+            if nxt is not None:
+                found.append((locate(after, nxt), KINDS[(nxt[0], "start")], strongest(nxt)))
+    return sorted(found)
 
 
 def llc_boundaries(steps: Tensor, chains: Tensor, settings: StageSettings) -> tuple[list[Boundary], SlopeStates | None]:
@@ -280,22 +333,20 @@ def llc_boundaries(steps: Tensor, chains: Tensor, settings: StageSettings) -> tu
     x = log_steps(steps)
     if len(x) < MIN_STEPS:  # e.g. every chain diverged: nothing to read
         return [], None
-    weights = local_linear_weights(x, settings.bandwidth)
-    pooling = weights[0].abs() / weights[0].abs().sum(dim=1, keepdim=True)
-    states = slope_states(x, chains, weights, pooling, None, settings)
+    smoother = Smoother.on(x, settings.bandwidth)
+    states = slope_states(smoother, chains, None, settings)
     found = state_changes(states)
     generator = torch.Generator().manual_seed(settings.seed + 1)
     resampled = []
     for _ in range(settings.resamples):
         pick = torch.randint(0, chains.shape[1], chains.shape, generator=generator)
-        resampled.append(state_changes(slope_states(x, chains.gather(1, pick), weights, pooling, states.q, settings)))
-    window = torch.maximum(torch.full_like(x, settings.bandwidth), local_spacing(x))
+        resampled.append(state_changes(slope_states(smoother, chains.gather(1, pick), states.q, settings)))
     boundaries = []
     for where, kind, statistic in found:
-        reach = 2 * float(window[int(torch.argmin((x - where).abs()))])
+        reach = float(smoother.width[int(torch.argmin((x - where).abs()))])  # a match lies within a kernel's reach
         matches = [
             min(
-                (w for w, k, _ in again if k == kind and abs(w - where) <= reach),
+                (w for w, k, _ in again if EVENTS[k] & EVENTS[kind] and abs(w - where) <= reach),
                 key=lambda w: abs(w - where),
                 default=None,
             )
@@ -312,13 +363,7 @@ def llc_boundaries(steps: Tensor, chains: Tensor, settings: StageSettings) -> tu
                 f"max |slope|/SE (band q = {states.q:.2f})",
             )
         )
-    return boundaries, states
-
-
-def local_spacing(x: Tensor) -> Tensor:
-    """``[n]``: the larger gap to a neighbouring grid point."""
-    gaps = x.diff()
-    return torch.maximum(torch.cat([gaps[:1], gaps]), torch.cat([gaps, gaps[-1:]]))
+    return judged(boundaries, settings.min_support), states
 
 
 def summarise(step, source, kind, matched: list[float], total: int, statistic: float, name: str) -> Boundary:
@@ -327,16 +372,13 @@ def summarise(step, source, kind, matched: list[float], total: int, statistic: f
         low, high = np.percentile(matched, [5, 95]).tolist()
     else:
         low = high = math.nan
-    return Boundary(
-        float(step),
-        source,
-        kind,
-        float(low),
-        float(high),
-        len(matched) / total if total else math.nan,
-        float(statistic),
-        name,
-    )
+    support = len(matched) / total if total else math.nan
+    return Boundary(float(step), source, kind, float(low), float(high), support, float(statistic), name)
+
+
+def judged(boundaries: list[Boundary], min_support: float) -> list[Boundary]:
+    """``boundaries`` with ``kept`` set: their support reaches ``min_support``, or there were no resamples."""
+    return [replace(b, kept=math.isnan(b.support) or b.support >= min_support) for b in boundaries]
 
 
 # ---- the essential dynamics: parallel analysis, then PELT ----
@@ -469,7 +511,7 @@ def dynamics_boundaries(
                 "share of the trajectory's variance",
             )
         )
-    return boundaries, dynamics
+    return judged(boundaries, settings.min_support), dynamics
 
 
 def stage_boundaries(

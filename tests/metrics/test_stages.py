@@ -14,7 +14,9 @@ from conf.schema import StagesConfig
 from metrics.dynamics.stages import (
     DYNAMICS_SOURCE,
     LLC_SOURCE,
+    STILL,
     essential_dynamics,
+    kernel_widths,
     llc_boundaries,
     local_linear_weights,
     mean_shifts,
@@ -37,7 +39,7 @@ def test_the_finder_is_right_on_known_truths_in_95_percent_of_100_draws(case, gr
 def test_local_linear_fits_a_line_exactly_on_an_uneven_grid():
     """Value and slope of ``y = 3 + 2x`` at every point, whatever the kernel's widths."""
     x = torch.log1p(torch.tensor([0.0, 1, 2, 5, 10, 100, 101, 150, 400, 410, 1500], dtype=torch.float64))
-    value, slope = local_linear_weights(x, bandwidth=0.25)
+    value, slope = local_linear_weights(x, kernel_widths(x, bandwidth=0.25))
     y = 3 + 2 * x
     torch.testing.assert_close(value @ y, y)
     torch.testing.assert_close(slope @ y, torch.full_like(x, 2.0))
@@ -53,7 +55,7 @@ def test_a_plateau_between_two_rises_is_found_with_its_interval_and_support():
         assert boundary.low <= boundary.step <= boundary.high and boundary.high - boundary.low < 100
         assert abs(boundary.step - truth) <= 2 * 25  # two grid steps
         assert boundary.statistic > states.q
-    assert states.state[(steps > 350) & (steps < 650)].eq(0).all()  # FLAT on the plateau
+    assert states.state[(steps > 350) & (steps < 650)].eq(STILL).all()  # no significant slope on the plateau
 
 
 def test_chains_that_disagree_more_than_the_curve_moves_give_no_boundary():
