@@ -14,6 +14,7 @@ asserts the same cases (≥ 95 % right over 100 draws); docs/results.md quotes t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -23,8 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from torch import Tensor
 
+from conf.build import stage_settings
 from conf.schema import StagesConfig
 from metrics.dynamics.stages import Boundary, StageSettings, dynamics_boundaries, llc_boundaries
 
@@ -48,17 +51,11 @@ CHAINS, CHAIN_SPREAD = 4, 0.035
 """λ̂: 4 chains a step (the default), each off by N(0, (3.5 % of λ̂)²): the default run's chains agree to 0.3-10 %."""
 
 
-def settings_of(config: StagesConfig, resamples: int | None = None, seed: int = 0) -> StageSettings:
-    """The finder's settings from ``stages.*`` (the schema's defaults when ``config`` is ``StagesConfig()``)."""
-    return StageSettings(
-        bandwidth=config.bandwidth,
-        alpha=config.alpha,
-        plateau=config.plateau,
-        min_share=config.min_share,
-        resamples=config.resamples if resamples is None else resamples,
-        min_support=config.min_support,
-        seed=seed,
-    )
+def settings_of(config: StagesConfig, resamples: int | None = None) -> StageSettings:
+    """The finder's settings from ``stages.*`` (the schema's defaults when ``config`` is ``StagesConfig()``),
+    read as ``analysis.stages`` reads them; ``resamples`` overrides the bootstrap's size."""
+    settings = stage_settings(OmegaConf.structured(config))
+    return settings if resamples is None else dataclasses.replace(settings, resamples=resamples)
 
 
 def sigmoid(steps: Tensor, centre: Tensor | float, width: Tensor | float) -> Tensor:
