@@ -51,8 +51,8 @@ def run_config(trajectory: Trajectory, overrides: list[str], section: str, examp
     keys may change (the weights are fixed). ``example`` is a valid override, for the error message."""
     saved = copy.deepcopy(trajectory.config)
     for key in RETIRED_KEYS:  # written by earlier versions, read by none: not a reason to refuse the run
-        section, _, name = key.partition(".")
-        saved.get(section, {}).pop(name, None)
+        group, _, name = key.partition(".")
+        saved.get(group, {}).pop(name, None)
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
     except OmegaConfBaseException as error:

@@ -208,3 +208,21 @@ def test_a_sweeps_stages_reach_its_report(tmp_path):
     assert again.returncode == 0 and again.stdout.count("kept: ") == 2 and "stage boundaries" in again.stdout
     other = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=true")  # another request: refused
     assert other.returncode == 2 and "exists" in other.stderr
+
+
+def test_a_run_trained_before_the_finder_changed_is_still_analysed(trained):
+    """Its config carries ``stages.window`` and ``stages.min_turn``, which this version retired:
+    dropped on reading, and every section's overrides still checked as before."""
+    from types import SimpleNamespace
+
+    from analysis.saved_run import AnalysisError, run_config
+    from records.trajectory import Trajectory
+
+    config = Trajectory(trained).config
+    config["stages"] |= {"window": 3, "min_turn": 0.1}
+    old = SimpleNamespace(config=config)
+    assert run_config(old, ["stages.alpha=0.05"], "stages", "stages.alpha=0.05").stages.alpha == 0.05
+    rescored = run_config(old, ["tracker.measures=[subspace]"], "tracker", "tracker.measures=[subspace]")
+    assert list(rescored.tracker.measures) == ["subspace"] and "window" not in rescored.stages
+    with pytest.raises(AnalysisError, match="only tracker"):
+        run_config(old, ["stages.alpha=0.05"], "tracker", "tracker.measures=[subspace]")
