@@ -81,7 +81,12 @@ def test_an_interrupted_analysis_continues_where_it_stopped(trained):
     whole = module("analysis.stages", trained, *args, "--name", "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     command = [sys.executable, "-m", "analysis.stages", str(trained), *args, "--name", "cut"]
-    process = subprocess.Popen(command, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, text=True)
+    # a shell that starts jobs in the background (`... &`, as CI scripts may) hands them SIGINT
+    # ignored, and Python then keeps it ignored: restore the default, so Ctrl-C is KeyboardInterrupt
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+    process = subprocess.Popen(
+        command, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     printed = ""
     for line in process.stdout:
         printed += line
