@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from conf.schema import Config
+from conf.validate import wandb_environment_problem
 from records.layout import ANALYSIS_DIR, TRAJECTORY_DIR
 from records.trajectory import Trajectory, TrajectoryError, describe_steps
 
@@ -109,6 +110,8 @@ def new_request(run_dir: Path, cfg: DictConfig, overrides: list[str], steps: lis
     """The request, once its name is a plain directory name."""
     if not re.fullmatch(r"[A-Za-z0-9._=+,-]+", name) or name in (".", ".."):
         raise AnalysisError(f"--name {name!r}: use letters, digits and . _ = + , -")
+    if cfg.logger.wandb.enabled and (problem := wandb_environment_problem()):
+        raise AnalysisError(problem)
     return Request(Path(run_dir), cfg, tuple(overrides), steps, name)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import pickle
 from pathlib import Path
 
@@ -24,6 +25,8 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 
 
+WANDB_ENV_MODES = ("offline", "online", "disabled", "dryrun", "run", "shared")
+"""What W&B takes from ``$WANDB_MODE`` (it validates the variable at ``wandb.init``, deep in a run)."""
 RESUME_KEPT = ("seed", "model", "data", "optim", "tracker")  # what a resume may not change unless allowed
 
 
@@ -143,6 +146,19 @@ def non_finite_floats(node, prefix: str = "") -> list[str]:
     return [f"{prefix.rstrip('.')}={value}"] if isinstance(value, float) and not math.isfinite(value) else []
 
 
+def wandb_environment_problem() -> str | None:
+    """One line when ``$WANDB_MODE`` is set to what W&B refuses (empty, as ``export WANDB_MODE=$MODE``
+    leaves it with MODE unset, or a misspelling), else None: W&B reads it at ``wandb.init``, whatever
+    the config's mode, and fails there, deep inside a run or an analysis."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode is None or mode in WANDB_ENV_MODES:
+        return None
+    return (
+        f"WANDB_MODE={mode!r} in the environment is not a W&B mode: unset it, or set it to offline, online or"
+        " disabled (W&B reads it whatever logger.wandb.mode says)"
+    )
+
+
 def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     """Every problem found in ``cfg``, as one readable sentence each (empty when it can run)."""
     if unknown := unknown_keys(cfg):
@@ -221,6 +237,8 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.append(f"trainer.gradient_clip_val={trainer.gradient_clip_val} must be > 0 (or null: no clipping)")
     if cfg.logger.wandb.enabled and not str(cfg.logger.wandb.project).strip():
         problems.append("logger.wandb.project is empty: name a project (or logger=csv for no W&B)")
+    if cfg.logger.wandb.enabled and (problem := wandb_environment_problem()):
+        problems.append(problem)
     if cfg.logger.wandb.connect_timeout_s <= 0:
         problems.append(f"logger.wandb.connect_timeout_s={cfg.logger.wandb.connect_timeout_s} must be > 0")
     if data.name == "bigram_triggers" and data.concentration <= 0:

@@ -233,3 +233,14 @@ def test_a_run_trained_before_the_finder_changed_is_still_analysed(trained):
     assert list(rescored.tracker.measures) == ["subspace"] and "window" not in rescored.stages
     with pytest.raises(AnalysisError, match="only tracker"):
         run_config(old, ["stages.alpha=0.05"], "tracker", "tracker.measures=[subspace]")
+
+
+def test_an_empty_wandb_mode_is_one_line_before_any_measuring(trained, monkeypatch):
+    """The analysis logs to W&B as the run did; W&B would refuse the variable after every step was measured."""
+    from analysis.saved_run import AnalysisError
+    from analysis.stages import plan
+
+    monkeypatch.setenv("WANDB_MODE", "")
+    with pytest.raises(AnalysisError, match=r"^WANDB_MODE='' in the environment is not a W&B mode"):
+        plan(trained, ["stages.llc_enabled=false"], name="empty_mode")
+    assert not (trained / "analysis" / "empty_mode").exists()

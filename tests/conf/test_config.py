@@ -179,3 +179,18 @@ def test_the_models_option_defaults_are_the_schemas():
     }
     assert set(with_default) == {"normalization", "positions", "biases"}
     assert with_default == {name: schema[name] for name in with_default}
+
+
+@pytest.mark.parametrize("value", ["", "sometimes"])
+def test_a_wandb_mode_in_the_environment_that_wandb_refuses_is_one_line_before_any_work(monkeypatch, value):
+    """``export WANDB_MODE=$MODE`` with MODE unset leaves it empty: W&B raised a 43-line traceback
+    from inside the run, after its directory existed."""
+    monkeypatch.setenv("WANDB_MODE", value)
+    problems = config_problems(composed())
+    assert problems == [
+        f"WANDB_MODE={value!r} in the environment is not a W&B mode: unset it, or set it to offline, online or"
+        " disabled (W&B reads it whatever logger.wandb.mode says)"
+    ]
+    assert config_problems(composed("logger=csv")) == []  # no W&B run: nothing reads it
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert config_problems(composed()) == []
