@@ -122,7 +122,11 @@ def fill_stages(job: Job, stages: dict) -> None:
     """Stage boundaries of one job (``analysis.stages``'s stages.json): all of them as text, each
     with its interval, and the first boundaries of the LLC and of the essential dynamics as numbers."""
     points = stages.get("boundaries", [])
-    job.values["stage_boundaries"] = "; ".join(Boundary(**p).describe() for p in points) or "none"
+    described = [  # an analysis written by an earlier version has turning points, without intervals
+        Boundary(**p).describe() if "support" in p else f"{p['step']:.0f}: {p['source']} {p['kind']} (no interval)"
+        for p in points
+    ]
+    job.values["stage_boundaries"] = "; ".join(described) or "none"
     for source, name in (("llc", "llc"), ("essential dynamics", "ed")):
         found = sorted(p["step"] for p in points if p["source"] == source)
         for i in range(BOUNDARIES_PER_SOURCE):
