@@ -273,6 +273,16 @@ def layernorm_model(seed: int = 0):
     return model
 
 
+def assert_same_logits_and_scores(model, shifted, probe, label: str) -> None:
+    """``shifted`` gives ``model``'s logits on ``probe`` to float64 rounding, and every score of a snapshot."""
+    with torch.no_grad():
+        logits = model(probe.tokens)
+        assert (shifted(probe.tokens) - logits).abs().max() < 1e-12 * logits.abs().max()
+    before, after = snapshot_scores(model, probe), snapshot_scores(shifted, probe)
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], rtol=1e-10, atol=1e-12, msg=f"{label}: {name}")
+
+
 @pytest.mark.parametrize("writer", ["W_O of one head", "W_O of every head", "W_E", "W_pos"])
 def test_a_write_along_the_ones_direction_moves_no_logit_and_no_score(writer):
     """Under LayerNorm every reader sees ``x C`` only (``LN(x + a1) = LN(x)``): adding a constant to
@@ -281,13 +291,7 @@ def test_a_write_along_the_ones_direction_moves_no_logit_and_no_score(writer):
     copying scores, is unchanged as well: the writers are centred."""
     model = layernorm_model()
     shifted = ones_shift(model, **shifts(model, writer, torch.Generator().manual_seed(5)))
-    probe = make_probe_batch(0, 4, 8, 10)
-    with torch.no_grad():
-        logits = model(probe.tokens)
-        assert (shifted(probe.tokens) - logits).abs().max() < 1e-12 * logits.abs().max()
-    before, after = snapshot_scores(model, probe), snapshot_scores(shifted, probe)
-    for name in before:
-        torch.testing.assert_close(after[name], before[name], rtol=1e-10, atol=1e-12, msg=f"{writer}: {name}")
+    assert_same_logits_and_scores(model, shifted, make_probe_batch(0, 4, 8, 10), writer)
 
 
 def test_with_shortformer_positions_and_biases_the_tokens_heads_and_biases_shift_freely():
@@ -302,16 +306,11 @@ def test_with_shortformer_positions_and_biases_the_tokens_heads_and_biases_shift
         for layer in shifted.layers:
             layer.b_O.add_(torch.randn(1, generator=g, dtype=torch.float64))
     probe = make_probe_batch(0, 4, 4, 10)
-    with torch.no_grad():
-        logits = model(probe.tokens)
-        assert (shifted(probe.tokens) - logits).abs().max() < 1e-12 * logits.abs().max()
-    before, after = snapshot_scores(model, probe), snapshot_scores(shifted, probe)
-    for name in before:
-        torch.testing.assert_close(after[name], before[name], rtol=1e-10, atol=1e-12, msg=name)
+    assert_same_logits_and_scores(model, shifted, probe, "W_O, W_E and b_O")
     # W_pos is no writer here: a shift along 1 reaches the queries and keys, so the model changes
     moved = ones_shift(model, **shifts(model, "W_pos", g))
     with torch.no_grad():
-        assert (moved(probe.tokens) - logits).abs().max() > 1e-3
+        assert (moved(probe.tokens) - model(probe.tokens)).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("normalization", ["rmsnorm", "none"])
