@@ -14,7 +14,9 @@ while training runs (from ``on_train_start``; Lightning restores the original ha
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -66,10 +68,12 @@ class StopOnSignal(Checkpoint):
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.received = signal.Signals(signum)
-        print(
+        # straight to the file descriptor: a signal that lands while the main thread is inside a
+        # buffered write (a progress line into a full pipe) would make print() raise "reentrant call"
+        os.write(
+            sys.__stderr__.fileno(),
             f"\n{self.received.name} received: stopping after this step, with a checkpoint"
-            f" (Ctrl-C again to stop at once, without one)",
-            flush=True,
+            f" (Ctrl-C again to stop at once, without one)\n".encode(),
         )
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
@@ -85,5 +89,6 @@ class StopOnSignal(Checkpoint):
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            if signal.getsignal(signum) == self._on_signal:  # not already handed back by Lightning's teardown
+                signal.signal(signum, handler)
         self._previous = {}
