@@ -20,7 +20,14 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from records.trajectory import HEADER_BYTES, INDEX_NAME, TrajectoryPlan, TrajectoryWriter
+from records.trajectory import (
+    DEFAULT_BUDGET_MB,
+    DEFAULT_BUDGET_STEPS,
+    HEADER_BYTES,
+    INDEX_NAME,
+    TrajectoryPlan,
+    TrajectoryWriter,
+)
 
 TRIGGER_KEYS = {"repeated_loss": ("loss/repeated", True), "induction_score": ("heads/induction/top", False)}
 """Trigger name -> (the tracker key it reads, whether the change is a fall)."""
@@ -99,7 +106,7 @@ class TrajectoryRecorder(L.Callback):
         max_steps: int,
         log_steps: int,
         every_n_steps: int,
-        budget_mb: float,
+        budget_mb: float | None,
         trigger: PhaseTrigger | None,
         tracker,
         look_back: int,
@@ -107,7 +114,7 @@ class TrajectoryRecorder(L.Callback):
         self.directory = Path(directory)
         self.config, self.run = config, run
         self.max_steps, self.log_steps, self.every_n_steps = max_steps, log_steps, every_n_steps
-        self.budget = int(budget_mb * 2**20)
+        self.budget = None if budget_mb is None else int(budget_mb * 2**20)  # None: follows the model
         self.trigger, self.tracker = trigger, tracker
         self.held: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=look_back if trigger else 0)
         self.writer: TrajectoryWriter | None = None
@@ -209,11 +216,11 @@ class TrajectoryRecorder(L.Callback):
     def fits(self, step: int) -> bool:
         """Whether an adaptive step fits the budget with every planned step still to come."""
         still_planned = sum(1 for s in self.plan.steps if s > step and str(s) not in self.writer.index["steps"])
-        fits = self.writer.bytes + (1 + still_planned) * self.plan.bytes_per_step <= self.budget
+        fits = self.writer.bytes + (1 + still_planned) * self.plan.bytes_per_step <= self.plan.budget
         if not fits and self.over_budget_from is None:
             self.over_budget_from = step
             print(
-                f"trajectory: the budget of {self.budget / 2**20:g} MB is reached at step {step}: later phase-change"
+                f"trajectory: the budget of {self.plan.budget / 2**20:g} MB is reached at step {step}: later phase-change"
                 " steps are not kept (raise trajectory.budget_mb)"
             )
         return fits
@@ -234,8 +241,14 @@ class TrajectoryRecorder(L.Callback):
         dense = f", every tracker step while the {self.trigger_name.replace('_', ' ')} moves" if self.trigger else ""
         return (
             f"trajectory: weights at {len(p.steps)} planned steps ({', '.join(grids)}{thinned}){dense};"
-            f" {p.bytes_per_step / 2**20:.2f} MB each, at most {p.budget / 2**20:g} MB, in {self.directory}"
+            f" {p.bytes_per_step / 2**20:.2f} MB each, at most {p.budget / 2**20:g} MB{self.budget_origin()}, in {self.directory}"
         )
+
+    def budget_origin(self) -> str:
+        """Why the budget is what it is, when it was not set and the model made it larger than the default."""
+        if self.budget is not None or self.plan.budget <= DEFAULT_BUDGET_MB * 2**20:
+            return ""
+        return f" ({DEFAULT_BUDGET_STEPS} steps of this model: trajectory.budget_mb not set; setting it caps the disk used)"
 
     def summary_line(self) -> str:
         entries = self.writer.index["steps"]

@@ -217,7 +217,9 @@ class TrajectoryConfig:
     settle: float = 0.05  # end: over the last `window` tracker steps, a move under this share of the change so far
     window: int = 3  # tracker steps averaged (trailing) before the trigger reads them
     look_back: int = 5  # tracker steps held in memory, written when the trigger fires (it fires a little late)
-    budget_mb: float = 40.0  # thins the linear grid first, then the log-spaced one; half is kept for the phase change
+    # thins the linear grid first, then the log-spaced one; half is kept for the phase change.
+    # None: 40 MB, raised for a larger model to hold 16 of its steps (records/trajectory.py, default_budget)
+    budget_mb: float | None = None
 
 
 @dataclass

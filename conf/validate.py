@@ -263,6 +263,8 @@ def trajectory_problems(cfg: DictConfig) -> list[str]:
         if t[key] < low:
             problems.append(f"trajectory.{key}={t[key]} must be >= {low}")
     for key in ("threshold", "settle", "budget_mb"):
+        if key == "budget_mb" and t[key] is None:
+            continue  # follows the model's size
         if not math.isfinite(t[key]) or t[key] <= 0:
             problems.append(f"trajectory.{key}={t[key]} must be a finite number > 0")
     if problems:
@@ -287,7 +289,7 @@ def trajectory_problems(cfg: DictConfig) -> list[str]:
             t.log_steps,
             t.every_n_steps,
             shape.parameter_count * itemsize + HEADER_BYTES,
-            int(t.budget_mb * 2**20),
+            None if t.budget_mb is None else int(t.budget_mb * 2**20),
             adaptive,
         )
     except ValueError as error:

@@ -49,10 +49,26 @@ def sparse_steps(max_steps: int, log_steps: int, every_n_steps: int) -> dict[int
     return {step: sorted(set(reasons)) for step, reasons in sorted(steps.items())}
 
 
+DEFAULT_BUDGET_MB = 40.0
+"""The budget when ``trajectory.budget_mb`` is not set, for a model small enough that it holds
+:data:`DEFAULT_BUDGET_STEPS` of its steps."""
+DEFAULT_BUDGET_STEPS = 16
+"""When ``trajectory.budget_mb`` is not set, the budget always holds this many steps of the model (a
+paper-size 12-layer model's step is ~110 MB: 40 MB would hold none), with half of it for the phase
+change when the trigger is on."""
+
+
+def default_budget(bytes_per_step: int) -> int:
+    """The budget in bytes when none is set: :data:`DEFAULT_BUDGET_MB`, or room for
+    :data:`DEFAULT_BUDGET_STEPS` steps of this model when that is larger."""
+    return max(int(DEFAULT_BUDGET_MB * 2**20), DEFAULT_BUDGET_STEPS * bytes_per_step)
+
+
 @dataclass(frozen=True)
 class TrajectoryPlan:
     """The sparse steps that fit ``budget`` bytes: the linear grid thinned first (its period doubled),
-    then the log-spaced one (halved); with an adaptive trigger only half the budget goes to them."""
+    then the log-spaced one (halved); with an adaptive trigger only half the budget goes to them.
+    ``budget`` None: :func:`default_budget` of ``bytes_per_step``."""
 
     steps: dict[int, list[str]]
     log_steps: int
@@ -62,8 +78,15 @@ class TrajectoryPlan:
 
     @classmethod
     def fit(
-        cls, max_steps: int, log_steps: int, every_n_steps: int, bytes_per_step: int, budget: int, adaptive: bool
+        cls,
+        max_steps: int,
+        log_steps: int,
+        every_n_steps: int,
+        bytes_per_step: int,
+        budget: int | None,
+        adaptive: bool,
     ) -> TrajectoryPlan:
+        budget = default_budget(bytes_per_step) if budget is None else budget
         room = budget // 2 if adaptive else budget
         fits = lambda: len(sparse_steps(max_steps, log_steps, every_n_steps)) * bytes_per_step <= room
         while not fits() and every_n_steps and every_n_steps < max_steps:

@@ -26,6 +26,13 @@ def test_default_config_is_valid_and_matches_the_experiment():
     assert composed("experiment=one_layer").model.n_layers == 1
 
 
+def test_a_paper_size_model_is_valid_with_its_trajectory_unless_a_budget_too_small_is_set():
+    paper = ("model.n_layers=12", "model.n_heads=12", "model.d_model=768", "model.d_head=64")
+    assert config_problems(composed(*paper)) == []
+    (problem,) = config_problems(composed(*paper, "trajectory.budget_mb=40"))
+    assert problem.startswith("trajectory.budget_mb=40.0: a budget of 40 MB holds fewer than the first and last step")
+
+
 def test_multirun_with_several_devices_is_refused():
     problems = config_problems(composed("trainer.devices=2"), multirun=True)
     assert any("multirun" in p for p in problems)

@@ -12,7 +12,14 @@ from safetensors.torch import save_file
 from callbacks.trajectory_recorder import PhaseTrigger
 from metrics.dynamics.phase_change import detect_phase_change
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from records.trajectory import Trajectory, TrajectoryError, TrajectoryPlan, TrajectoryWriter, sparse_steps
+from records.trajectory import (
+    DEFAULT_BUDGET_STEPS,
+    Trajectory,
+    TrajectoryError,
+    TrajectoryPlan,
+    TrajectoryWriter,
+    sparse_steps,
+)
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=16, d_head=4, n_ctx=9, d_vocab=11, normalization="layernorm")
 
@@ -39,6 +46,17 @@ def test_the_budget_thins_the_linear_grid_first_then_the_log_grid():
     assert no_linear.every_n_steps == 0 and no_linear.log_steps < 10 and len(no_linear.steps) <= 8
     with pytest.raises(ValueError, match="holds fewer than the first and last step"):
         TrajectoryPlan.fit(1000, 10, 50, per_step, budget=per_step, adaptive=False)
+
+
+def test_an_unset_budget_is_40_mb_or_holds_16_steps_of_a_larger_model():
+    small = TrajectoryPlan.fit(1500, 20, 100, 200_000, budget=None, adaptive=True)  # the default run's size
+    assert small.budget == 40 * 2**20 and small == TrajectoryPlan.fit(1500, 20, 100, 200_000, 40 * 2**20, True)
+    paper = 109_610_000  # bytes a step of 12 layers x 12 heads, d_model 768 (the refused command of issue 31)
+    large = TrajectoryPlan.fit(1500, 20, 100, paper, budget=None, adaptive=True)
+    assert large.budget == DEFAULT_BUDGET_STEPS * paper
+    assert 2 <= len(large.steps) <= DEFAULT_BUDGET_STEPS // 2 and {0, 1500} <= set(large.steps)  # half: phase change
+    with pytest.raises(ValueError, match="holds fewer than the first and last step"):
+        TrajectoryPlan.fit(1500, 20, 100, paper, budget=40 * 2**20, adaptive=True)  # a set budget is kept
 
 
 def sigmoid_curve(start=5.5, end=0.05, midpoint=400, width=25, noise=0.02, steps=range(0, 1501, 10)):
