@@ -82,6 +82,14 @@ class DataConfig:
     max_gap: int = 50
 
 
+DATA_OPTIONS = {
+    DataName.repeated: ("n_min", "n_max"),
+    DataName.bigram_triggers: ("n_triggers", "concentration"),
+    DataName.sentence_gap_copy: ("min_sentence", "max_sentence", "max_gap"),
+}
+"""The ``DataConfig`` options each data group reads; the others are for the other groups only."""
+
+
 @dataclass
 class TrainerConfig:
     max_steps: int = 1500

@@ -181,6 +181,7 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.append(f"data.seq_len={data.seq_len} exceeds model.n_ctx={model.n_ctx}")
     if data.batch_size < 1:
         problems.append(f"data.batch_size={data.batch_size} must be >= 1")
+    problems.extend(data_options_problems(data))
     if data.name == "repeated":
         if not 1 <= data.n_min <= data.n_max:
             problems.append(f"data.n_min={data.n_min}, data.n_max={data.n_max}: need 1 <= n_min <= n_max")
@@ -254,6 +255,26 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     if not problems:
         problems.extend(stages_problems(cfg.stages))
     return problems
+
+
+def data_options_problems(data: DictConfig) -> list[str]:
+    """An option of another data group set away from its default: this group would ignore it silently."""
+    from conf.schema import DATA_OPTIONS, DataConfig
+
+    ignored = {
+        key: name.value
+        for name, keys in DATA_OPTIONS.items()
+        if name != data.name
+        for key in keys
+        if data[key] != getattr(DataConfig, key)
+    }
+    if not ignored:
+        return []
+    readers = " or ".join(f"data={name}" for name in sorted(set(ignored.values())))
+    return [
+        f"{', '.join(f'data.{key}={data[key]}' for key in ignored)}: read only by {readers};"
+        f" this run's data={data.name.value} would ignore {'them' if len(ignored) > 1 else 'it'}"
+    ]
 
 
 def trajectory_problems(cfg: DictConfig) -> list[str]:

@@ -45,6 +45,11 @@ def test_multirun_with_several_devices_is_refused():
         (["data.seq_len=40"], "exceeds model.n_ctx"),
         (["model.d_head=100"], "d_head"),
         (["data.n_min=9", "data.n_max=4"], "n_min <= n_max"),
+        (
+            ["data.min_sentence=2", "data.max_gap=3"],
+            "data.min_sentence=2, data.max_gap=3: read only by data=sentence_gap_copy; this run's data=repeated would ignore them",
+        ),
+        (["data=sentence_gap_copy", "data.seq_len=33", "data.n_max=20"], "data.n_max=20: read only by data=repeated;"),
         (["tracker.probe_n=20"], "probe"),
         (["tracker.measures=[frobenius,nope]"], "unknown ['nope']"),
         (["trainer.max_steps=0"], "max_steps"),
