@@ -8,17 +8,19 @@ In Python (TransformerLens installed: ``pip install -e '.[tl]'``)::
     tl_model = load_hooked_transformer("outputs/2026-11-23/10-00-00", step=500)
     tl_model.all_composition_scores("K")
 
-Our model is TransformerLens's attention-only ``HookedTransformer`` with every bias zero, the same
-per-head layout (``W_Q [n_heads, d_model, d_head]``, ``W_O [n_heads, d_head, d_model]``) and the
-same attention scale (1/sqrt(d_head)); the key map is :data:`KEYS`. Nothing is folded on load: the
-exported model's logits equal ours, shortformer positions and biases included. The ``HookedTransformer`` path is used, not TransformerLens 4's
-``TransformerBridge``, whose native models refuse shortformer positions; the ``[tl]`` extra pins
-``transformer-lens<4``.
+Our model is TransformerLens's attention-only transformer with every bias zero, the same per-head
+layout (``W_Q [n_heads, d_model, d_head]``, ``W_O [n_heads, d_head, d_model]``) and the same
+attention scale (1/sqrt(d_head)); the key map is :data:`KEYS` (TransformerLens 3's names, which
+4's ``convert_tl_checkpoint`` reads). Nothing is folded on load: the model's logits equal ours.
+TransformerLens 4 (what ``pip install -e '.[tl]'`` gives) builds it with
+``TransformerBridge.boot_native``; 3 with ``HookedTransformer``. TransformerLens 4's native model
+has no shortformer positions: such a run opens only in 3 (one line says so).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 from pathlib import Path
@@ -29,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records.trajectory import Trajectory, TrajectoryError
 
-INSTALL_HINT = "pip install -e '.[tl]' (TransformerLens < 4, for its HookedTransformer)"
+INSTALL_HINT = "pip install -e '.[tl]'"
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 NORMALIZATION_TYPES = {"none": None, "layernorm": "LN", "rmsnorm": "RMS"}
 KEYS = {
@@ -94,13 +96,58 @@ def to_transformer_lens(state_dict: dict[str, torch.Tensor], shape: TransformerS
     return out
 
 
-def require_transformer_lens():
-    """TransformerLens's ``HookedTransformer`` and its config class, or a one-line ImportError naming the extra."""
+def transformer_lens_major() -> int:
+    """The installed TransformerLens's major version (3 or 4), or a one-line ImportError naming the extra."""
     try:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-    except ImportError:
+        return int(importlib.metadata.version("transformer-lens").split(".")[0])
+    except importlib.metadata.PackageNotFoundError:
         raise ImportError(f"opening a run in TransformerLens needs it: {INSTALL_HINT}") from None
-    return HookedTransformer, HookedTransformerConfig
+
+
+def new_transformer_lens_model(config: dict):
+    """An attention-only TransformerLens model of ``config`` (:func:`hooked_transformer_config`'s
+    arguments; ``dtype`` a name or a ``torch.dtype``), weights not yet loaded: a
+    ``TransformerBridge`` around TransformerLens 4's native model, or a 3.x ``HookedTransformer``."""
+    config = {
+        **config,
+        "dtype": getattr(torch, config["dtype"]) if isinstance(config["dtype"], str) else config["dtype"],
+    }
+    if transformer_lens_major() < 4:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+        return HookedTransformer(HookedTransformerConfig(**config))
+    if config["positional_embedding_type"] == "shortformer":
+        raise ValueError(
+            "TransformerLens 4's native model has no shortformer positions: this model opens in"
+            " TransformerLens 3 (pip install 'transformer-lens>=2,<4')"
+        )
+    from transformer_lens import TransformerBridge, TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources import native  # noqa: F401  (attaches boot_native)
+
+    # act_fn and d_mlp: unused by an attention-only model, but typed fields; init_weights=False: ours come next
+    mlp = {"act_fn": config.get("act_fn") or "relu", "d_mlp": config.get("d_mlp") or 4 * config["d_model"]}
+    bridge_config = TransformerBridgeConfig(**{**config, **mlp, "init_weights": False, "device": "cpu"})
+    return TransformerBridge.boot_native(bridge_config, dtype=config["dtype"])
+
+
+def load_transformer_lens_weights(tl_model, weights: dict[str, torch.Tensor]) -> None:
+    """Load ``weights`` (TransformerLens 3's names, :func:`to_transformer_lens`) into ``tl_model``;
+    a weight missing or left over is a ValueError naming it (their causal-mask buffers aside)."""
+    if transformer_lens_major() >= 4:  # its load_state_dict reports missing keys by internal paths
+        from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+        weights = convert_tl_checkpoint(weights, tl_model.cfg)
+        wanted = set(tl_model.state_dict())
+        missing, unexpected = sorted(wanted - set(weights)), sorted(set(weights) - wanted)
+    else:
+        missing, unexpected = tl_model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
+    if missing or unexpected:
+        raise ValueError(
+            f"TransformerLens's model does not take these weights (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    if transformer_lens_major() >= 4:
+        tl_model.load_state_dict(weights, strict=True)
 
 
 def hooked_transformer(
@@ -109,35 +156,44 @@ def hooked_transformer(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ):
-    """A ``HookedTransformer`` holding ``state_dict`` (ours), in ``dtype``, in eval mode."""
-    HookedTransformer, HookedTransformerConfig = require_transformer_lens()
-    tl_model = HookedTransformer(HookedTransformerConfig(**{**hooked_transformer_config(shape, dtype), "dtype": dtype}))
-    weights = {k: v.to(dtype) for k, v in to_transformer_lens(state_dict, shape).items()}
-    missing, unexpected = tl_model.load_state_dict(weights, strict=False)
-    not_buffers = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
-    if not_buffers or unexpected:
-        raise ValueError(
-            f"TransformerLens's model does not take these weights (missing {not_buffers[:3]}, unexpected {unexpected[:3]})"
-        )
+    """A TransformerLens model holding ``state_dict`` (ours), in ``dtype``, in eval mode."""
+    tl_model = new_transformer_lens_model(hooked_transformer_config(shape, dtype))
+    load_transformer_lens_weights(tl_model, {k: v.to(dtype) for k, v in to_transformer_lens(state_dict, shape).items()})
     return tl_model.to(device, print_details=False).eval()
 
 
 def load_hooked_transformer(
     run_dir: str | Path, step: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ):
-    """The saved weights of ``run_dir`` at ``step`` as a TransformerLens ``HookedTransformer``."""
+    """The saved weights of ``run_dir`` at ``step`` as a TransformerLens model."""
     trajectory = Trajectory(run_dir)
     return hooked_transformer(trajectory.state_dict(step), trajectory.shape, dtype, device)
 
 
 def load_exported(directory: str | Path, device: str | torch.device = "cpu"):
-    """The ``HookedTransformer`` that ``python -m analysis.export`` wrote into ``directory``."""
-    HookedTransformer, HookedTransformerConfig = require_transformer_lens()
-    config = json.loads((Path(directory) / CONFIG_NAME).read_text())
-    config["dtype"] = getattr(torch, config["dtype"])
-    tl_model = HookedTransformer(HookedTransformerConfig(**config))
-    tl_model.load_state_dict(load_file(str(Path(directory) / WEIGHTS_NAME)), strict=False)
+    """The TransformerLens model that ``python -m analysis.export`` wrote into ``directory``."""
+    tl_model = new_transformer_lens_model(json.loads((Path(directory) / CONFIG_NAME).read_text()))
+    load_transformer_lens_weights(tl_model, load_file(str(Path(directory) / WEIGHTS_NAME)))
     return tl_model.to(device, print_details=False).eval()
+
+
+def transformer_lens_weights(tl_model) -> dict[str, torch.Tensor]:
+    """``tl_model``'s weights in TransformerLens 3's names (:data:`KEYS`' values), read through the
+    accessors both 3 and 4 have (4's ``state_dict`` names its ``nn.Linear`` projections instead)."""
+    cfg = tl_model.cfg
+    weights = {KEYS[name]: getattr(tl_model, name) for name in ("W_E", "W_pos", "W_U", "b_U")}
+    for layer, block in enumerate(tl_model.blocks):
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+            weights[KEYS[f"layers.{{l}}.{name}"].format(l=layer)] = getattr(block.attn, name)
+        if cfg.normalization_type is not None:
+            weights[f"blocks.{layer}.ln1.w"] = block.ln1.w
+            if cfg.normalization_type == "LN":
+                weights[f"blocks.{layer}.ln1.b"] = block.ln1.b
+    if cfg.normalization_type is not None:
+        weights["ln_final.w"] = tl_model.ln_final.w
+        if cfg.normalization_type == "LN":
+            weights["ln_final.b"] = tl_model.ln_final.b
+    return {key: value.detach() for key, value in weights.items()}
 
 
 @torch.no_grad()
@@ -163,7 +219,7 @@ def from_hooked_transformer(tl_model) -> AttentionOnlyTransformer:
         )
         if bad
     ]
-    theirs = tl_model.state_dict()
+    theirs = transformer_lens_weights(tl_model) if not problems else {}
     nonzero = lambda names: [k for k, v in theirs.items() if k.rsplit(".", 1)[-1] in names and v.abs().max() > 0]
     if nonzero(("b",)):
         problems.append(f"non-zero LayerNorm biases ({', '.join(nonzero(('b',))[:3])}): our LayerNorm has none")
@@ -216,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / CONFIG_NAME).write_text(json.dumps(hooked_transformer_config(trajectory.shape, dtype), indent=1))
     print(
         f"wrote {args.out / CONFIG_NAME} and {args.out / WEIGHTS_NAME} (step {args.step});"
-        f" open with analysis.export.load_exported({str(args.out)!r}) or HookedTransformer(HookedTransformerConfig(**config))"
+        f" open with analysis.export.load_exported({str(args.out)!r})"
     )
     return 0
 

@@ -137,51 +137,9 @@ def tl_version() -> str:
 @torch.no_grad()
 def build_tl_model(model: AttentionOnlyTransformer) -> torch.nn.Module:
     """A TransformerLens model with ``model``'s weights (same layout: ``W_Q [n_heads, d_model, d_head]``,
-    ``W_O [n_heads, d_head, d_model]``) and every bias zero, in ``model``'s dtype.
-
-    TL >= 4 removed ``HookedTransformer``; its ``TransformerBridge.boot_native`` builds the same
-    attention-only model from a config, with ``nn.Linear`` projections underneath."""
-    try:
-        from transformer_lens import HookedTransformer  # noqa: F401
-    except ImportError:
-        return _bridge_with_weights(model)
+    ``W_O [n_heads, d_head, d_model]``) and every bias zero, in ``model``'s dtype: TransformerLens 4's
+    ``TransformerBridge.boot_native`` or 3's ``HookedTransformer`` (``analysis.export``)."""
     return hooked_transformer(model.state_dict(), model.shape, model.W_E.dtype)
-
-
-def _bridge_with_weights(model: AttentionOnlyTransformer) -> torch.nn.Module:
-    """TL >= 4: ``TransformerBridge.boot_native`` and our weights copied into its projections.
-    ``q.weight`` is ``[(head, d_head), d_model]``; ``o.weight`` is ``[d_model, (head, d_head)]``."""
-    from transformer_lens import TransformerBridge, TransformerBridgeConfig
-    from transformer_lens.model_bridge.sources import native  # noqa: F401  (attaches boot_native)
-
-    s, dtype = model.shape, model.W_E.dtype
-    cfg = TransformerBridgeConfig(
-        n_layers=s.n_layers,
-        d_model=s.d_model,
-        n_ctx=s.n_ctx,
-        d_head=s.d_head,
-        n_heads=s.n_heads,
-        d_vocab=s.d_vocab,
-        attn_only=True,
-        normalization_type=None,
-        positional_embedding_type="standard",
-        dtype=dtype,
-    )
-    bridge = TransformerBridge.boot_native(cfg, dtype=dtype).eval()
-    native_model = bridge.original_model
-    native_model.tok_embed.weight.copy_(model.W_E)
-    native_model.pos.weight.copy_(model.W_pos)
-    native_model.head.weight.copy_(model.W_U.T)
-    if native_model.head.bias is not None:
-        native_model.head.bias.zero_()
-    for block, layer in zip(native_model.layers, model.layers):
-        attn = block.attn
-        for linear, w in ((attn.q, layer.W_Q), (attn.k, layer.W_K), (attn.v, layer.W_V)):
-            linear.weight.copy_(w.permute(0, 2, 1).reshape(-1, s.d_model))  # (h d e) -> ((h e), d)
-        attn.o.weight.copy_(layer.W_O.reshape(-1, s.d_model).T)  # (h e d) -> (d, (h e))
-        for linear in (attn.q, attn.k, attn.v, attn.o):
-            linear.bias.zero_()
-    return bridge
 
 
 @torch.no_grad()

@@ -110,6 +110,7 @@ def test_export_opens_in_transformer_lens_with_our_logits_and_logged_composition
     assert (tl_model(tokens) - ours(tokens)).abs().max() <= 1e-5
     with torch.no_grad():
         scores = tl_model.all_composition_scores("K")
+    scores = getattr(scores, "scores", scores)  # TransformerLens 4: a CompositionScores holding them
     logged = read_series(trained / "csv" / "metrics.csv")
     for writer in range(2):
         for reader in range(2):
@@ -147,9 +148,10 @@ def test_a_sweep_is_rescored_job_by_job_then_reported(tmp_path):
 
 def test_seed_002s_library_options_train_track_and_open_in_transformer_lens(tmp_path):
     """Shortformer positions, biases and EasyTransformer's init, in a real run (the ablation off: it
-    does not handle them yet), exported at its last step with TransformerLens's logits equal to ours."""
+    does not handle them yet), exported at its last step with TransformerLens 3's logits equal to
+    ours; TransformerLens 4, which has no shortformer positions, says so in one line."""
     pytest.importorskip("transformer_lens")
-    from analysis.export import load_hooked_transformer
+    from analysis.export import load_hooked_transformer, transformer_lens_major
 
     run_dir = tmp_path / "run"
     result = run_train(
@@ -169,6 +171,10 @@ def test_seed_002s_library_options_train_track_and_open_in_transformer_lens(tmp_
     trajectory = Trajectory(run_dir)
     assert trajectory.shape.positions == "shortformer" and trajectory.shape.biases
     ours = trajectory.model(20).double()
+    if transformer_lens_major() >= 4:
+        with pytest.raises(ValueError, match="no shortformer positions: this model opens in TransformerLens 3"):
+            load_hooked_transformer(run_dir, 20, dtype=torch.float64)
+        return
     tl_model = load_hooked_transformer(run_dir, 20, dtype=torch.float64)
     tokens = torch.randint(0, ours.shape.d_vocab, (4, ours.shape.n_ctx), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
