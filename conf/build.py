@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.divergence import DivergenceGuard
@@ -333,6 +334,9 @@ def build_trainer(
         logger=build_loggers(cfg, run_dir, continuation, wandb_id, naming) or False,
         callbacks=callbacks,
         enable_model_summary=False,
+        # under SLURM the runtime requeues, with our checkpoint (runtime/slurm.py); Lightning's own
+        # handler would also requeue a job whose warning signal comes after training has finished
+        plugins=[SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None,
     )
 
 

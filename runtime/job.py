@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,7 +51,10 @@ def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], None]) -> float
     (the objective, or the job's exit code) and exits non-zero when a single run fails."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    with tee_console(run_dir / TRAIN_LOG):  # the report, warnings and errors, also in the run directory
+    with (
+        tee_console(run_dir / TRAIN_LOG),
+        time_limit_warnings_noted(),
+    ):  # the report, warnings and errors, also in the run directory
         try:
             if multirun and not prepare_sweep_job(cfg, run_dir):  # finished by an earlier launch of the same sweep
                 return objective_value(cfg, run_dir) if cfg.objective else 0
@@ -70,6 +75,32 @@ def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], None]) -> float
             return float("nan") if cfg.objective else 1
         write_status(run_dir, FINISHED)
         return objective_value(cfg, run_dir) if cfg.objective else 0
+
+
+TIME_LIMIT_WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's (sbatch --signal=USR1@90), submitit's
+
+
+@contextmanager
+def time_limit_warnings_noted() -> Iterator[None]:
+    """Outside training (while a job starts, or writes its last files), a warning that the time limit
+    is near is noted and the job goes on: by default the signal would end the process before it
+    records how it ended. While training, ``callbacks.preemption.StopOnSignal`` takes them over
+    (checkpoint, requeue, stop)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+
+    def note(signum: int, frame) -> None:  # the descriptor, not print(): a signal may land inside a write
+        os.write(
+            sys.__stderr__.fileno(), f"{signal.Signals(signum).name} received outside training: going on\n".encode()
+        )
+
+    previous = {signum: signal.signal(signum, note) for signum in TIME_LIMIT_WARNINGS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextmanager
