@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.savefig(out / "traces.png", dpi=100)
     plt.close(fig)
     write_csv(out / "calibration.csv", rows)
-    chosen = pick(rows)
+    chosen, m = pick(rows), cfg.model
     if chosen is None:
         print(
             "calibrate_llc: no setting passes at every step: raise stages.llc.draws, or try other --lr / --localization"
@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         f"calibrate_llc: pick ε {chosen['lr']:g}, γ {chosen['localization']:g}"
-        f" (stages.llc.lr={chosen['lr']:g} stages.llc.localization={chosen['localization']:g}); wrote {out}"
+        f" (stages.llc.lr={chosen['lr']:g} stages.llc.localization={chosen['localization']:g}"
+        f" stages.llc.calibrated_on=[{m.n_layers},{m.n_heads},{m.d_model},{m.d_head}]); wrote {out}"
     )
     return 0
 

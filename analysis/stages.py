@@ -51,7 +51,7 @@ from analysis.saved_run import (
     wandb_loggers,
 )
 from conf.build import held_out_sequences, sgld_settings, stage_settings
-from conf.validate import stages_problems
+from conf.validate import llc_calibration_warning, stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.dynamics.stages import MIN_STEPS, Boundary
 from records.layout import CSV_RELATIVE_PATH, SUMMARY_NAME
@@ -104,6 +104,8 @@ def run_stages(request: Request) -> dict:
     if cfg.tracker.num_threads:
         torch.set_num_threads(int(cfg.tracker.num_threads))
     settings = sgld_settings(stages.llc)
+    if stages.llc_enabled and (warning := llc_calibration_warning(cfg)):
+        print(warning, file=sys.stderr)
     heads = circuit_heads(request.run_dir) if stages.llc_enabled and stages.llc.heads else []
     parts = ["essential dynamics"]
     if stages.llc_enabled:

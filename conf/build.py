@@ -27,6 +27,7 @@ from callbacks.progress import ProgressLines
 from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker
 from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
+from conf.validate import llc_calibration_warning
 from data.datamodule import TokenDataModule, TokenSampler, make_sampler
 from data.probe import make_probe_batch
 from metrics.dynamics.llc import SGLDSettings
@@ -247,6 +248,8 @@ def build_callbacks(
         callbacks.append(PhaseChangeFigure(run_dir, smoothing_window=tr.smoothing_window))
     llc = cfg.stages.llc
     if llc.every_n_steps > 0:
+        if warning := llc_calibration_warning(cfg):
+            print(warning, file=sys.stderr)
         rows = held_out_sequences(cfg, llc.batches * llc.batch_size)
         callbacks.append(LLCEstimates(sgld_settings(llc), rows, llc.every_n_steps, llc.settle_tolerance))
     return callbacks

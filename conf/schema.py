@@ -251,6 +251,9 @@ class LLCConfig:
     heads: bool = True  # also each head of the circuit pair, sampled alone (devinterp's param_masks)
     # during training: λ̂ every this many steps, logged as llc/* (0: only afterwards, by analysis.stages)
     every_n_steps: int = 0
+    # n_layers, n_heads, d_model, d_head of the model lr and localization were calibrated on: another
+    # size gets one warning line (conf/validate.py, llc_calibration_warning)
+    calibrated_on: list[int] = field(default_factory=lambda: [2, 2, 64, 16])
 
 
 @dataclass

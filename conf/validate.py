@@ -277,6 +277,21 @@ def data_options_problems(data: DictConfig) -> list[str]:
     ]
 
 
+def llc_calibration_warning(cfg: DictConfig) -> str | None:
+    """One line when the LLC's SGLD settings were calibrated on a model of another size (the step and
+    the pull that keep chains near w* change with it: docs/results.md, "Developmental stages")."""
+    model, llc = cfg.model, cfg.stages.llc
+    size = [model.n_layers, model.n_heads, model.d_model, model.d_head]
+    if size == list(llc.calibrated_on):
+        return None
+    shown = lambda sizes: "×".join(map(str, sizes))
+    return (
+        f"warning: stages.llc's lr={llc.lr:g} and localization={llc.localization:g} were calibrated on a"
+        f" {shown(llc.calibrated_on)} model (layers×heads×d_model×d_head), this one is {shown(size)}:"
+        f" check them with python -m analysis.calibrate_llc RUN_DIR"
+    )
+
+
 def trajectory_problems(cfg: DictConfig) -> list[str]:
     """Problems of ``cfg.trajectory`` (enabled), the budget against this model's size among them."""
     t, problems = cfg.trajectory, []

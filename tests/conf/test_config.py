@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conf.schema import register_schemas
-from conf.validate import config_changes, config_problems
+from conf.validate import config_changes, config_problems, llc_calibration_warning
 from tests.helpers import REPO, CodeRunningPayload, run_train
 
 register_schemas()
@@ -31,6 +31,15 @@ def test_a_paper_size_model_is_valid_with_its_trajectory_unless_a_budget_too_sma
     assert config_problems(composed(*paper)) == []
     (problem,) = config_problems(composed(*paper, "trajectory.budget_mb=40"))
     assert problem.startswith("trajectory.budget_mb=40.0: a budget of 40 MB holds fewer than the first and last step")
+
+
+def test_llc_settings_at_a_size_they_were_not_calibrated_on_are_one_warning_line():
+    assert llc_calibration_warning(composed()) is None
+    assert llc_calibration_warning(composed("experiment=elhage_2l")) is None  # its own calibration
+    assert llc_calibration_warning(composed("model.n_heads=4")) == (
+        "warning: stages.llc's lr=0.001 and localization=100 were calibrated on a 2×2×64×16 model"
+        " (layers×heads×d_model×d_head), this one is 2×4×64×16: check them with python -m analysis.calibrate_llc RUN_DIR"
+    )
 
 
 def test_multirun_with_several_devices_is_refused():
