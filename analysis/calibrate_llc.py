@@ -26,7 +26,7 @@ from analysis.saved_run import AnalysisError
 from analysis.stages import stages_config, write_csv
 from conf.build import held_out_sequences, n_beta_of
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
-from records.layout import ANALYSIS_DIR, SUMMARY_NAME
+from records.layout import ANALYSIS_DIR, CALIBRATION_FIGURE, CALIBRATION_TABLE, SUMMARY_NAME
 from records.trajectory import Trajectory, TrajectoryError
 
 NAME = "llc_calibration"
@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     axes[0, 0].legend(fontsize=7)
     fig.suptitle(f"{args.run_dir.name}: SGLD loss traces (each line a chain)")
     fig.tight_layout()
-    fig.savefig(out / "traces.png", dpi=100)
+    fig.savefig(out / CALIBRATION_FIGURE, dpi=100)
     plt.close(fig)
-    write_csv(out / "calibration.csv", rows)
+    write_csv(out / CALIBRATION_TABLE, rows)
     chosen, m = pick(rows), cfg.model
     if chosen is None:
         print(

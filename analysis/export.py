@@ -29,10 +29,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.transformer import AttentionOnlyTransformer, TransformerShape
+from records.layout import EXPORT_CONFIG, EXPORT_WEIGHTS
 from records.trajectory import Trajectory, TrajectoryError
 
 INSTALL_HINT = "pip install -e '.[tl]'"
-CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 NORMALIZATION_TYPES = {"none": None, "layernorm": "LN", "rmsnorm": "RMS"}
 KEYS = {
     "W_E": "embed.W_E",
@@ -172,8 +172,8 @@ def load_hooked_transformer(
 
 def load_exported(directory: str | Path, device: str | torch.device = "cpu"):
     """The TransformerLens model that ``python -m analysis.export`` wrote into ``directory``."""
-    tl_model = new_transformer_lens_model(json.loads((Path(directory) / CONFIG_NAME).read_text()))
-    load_transformer_lens_weights(tl_model, load_file(str(Path(directory) / WEIGHTS_NAME)))
+    tl_model = new_transformer_lens_model(json.loads((Path(directory) / EXPORT_CONFIG).read_text()))
+    load_transformer_lens_weights(tl_model, load_file(str(Path(directory) / EXPORT_WEIGHTS)))
     return tl_model.to(device, print_details=False).eval()
 
 
@@ -268,10 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = state_dict["W_E"].dtype
     weights = {k: v.contiguous() for k, v in to_transformer_lens(state_dict, trajectory.shape).items()}
-    save_file(weights, str(args.out / WEIGHTS_NAME), metadata={"step": str(args.step), "run_dir": str(args.run_dir)})
-    (args.out / CONFIG_NAME).write_text(json.dumps(hooked_transformer_config(trajectory.shape, dtype), indent=1))
+    save_file(weights, str(args.out / EXPORT_WEIGHTS), metadata={"step": str(args.step), "run_dir": str(args.run_dir)})
+    (args.out / EXPORT_CONFIG).write_text(json.dumps(hooked_transformer_config(trajectory.shape, dtype), indent=1))
     print(
-        f"wrote {args.out / CONFIG_NAME} and {args.out / WEIGHTS_NAME} (step {args.step});"
+        f"wrote {args.out / EXPORT_CONFIG} and {args.out / EXPORT_WEIGHTS} (step {args.step});"
         f" open with analysis.export.load_exported({str(args.out)!r})"
     )
     return 0

@@ -37,6 +37,7 @@ from analysis.saved_run import (
     wandb_loggers,
 )
 from conf.validate import tracker_problems
+from records.layout import RESCORE_RECORD
 from records.trajectory import Trajectory, describe_steps
 
 DEFAULT_NAME = "rescore"
@@ -94,7 +95,7 @@ def rescore(request: Request) -> dict:
     if out.exists():
         shutil.rmtree(out)  # --overwrite: this analysis only
     out.mkdir(parents=True)
-    (out / "rescore.json").write_text(
+    (out / RESCORE_RECORD).write_text(
         json.dumps(
             {
                 "run_dir": str(request.run_dir),

@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conf.schema import Config
 from conf.validate import wandb_environment_problem
-from records.layout import ANALYSIS_DIR, TRAJECTORY_DIR
+from records.layout import ANALYSIS_DIR, INDEX_NAME, TRAJECTORY_DIR
 from records.trajectory import Trajectory, TrajectoryError, describe_steps
 
 RETIRED_KEYS = ("stages.window", "stages.min_turn")
@@ -154,7 +154,7 @@ def sweep_jobs(path: Path) -> list[Path]:
     if (path / TRAJECTORY_DIR).is_dir():
         return []
     return sorted(
-        (p.parent.parent for p in path.glob("*/trajectory/index.json")),
+        (p.parent.parent for p in path.glob(f"*/{TRAJECTORY_DIR}/{INDEX_NAME}")),
         key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
     )
 

@@ -54,13 +54,24 @@ from conf.build import held_out_sequences, sgld_settings, stage_settings
 from conf.validate import llc_calibration_warning, stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.dynamics.stages import MIN_STEPS, Boundary
-from records.layout import CSV_RELATIVE_PATH, SUMMARY_NAME
+from records.layout import (
+    CSV_RELATIVE_PATH,
+    ESSENTIAL_DYNAMICS_FIGURE,
+    ESSENTIAL_DYNAMICS_TABLE,
+    LLC_TABLE,
+    MEASURED_SETTINGS,
+    STAGES_FIGURE,
+    STAGES_RECORD,
+    STEP_FILES,
+    SUMMARY_NAME,
+    measurements_dir,
+    step_file,
+)
 from records.trajectory import Trajectory, describe_steps
 
 DEFAULT_NAME = "stages"
 BOUNDARY_KEYS = ("step", "source", "kind", "low", "high", "support", "statistic")
 """What W&B's summary keeps of each boundary, one list a key (``stages/boundary_step``, ...)."""
-STAGES_NAME = "stages.json"
 
 
 def stages_config(trajectory: Trajectory, overrides: list[str]) -> DictConfig:
@@ -120,7 +131,7 @@ def run_stages(request: Request) -> dict:
         f" {', '.join(parts)}; into {request.out_dir}",
         flush=True,
     )
-    measured = MeasuredSteps(measurements_dir(request), measurement_settings(stages, heads))
+    measured = MeasuredSteps(measurements_dir(request.out_dir), measurement_settings(stages, heads))
     try:
         rows, losses, seconds = measure_steps(request, heads, measured)
     except KeyboardInterrupt:
@@ -220,9 +231,9 @@ def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor
         ],
         "diverged": {str(r["step"]): diverged_estimates(r) for r in rows if diverged_estimates(r)},  # step: which
     }
-    write_csv(out / "llc.csv", rows)
+    write_csv(out / LLC_TABLE, rows)
     write_csv(
-        out / "essential_dynamics.csv",
+        out / ESSENTIAL_DYNAMICS_TABLE,
         [
             {"step": s, **{f"PC{c + 1}": float(v) for c, v in enumerate(coords)}}
             for s, coords in zip(request.steps, dynamics.coords, strict=True)
@@ -232,9 +243,9 @@ def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor
     series = read_series(csv_path) if csv_path.is_file() else {}
     figures = draw(out, rows, heads, series, dynamics, [b for b in boundaries if b.kept], states, change, cfg, request)
     log_to_wandb(request, Trajectory(request.run_dir), rows, dynamics, figures, result)
-    written = out / f"{STAGES_NAME}.tmp"
+    written = out / f"{STAGES_RECORD}.tmp"
     written.write_text(json.dumps(result, indent=1))
-    written.replace(out / STAGES_NAME)
+    written.replace(out / STAGES_RECORD)
     return result
 
 
@@ -286,10 +297,6 @@ def describe_row(row: dict) -> str:
     return f"λ̂ {row['llc_mean']:.2f} ± {row['llc_std']:.2f} in {row['llc_seconds']:.1f} s{settled}{also}"
 
 
-def measurements_dir(request: Request) -> Path:
-    return request.out_dir.parent / f".{request.name}.measured"
-
-
 def measurement_settings(stages: DictConfig, heads: list[tuple[int, int]]) -> dict:
     """What a step's measurements depend on (not how the curves are read afterwards)."""
     llc = {k: v for k, v in OmegaConf.to_container(stages.llc, resolve=True).items() if k != "every_n_steps"}
@@ -310,21 +317,19 @@ class MeasuredSteps:
     reading settings, other ``--steps``) without measuring what is there; other measurement settings
     discard them."""
 
-    SETTINGS = "settings.json"
-
     def __init__(self, directory: Path, settings: dict) -> None:
         self.directory = directory
         wanted = json.dumps(settings, sort_keys=True)
-        saved = directory / self.SETTINGS
+        saved = directory / MEASURED_SETTINGS
         if directory.exists() and (not saved.is_file() or saved.read_text() != wanted):
             print(f"stages: {directory} holds steps measured with other settings: measuring afresh", flush=True)
             shutil.rmtree(directory)
         directory.mkdir(parents=True, exist_ok=True)
         saved.write_text(wanted)
-        self.steps = sorted(int(p.stem.removeprefix("step-")) for p in directory.glob("step-*.safetensors"))
+        self.steps = sorted(int(p.stem.removeprefix("step-")) for p in directory.glob(STEP_FILES))
 
     def path(self, step: int) -> Path:
-        return self.directory / f"step-{step:08d}.safetensors"
+        return self.directory / step_file(step)
 
     def get(self, step: int) -> tuple[dict, torch.Tensor] | None:
         from safetensors import safe_open
@@ -378,7 +383,7 @@ def draw(out, rows, heads, series, dynamics, boundaries, states, change, cfg, re
     if all(v is not None for v in change.values()):
         phase = PhaseChange(change["onset"], change["midpoint"], change["end"], math.nan, math.nan)
     title = f"{request.run_dir.name}: {cfg.model.n_layers}L × {cfg.model.n_heads}H, d_model {cfg.model.d_model}"
-    figures = {"stages": out / "stages.png", "essential_dynamics": out / "essential_dynamics.png"}
+    figures = {"stages": out / STAGES_FIGURE, "essential_dynamics": out / ESSENTIAL_DYNAMICS_FIGURE}
     for key, figure in (
         ("stages", stages_figure(llc, llc_std, smoothed, series, list(cfg.tracker.measures), boundaries, phase, title)),
         (
@@ -480,7 +485,7 @@ def finished(request: Request) -> dict | None:
     """``request``'s stages.json if its analysis was written whole before (stages.json comes last)
     with the same overrides and steps, else None."""
     try:
-        written = json.loads((request.out_dir / STAGES_NAME).read_text())
+        written = json.loads((request.out_dir / STAGES_RECORD).read_text())
     except (OSError, ValueError):
         return None
     same = written.get("overrides") == list(request.overrides) and written.get("steps") == request.steps

@@ -20,11 +20,11 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from records.layout import INDEX_NAME
 from records.trajectory import (
     DEFAULT_BUDGET_MB,
     DEFAULT_BUDGET_STEPS,
     HEADER_BYTES,
-    INDEX_NAME,
     TrajectoryPlan,
     TrajectoryWriter,
 )

@@ -35,7 +35,15 @@ from metrics.dynamics.stages import StageSettings
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 from records.csv_log import ResumableCSVLogger
-from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, TRAJECTORY_DIR, resume_checkpoint, resumed_run_dir
+from records.layout import (
+    CHECKPOINTS,
+    LAST_CHECKPOINT,
+    RUN_KEY,
+    SWEEP_CONFIG,
+    TRAJECTORY_DIR,
+    resume_checkpoint,
+    resumed_run_dir,
+)
 from records.wandb_log import SectionedWandbLogger
 from records.wandb_reach import effective_mode
 
@@ -175,7 +183,7 @@ def keys_swept_by(sweep_dir: Path) -> set[str]:
     """The keys a sweep varies, from the ``multirun.yaml`` Hydra writes before it launches the jobs:
     its overrides with several values (``seed=0,1``, ``range(...)``), and an optimizing sweeper's params."""
     try:
-        master = OmegaConf.load(sweep_dir / "multirun.yaml")
+        master = OmegaConf.load(sweep_dir / SWEEP_CONFIG)
     except (FileNotFoundError, OSError):
         return set()
     keys = {

@@ -1,21 +1,7 @@
-"""Every file name of a run directory, and what marks a directory as holding a run.
+"""Every file name a run, an analysis or a sweep writes, and what marks a directory as holding a run.
 
-A run directory (``outputs/DATE/TIME-MICROSECONDS`` by default; a sweep's job: ``SWEEP_DIR/N``)::
-
-    .hydra/                    Hydra's config.yaml, overrides.yaml, hydra.yaml
-    train.log                  everything the run printed
-    status.json                running | finished | failed | preempted, and why (records/status.py)
-    checkpoints/last.ckpt      the last checkpoint (model, optimizer, data position, the run record)
-    csv/metrics.csv            every logged scalar (records/csv_log.py)
-    tensors/                   every snapshot's full tensors (records/tensor_store.py)
-    trajectory/                the weights over training (records/trajectory.py)
-    wandb/                     W&B's offline run
-    summary.json               the phase change and final values (reports/run_report.py)
-    phase_change.png, composition.png, validity.csv, validity.png, pair_curves.png
-    analysis/NAME/             an analysis of the trajectory: a re-scoring (analysis/rescore.py), laid out as
-                               above; stages (analysis/stages.py); the LLC's calibration (analysis/calibrate_llc.py)
-
-A sweep directory holds its jobs and ``sweep_jobs.csv``, ``sweep_groups.csv`` and three figures.
+The layout, with what each file holds, is the table in docs/operations.md ("What a run writes"),
+which tests/test_house.py checks against these names; no other product module spells a file name.
 ``resume=`` takes a run directory (training continues in it) or a checkpoint file (a fork).
 """
 
@@ -41,6 +27,31 @@ VALIDITY_TABLE, VALIDITY_FIGURE = "validity.csv", "validity.png"
 PAIR_CURVES_FIGURE = "pair_curves.png"
 ANALYSIS_DIR = "analysis"
 
+INDEX_NAME = "index.json"  # trajectory/ and tensors/: what each step's file holds
+STEP_FILES = "step-*.safetensors"  # trajectory/ and an analysis's measurements: one file a step
+
+
+def step_file(step: int) -> str:
+    """The file of one step's weights or measurements (``step-00000500.safetensors``)."""
+    return f"step-{step:08d}.safetensors"
+
+
+# analyses over a run's saved weights, in RUN_DIR/analysis/NAME/ (a re-scoring: a run's layout, above)
+RESCORE_RECORD = "rescore.json"
+STAGES_RECORD = "stages.json"
+LLC_TABLE, ESSENTIAL_DYNAMICS_TABLE = "llc.csv", "essential_dynamics.csv"
+STAGES_FIGURE, ESSENTIAL_DYNAMICS_FIGURE = "stages.png", "essential_dynamics.png"
+MEASURED_SETTINGS = "settings.json"  # in an analysis's measurements, RUN_DIR/analysis/.NAME.measured/
+CALIBRATION_TABLE, CALIBRATION_FIGURE = "calibration.csv", "traces.png"
+EXPORT_CONFIG, EXPORT_WEIGHTS = "config.json", "model.safetensors"  # python -m analysis.export --out DIR
+
+
+def measurements_dir(analysis_dir: Path) -> Path:
+    """Where an analysis keeps each step's measurements until it is written: ``analysis/.NAME.measured``."""
+    return analysis_dir.parent / f".{analysis_dir.name}.measured"
+
+
+SWEEP_CONFIG = "multirun.yaml"  # Hydra's, in the sweep directory: the sweep's overrides
 SWEEP_JOBS_TABLE, SWEEP_GROUPS_TABLE = "sweep_jobs.csv", "sweep_groups.csv"
 SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE = (
     "sweep_loss_curves.png",
@@ -60,6 +71,14 @@ RUN_MARKERS = (
     TRAIN_LOG,
 )
 RUN_KEY = "run"  # checkpoint["run"] = {"config": the resolved config, "wandb_id": the W&B run id or None}
+
+
+SLURM_RUNS = Path("outputs") / ".slurm"  # under a SLURM job's working directory: its run directory, by job id
+
+
+def resume_hydra_dir(now: str) -> str:
+    """Where Hydra's files of a resume go (``.hydra/resume-TIME``), so the run's own ``.hydra/`` stays."""
+    return f"{HYDRA_DIR}/resume-{now}"
 
 
 def run_label(run_dir: Path) -> str:

@@ -31,13 +31,13 @@ from urllib.parse import quote
 import numpy as np
 
 from records.keys import HEAD_SCORES
+from records.layout import INDEX_NAME
 
 if TYPE_CHECKING:  # only for annotations: reading a store needs numpy alone, not torch
     from metrics.snapshot import Snapshot
 
 """The store's folder inside a run directory."""
 
-INDEX_NAME = "index.json"
 VALUES_SUFFIX = ".f32"
 STEPS_SUFFIX = ".steps"
 VALUE_DTYPE = np.dtype("<f4")

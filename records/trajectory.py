@@ -25,9 +25,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from records.layout import TRAJECTORY_DIR
+from records.layout import INDEX_NAME, TRAJECTORY_DIR, step_file
 
-INDEX_NAME = "index.json"
 FORMAT = "safetensors"
 
 
@@ -105,10 +104,6 @@ class TrajectoryPlan:
 
 class TrajectoryError(ValueError):
     """A trajectory that cannot be read as asked: the message names the file or step and why."""
-
-
-def step_file(step: int) -> str:
-    return f"step-{step:08d}.safetensors"
 
 
 class TrajectoryWriter:

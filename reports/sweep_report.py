@@ -1,4 +1,4 @@
-"""A sweep, read as one result: a row per job, the same grouped over seeds, and two figures.
+"""A sweep, read as one result: a row per job, the same grouped over seeds, and three figures.
 
 Reads the run directories a sweep wrote (each job's ``.hydra/``, ``status.json``, ``summary.json``,
 ``csv/metrics.csv`` and ``tensors/``), so it works on any finished or half-finished sweep, and on
@@ -40,6 +40,8 @@ from records.layout import (
     HYDRA_CONFIG,
     HYDRA_DIR,
     HYDRA_OVERRIDES,
+    INDEX_NAME,
+    STAGES_RECORD,
     SUMMARY_NAME,
     SWEEP_ALIGNED_FIGURE,
     SWEEP_CURVES_FIGURE,
@@ -82,7 +84,7 @@ def job_dirs(paths: list[Path]) -> list[Path]:
         if (path / HYDRA_DIR / HYDRA_OVERRIDES).is_file():
             found.append(path)
             continue
-        jobs = [p.parent.parent for p in path.glob("*/.hydra/overrides.yaml")]
+        jobs = [p.parent.parent for p in path.glob(f"*/{HYDRA_DIR}/{HYDRA_OVERRIDES}")]
         found.extend(sorted(jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)))
     return found
 
@@ -112,7 +114,7 @@ def read_job(run_dir: Path, analysis: str | None = None, stages: str = STAGES_AN
         json.loads(summary_path.read_text()) if summary_path.is_file() else {},
     )
     job.values["circuit_pair"] = final_circuit_pair(results)
-    stages_path = run_dir / ANALYSIS_DIR / stages / "stages.json"
+    stages_path = run_dir / ANALYSIS_DIR / stages / STAGES_RECORD
     if stages_path.is_file():
         fill_stages(job, json.loads(stages_path.read_text()))
     return job
@@ -212,7 +214,7 @@ def history_series(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]
 def final_circuit_pair(run_dir: Path) -> str:
     """The circuit pair at the last snapshot, ``L0H1->L1H0``, from the tensor store ('' without one)."""
     store = run_dir / TENSORS_DIR
-    if not (store / "index.json").is_file():
+    if not (store / INDEX_NAME).is_file():
         return ""
     scores = read_tensor_store(store, ["heads/prev_token", "heads/induction"])
     if len(scores) < 2 or not len(scores["heads/induction"][0]) or scores["heads/induction"][1].shape[1] < 2:

@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from conf.validate import ConfigError, validate
-from records.layout import holds_a_run, resumed_run_dir
+from records.layout import holds_a_run, resume_hydra_dir, resumed_run_dir
 from runtime.console import release_startup_errors
 from runtime.slurm import requeued_slurm_run
 
@@ -73,7 +73,7 @@ class RunGuard(Callback):
                 config.hydra.run.dir = str(in_place)
             run_dir = Path(str(config.hydra.run.dir)).resolve()
             if in_place is not None and in_place == run_dir:
-                config.hydra.output_subdir = f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S-%f}"
+                config.hydra.output_subdir = resume_hydra_dir(f"{datetime.now():%Y-%m-%d_%H-%M-%S-%f}")
         try:
             validate(task_config(config))
         except ConfigError as error:

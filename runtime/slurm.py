@@ -12,9 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from records.layout import CHECKPOINTS, LAST_CHECKPOINT
-
-SLURM_RUNS = Path("outputs") / ".slurm"  # (under the job's working directory) one file per job id: its run directory
+from records.layout import CHECKPOINTS, LAST_CHECKPOINT, SLURM_RUNS
 
 
 def slurm_job_key() -> str | None:

@@ -346,3 +346,14 @@ def digest(run_dir) -> dict[str, str]:
         for p in sorted(run_dir.rglob("*"))
         if p.is_file() and "analysis" not in p.relative_to(run_dir).parts
     }
+
+
+def composed(*overrides: str):
+    """The config ``train.py`` would run with ``overrides``, composed in-process (no validation)."""
+    from hydra import compose, initialize_config_dir
+
+    from conf.schema import register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conf.schema import register_schemas
 from conf.validate import config_changes, config_problems, llc_calibration_warning
-from tests.helpers import REPO, CodeRunningPayload, run_train
+from tests.helpers import CodeRunningPayload, composed, run_train
 
 register_schemas()
-
-
-def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 def test_default_config_is_valid_and_matches_the_experiment():

@@ -26,7 +26,7 @@ def test_under_slurm_lightning_requeues_nothing_itself(tmp_path, monkeypatch):
     """Lightning's SLURM handler requeues on SIGUSR1 whenever it is installed, a finished job too; the
     runtime requeues instead (runtime/slurm.py), so the trainer's SLURM environment has it off."""
     from conf.build import build_trainer
-    from tests.conf.test_config import composed
+    from tests.helpers import composed
 
     for key, value in {"SLURM_NTASKS": "1", "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "train"}.items():
         monkeypatch.setenv(key, value)
