@@ -357,3 +357,31 @@ def composed(*overrides: str):
     register_schemas()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("config", overrides=list(overrides))
+
+
+def train_in_process(args: list[str], run_dir: Path) -> tuple[int, str]:
+    """``python train.py hydra.run.dir=RUN_DIR ARGS`` in this process, for input that train.py must
+    refuse before any work: its own ``main`` under its own ``StartupErrors``, as ``__main__`` runs it.
+    Returns (exit status, what it wrote to stderr); a ``SystemExit`` carrying a message counts as the
+    interpreter counts it: the message on stderr, status 1. Input that is not refused would train here."""
+    import contextlib
+    import io
+
+    import train
+    from runtime.console import StartupErrors
+
+    stderr, argv, startup_errors = io.StringIO(), sys.argv, train.startup_errors
+    sys.argv = ["train.py", f"hydra.run.dir={run_dir}", *args]
+    try:
+        with contextlib.redirect_stderr(stderr):
+            train.startup_errors = StartupErrors()
+            try:
+                with train.startup_errors:
+                    train.main()
+            except SystemExit as exit:
+                if isinstance(exit.code, str):
+                    print(exit.code, file=sys.stderr)
+                return (1 if isinstance(exit.code, str) else exit.code or 0), stderr.getvalue()
+        return 0, stderr.getvalue()
+    finally:
+        sys.argv, train.startup_errors = argv, startup_errors

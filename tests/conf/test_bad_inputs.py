@@ -1,9 +1,11 @@
 """Bad input to the real train.py: one line of error, a non-zero exit, and nothing created.
 
-Each case runs ``python train.py`` in a subprocess with ``hydra.run.dir`` pointing at a directory
-that does not exist yet; after the refusal it must still not exist (Hydra creates it, and writes
-``.hydra/`` into it, before the task starts: the checks run in a Hydra callback, before that), and no
-W&B run may have been started anywhere.
+Each case runs train.py's own ``main`` with ``hydra.run.dir`` pointing at a directory that does not
+exist yet (in this process: Hydra composing the command line, the run guard's checks, the one-line
+report, all as ``python train.py`` runs them); after the refusal it must still not exist (Hydra
+creates it, and writes ``.hydra/`` into it, before the task starts: the checks run in a Hydra
+callback, before that), and no W&B run may have been started anywhere. A few cases run ``python
+train.py`` itself in a subprocess, end to end.
 """
 
 from __future__ import annotations
@@ -11,9 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import CodeRunningPayload, run_train
-
-pytestmark = pytest.mark.slow
+from tests.helpers import CodeRunningPayload, run_train, train_in_process
 
 
 def checkpoint_file(tmp_path, kind: str) -> str:
@@ -90,25 +90,42 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("overrides, message", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
-def test_bad_input_is_one_line_before_anything_is_created(tmp_path, overrides, message):
-    overrides = [
+def with_checkpoints(overrides: list[str], tmp_path) -> list[str]:
+    return [
         o.format(
             **{k: checkpoint_file(tmp_path, k) for k in ("empty", "truncated", "foreign", "payload") if f"{{{k}}}" in o}
         )
         for o in overrides
     ]
-    run_dir = tmp_path / "run"
-    result = run_train(overrides, run_dir, timeout=120)
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
+
+
+def assert_refused_in_one_line(code: int, stderr: str, message: str, tmp_path) -> None:
+    assert code != 0
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
     assert message in lines[0], lines[0]
-    assert not run_dir.exists()  # no run directory, no .hydra/, no W&B run
+    assert not (tmp_path / "run").exists()  # no run directory, no .hydra/, no W&B run
     assert not list(tmp_path.rglob("wandb"))
     assert not (tmp_path / "payload-ran").exists()  # a crafted checkpoint's code never ran
 
 
+@pytest.mark.parametrize("overrides, message", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_before_anything_is_created(tmp_path, overrides, message):
+    code, stderr = train_in_process(with_checkpoints(overrides, tmp_path), tmp_path / "run")
+    assert_refused_in_one_line(code, stderr, message, tmp_path)
+
+
+END_TO_END = [BAD_INPUTS[0], BAD_INPUTS[10], BAD_INPUTS[-1]]  # Hydra's check, the run guard's, a crafted checkpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides, message", END_TO_END, ids=[" ".join(o) for o, _ in END_TO_END])
+def test_python_train_py_refuses_bad_input_in_one_line_before_anything_is_created(tmp_path, overrides, message):
+    result = run_train(with_checkpoints(overrides, tmp_path), tmp_path / "run", timeout=120)
+    assert_refused_in_one_line(result.returncode, result.stderr, message, tmp_path)
+
+
+@pytest.mark.slow
 def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "a_file").write_text("not a directory")
     result = run_train(["trainer.max_steps=2"], tmp_path / "a_file" / "run", timeout=120)
