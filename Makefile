@@ -20,11 +20,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
 
+# two workers, each test file on one (its module fixtures trained once): the suite's wall time on 2 cores
+TEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-fast: lint
-	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,6 +1,6 @@
 """Stage boundaries on trajectories whose truth is known: noise gives none, one transition one,
-two two, a plateau its edges (``bench.stage_nulls``' cases, 100 draws each on the default run's
-grid and on a log ∪ linear grid), and the parts of the finder against hand-computed values."""
+two two, a plateau its edges (``bench.stage_nulls``' cases, 50 draws each on the default run's
+grid and on a log ∪ linear grid; the benchmark tallies 100), and the parts of the finder against hand-computed values."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ DEFAULTS = settings_of(StagesConfig(), resamples=0)
 @pytest.mark.slow
 @pytest.mark.parametrize("grid", list(GRIDS))
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
-def test_the_finder_is_right_on_known_truths_in_95_percent_of_100_draws(case, grid):
-    """python -m bench.stage_nulls prints the same table (docs/results.md, "The nulls")."""
-    result = tally(case, grid, draws=100, settings=DEFAULTS)
+def test_the_finder_is_right_on_known_truths_in_95_percent_of_50_draws(case, grid):
+    """The first 50 of the 100 draws ``python -m bench.stage_nulls`` tallies for its table (docs/results.md,
+    "The nulls"): at most two wrong."""
+    result = tally(case, grid, draws=50, settings=DEFAULTS)
     assert result.rate >= 0.95, (case.truth, result.answers.most_common(3))
 
 
