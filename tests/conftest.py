@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -13,12 +12,3 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py: no spinning 
 os.environ.setdefault(
     "INDUCTION_TRACKER_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"induction-tracker-tests-{os.getuid()}")
 )
-
-import pytest  # noqa: E402  (after the environment: OpenMP reads OMP_WAIT_POLICY when torch loads)
-
-from tests.helpers import REPO  # noqa: E402
-
-
-@pytest.fixture
-def repo() -> Path:
-    return REPO

@@ -120,6 +120,20 @@ def test_an_interrupted_analysis_continues_where_it_stopped(trained):
     assert boundaries[0] == boundaries[1]
 
 
+def test_the_calibration_picks_the_smallest_localization_then_step_that_passes_everywhere():
+    from analysis.calibrate_llc import pick
+
+    row = lambda lr, gamma, step, passes: {"lr": lr, "localization": gamma, "step": step, "passes": passes}
+    rows = [
+        *(row(1e-3, 10.0, s, s != 60) for s in (0, 30, 60)),  # fails at its last step
+        *(row(3e-3, 100.0, s, True) for s in (0, 30, 60)),
+        *(row(1e-3, 100.0, s, True) for s in (0, 30, 60)),
+        *(row(1e-4, 300.0, s, True) for s in (0, 30, 60)),
+    ]
+    assert pick(rows) == {"lr": 1e-3, "localization": 100.0}
+    assert pick([r for r in rows if r["localization"] == 10.0]) is None
+
+
 def test_calibration_sweeps_step_size_and_localization_and_picks_one(trained):
     result = module(
         "analysis.calibrate_llc", trained, "--lr", "1e-3", "--localization", "100,300", "--steps", "0,30,60", *QUICK[:3]
@@ -128,10 +142,12 @@ def test_calibration_sweeps_step_size_and_localization_and_picks_one(trained):
     with open(out / "calibration.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 1 * 2 * 3 and (out / "traces.png").is_file()
-    if result.returncode == 0:
-        assert "calibrate_llc: pick ε 0.001" in result.stdout
-    else:  # 12 draws may not settle: then it says so and exits 1, never a pick
-        assert result.returncode == 1 and "no setting passes" in result.stdout
+    # its verdict is the table's: the smallest γ whose every step passes (12 draws may settle at none)
+    passing = [g for g in ("100.0", "300.0") if all(r["passes"] == "True" for r in rows if r["localization"] == g)]
+    if passing:
+        assert result.returncode == 0 and f"calibrate_llc: pick ε 0.001, γ {float(passing[0]):g}" in result.stdout
+    else:
+        assert result.returncode == 1 and "no setting passes" in result.stdout, result.stdout
     before = (out / "calibration.csv").read_bytes()
     again = module("analysis.calibrate_llc", trained, "--lr", "1e-3", *QUICK[:3])
     assert again.returncode == 2 and "pass --overwrite" in again.stderr and len(again.stderr.strip().splitlines()) == 1

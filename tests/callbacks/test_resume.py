@@ -42,18 +42,3 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     assert first + second == straight
     for a, b in zip(straight_module.parameters(), resumed_module.parameters()):
         assert torch.equal(a, b)
-
-
-def test_wandb_mode_precedence(monkeypatch):
-    from omegaconf import OmegaConf
-
-    from conf.build import wandb_mode
-    from conf.schema import LoggerConfig, WandbMode
-
-    cfg = OmegaConf.create({"logger": OmegaConf.structured(LoggerConfig)})
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    assert wandb_mode(cfg) == "offline"  # no account, no network needed by default
-    monkeypatch.setenv("WANDB_MODE", "online")
-    assert wandb_mode(cfg) == "online"
-    cfg.logger.wandb.mode = WandbMode.disabled  # an explicit override wins over the environment
-    assert wandb_mode(cfg) == "disabled"

@@ -190,3 +190,18 @@ def test_a_wandb_mode_in_the_environment_that_wandb_refuses_is_one_line_before_a
     assert config_problems(composed("logger=csv")) == []  # no W&B run: nothing reads it
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert config_problems(composed()) == []
+
+
+def test_wandb_mode_precedence(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from conf.build import wandb_mode
+    from conf.schema import LoggerConfig, WandbMode
+
+    cfg = OmegaConf.create({"logger": OmegaConf.structured(LoggerConfig)})
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert wandb_mode(cfg) == "offline"  # no account, no network needed by default
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert wandb_mode(cfg) == "online"
+    cfg.logger.wandb.mode = WandbMode.disabled  # an explicit override wins over the environment
+    assert wandb_mode(cfg) == "disabled"
