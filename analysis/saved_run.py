@@ -120,13 +120,10 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
     w = request.cfg.logger.wandb
     if not w.enabled:
         return []
-    from conf.build import wandb_mode
-    from records.wandb_log import SectionedWandbLogger
-    from records.wandb_reach import effective_mode
+    from conf.build import wandb_logger
 
     run = trajectory.run
     trained_as = run.get("wandb_name") or request.run_dir.name
-    mode = effective_mode(wandb_mode(request.cfg), w.connect_timeout_s, request.out_dir)
     config = OmegaConf.to_container(request.cfg, resolve=True, enum_to_str=True)
     config["analysis"] = {
         "run_dir": str(request.run_dir),
@@ -135,15 +132,13 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
         "wandb_id": run.get("wandb_id"),
     }
     return [
-        SectionedWandbLogger(
-            project=w.project,
-            entity=w.entity,
+        wandb_logger(
+            request.cfg,
+            request.out_dir,
             group=run.get("wandb_group") or trained_as,
             job_type="analysis",
             name=f"{trained_as} / {request.name}",
             tags=[ANALYSIS_DIR, *list(request.overrides)[:8]],
-            save_dir=str(request.out_dir),
-            mode=mode,
             config=config,
         )
     ]

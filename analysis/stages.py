@@ -402,22 +402,21 @@ def log_to_wandb(request, trajectory, rows, dynamics, figures, result) -> None:
     loggers = wandb_loggers(request, trajectory)
     if not loggers:
         return
-    import wandb
-
     logger = loggers[0]
     for row, coords in zip(rows, dynamics.coords, strict=True):
         metrics = {f"stages/{k}": v for k, v in row.items() if k != "step"}
         metrics.update({f"stages/PC{c + 1}": float(v) for c, v in enumerate(coords)})
-        logger.experiment.log({**metrics, "trainer/global_step": row["step"]})
-    logger.experiment.log({f"images/{key}": wandb.Image(str(path)) for key, path in figures.items()})
-    logger.experiment.summary.update(
+        logger.log_metrics(metrics, step=row["step"])
+    for key, path in figures.items():
+        logger.log_image(key=f"images/{key}", images=[str(path)], step=rows[-1]["step"])
+    logger.log_summary(
         {
             **{f"stages/boundary_{key}": [b[key] for b in result["boundaries"]] for key in BOUNDARY_KEYS},
             "stages/significant_components": result["significant_components"],
             "stages/seconds": result["seconds"],
         }
     )
-    wandb.finish()
+    logger.finish()
 
 
 def print_stages(result: dict) -> None:

@@ -195,6 +195,15 @@ def keys_swept_by(sweep_dir: Path) -> set[str]:
     return keys | set(params)
 
 
+def wandb_logger(cfg: DictConfig, save_dir: Path, **run) -> SectionedWandbLogger:
+    """The W&B run of a training run, an analysis or a sweep report, in ``save_dir``: the config's
+    project and entity, its mode (online only if the server answers, else offline with one warning
+    line: ``records/wandb_reach.py``), and ``run``'s ``wandb.init`` arguments (name, group, ...)."""
+    w = cfg.logger.wandb
+    mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, save_dir)
+    return SectionedWandbLogger(project=w.project, entity=w.entity, save_dir=str(save_dir), mode=mode, **run)
+
+
 def build_loggers(
     cfg: DictConfig,
     run_dir: Path,
@@ -205,18 +214,13 @@ def build_loggers(
     loggers: list[Logger] = []
     wandb_cfg = cfg.logger.wandb
     if wandb_cfg.enabled:
-        mode = effective_mode(
-            wandb_mode(cfg), wandb_cfg.connect_timeout_s, run_dir
-        )  # online only if the server answers
         loggers.append(
-            SectionedWandbLogger(
-                project=wandb_cfg.project,
-                entity=wandb_cfg.entity,
+            wandb_logger(
+                cfg,
+                run_dir,
                 group=naming.group,
                 tags=list(naming.tags or wandb_cfg.tags),
                 name=naming.name or wandb_cfg.name,
-                save_dir=str(run_dir),
-                mode=mode,
                 id=wandb_id,
                 resume="allow" if continuation.in_place else None,
                 config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),

@@ -30,6 +30,9 @@ from collections.abc import Mapping
 
 from lightning.pytorch.loggers import WandbLogger
 
+STEP_KEY = "trainer/global_step"
+"""The step axis of every key (Lightning's ``WandbLogger`` logs the step under it)."""
+
 STORY_MEASURE = "frobenius"
 """The measure whose circuit-pair curve is told in ``1_story``: seed 002's, and the one the tracker
 logs most often by default."""
@@ -93,9 +96,12 @@ def summary_of(key: str) -> str | None:
 class SectionedWandbLogger(WandbLogger):
     """Lightning's ``WandbLogger`` that logs each numeric tracker key under its section
     (:func:`wandb_key`) and defines its step axis and summary the first time it appears; without
-    the ``anonymous=None`` Lightning always passes to ``wandb.init``."""
+    the ``anonymous=None`` Lightning always passes to ``wandb.init``. The one W&B run of a training
+    run, an analysis and a sweep report alike (opened by ``conf.build.wandb_logger``): values go
+    through :meth:`log_metrics` (with their step), figures through ``log_image``, tables through
+    ``log_table``, end-of-run values through :meth:`log_summary`, and :meth:`finish` ends it."""
 
-    STEP_KEY = "trainer/global_step"  # the step axis Lightning's WandbLogger defines
+    STEP_KEY = STEP_KEY
 
     def __init__(self, **options) -> None:
         super().__init__(**options)
@@ -112,3 +118,11 @@ class SectionedWandbLogger(WandbLogger):
                 self._defined.add(new)
             renamed[new] = value
         super().log_metrics(renamed, step)
+
+    def log_summary(self, values: Mapping[str, object]) -> None:
+        """Values of the run as a whole (W&B's summary: a runs table's columns)."""
+        self.experiment.summary.update(dict(values))
+
+    def finish(self, exit_code: int = 0) -> None:
+        """End the W&B run (a training run's is ended by ``runtime.job``, which knows how it ended)."""
+        self.experiment.finish(exit_code=exit_code)

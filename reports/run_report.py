@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger
 
 from metrics.dynamics.phase_change import PhaseChange, detect_phase_change
 from metrics.snapshot import COMPOSITION_MEASURES
@@ -39,6 +39,7 @@ from records.layout import (
 )
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
+from records.wandb_log import SectionedWandbLogger
 from reports import validity_table as validity
 from reports.plots import composition_report, plt, training_curves
 from reports.wandb_charts import LineChart, comparison_charts, log_charts
@@ -330,7 +331,7 @@ def publish_report(run_dir: Path, loggers: list, step: int, window: int = 5) -> 
         print(f"no figure: {error}")
         return None
     for logger in loggers:
-        if isinstance(logger, WandbLogger):
+        if isinstance(logger, SectionedWandbLogger):
             logger.log_image(key="images/phase_change", images=[str(report.figure)], step=step)
             if report.composition_figure is not None:
                 logger.log_image(key="images/composition_final", images=[str(report.composition_figure)], step=step)
@@ -342,7 +343,7 @@ def publish_report(run_dir: Path, loggers: list, step: int, window: int = 5) -> 
                     data=validity.table_as_lists(report.validity_rows),
                     step=step,
                 )
-            logger.experiment.summary.update(report.summary)
+            logger.log_summary(report.summary)
     log_charts(loggers, report.charts, step)
     print_report(report)
     return report

@@ -52,7 +52,7 @@ from records.layout import (
 )
 from records.status import FINISHED, read_status
 from records.tensor_store import read_tensor_store
-from records.wandb_log import tracker_key
+from records.wandb_log import STEP_KEY, tracker_key
 from reports.plots import plt
 from reports.run_report import read_series
 
@@ -199,7 +199,7 @@ def history_series(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]
     tracker's key names (the CSV's: W&B's section prefixes undone, :func:`records.wandb_log.tracker_key`)."""
     points: dict[str, dict[int, float]] = {}
     for row in rows:
-        step = row.get("trainer/global_step")
+        step = row.get(STEP_KEY)
         if step is None:
             continue
         for key, value in row.items():

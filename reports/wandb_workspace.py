@@ -21,7 +21,6 @@ from metrics.snapshot import COMPOSITION_MEASURES
 from records.wandb_log import wandb_key
 
 SCORERS = (*COMPOSITION_MEASURES, "match")
-STEP = "trainer/global_step"  # the step axis every key is defined against (records/wandb_log.py)
 
 
 @dataclass(frozen=True)

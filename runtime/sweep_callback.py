@@ -38,31 +38,26 @@ def log_to_wandb(config: DictConfig, report) -> None:
     run named ``sweep report`` in the jobs' group."""
     import wandb
 
-    from conf.build import wandb_mode, wandb_naming
-
-    w = config.logger.wandb
-    run = wandb.init(
-        project=w.project,
-        entity=w.entity,
-        group=wandb_naming(config, [], str(config.hydra.sweep.dir)).group,
-        name="sweep report",
-        job_type="sweep_report",
-        dir=str(report.directory),
-        mode=wandb_mode(config),
-    )
+    from conf.build import wandb_logger, wandb_naming
     from reports.sweep_report import SEED_KEYS
     from reports.wandb_charts import sweep_plots
 
+    logger = wandb_logger(
+        config,
+        report.directory,
+        group=wandb_naming(config, [], str(config.hydra.sweep.dir)).group,
+        name="sweep report",
+        job_type="sweep_report",
+    )
     columns = list(dict.fromkeys(k for row in report.job_table for k in row))
-    run.log(
+    figures = {"loss_curves": SWEEP_CURVES_FIGURE, "midpoints": SWEEP_MIDPOINTS_FIGURE, "aligned": SWEEP_ALIGNED_FIGURE}
+    logger.log_metrics(  # one row: the report has no step
         {
             "sweep/jobs": wandb.Table(
                 columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]
             ),
-            "sweep/loss_curves": wandb.Image(str(report.files()[SWEEP_CURVES_FIGURE])),
-            "sweep/midpoints": wandb.Image(str(report.files()[SWEEP_MIDPOINTS_FIGURE])),
-            "sweep/aligned": wandb.Image(str(report.files()[SWEEP_ALIGNED_FIGURE])),
+            **{f"sweep/{key}": wandb.Image(str(report.files()[name])) for key, name in figures.items()},
             **sweep_plots(report.jobs, [key for key in report.swept if key not in SEED_KEYS]),
         }
     )
-    run.finish(exit_code=1 if report.failed else 0)
+    logger.finish(exit_code=1 if report.failed else 0)

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from metrics.dynamics.stages import Boundary
+from records import wandb_records
 from tests.helpers import REPO, TINY, digest, module, run_train, train_env
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,9 @@ def test_stages_of_a_run_write_every_output_and_touch_nothing_else(trained):
         assert list(csv.DictReader(handle))[0].keys() == {"step", "PC1", "PC2", "PC3"}
     assert (out / "stages.png").stat().st_size > 10_000 and (out / "essential_dynamics.png").stat().st_size > 10_000
     assert "s per LLC estimate" in result.stdout and f"stages: {len(steps)} steps, " in result.stdout
-    assert list(out.glob("wandb/offline-run-*/run-*.wandb"))
+    (run_file,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    logged = [row for row in wandb_records.history(run_file) if "stages/llc_mean" in row]
+    assert [row["trainer/global_step"] for row in logged] == steps  # on training's step axis
     assert digest(trained) == before  # the run's own files are untouched
     again = module("analysis.stages", trained, *QUICK)
     assert again.returncode == 2 and "exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
