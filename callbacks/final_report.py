@@ -12,7 +12,7 @@ from reports.run_report import publish_report
 class PhaseChangeFigure(L.Callback):
     """At the end of fit: render the report, log its figures, validity table and summary to W&B, print it."""
 
-    def __init__(self, run_dir: Path, smoothing_window: int = 5) -> None:
+    def __init__(self, run_dir: Path, smoothing_window: int) -> None:
         self.run_dir = Path(run_dir)
         self.smoothing_window = smoothing_window
 

@@ -9,6 +9,11 @@ from enum import Enum
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from metrics.composition.baseline import BASELINE_SAMPLES
+from metrics.composition.engine import DEFAULT_CHUNK_BYTES
+from metrics.dynamics.phase_change import SMOOTHING_WINDOW
+from metrics.ground_truth.ablation import ABLATION_KINDS
+
 
 class Normalization(str, Enum):
     none = "none"
@@ -131,12 +136,8 @@ class AblationMethod(str, Enum):
     auto = "auto"  # exact while it is cheap (metrics.ground_truth.attribution), else attribution patching
 
 
-class AblationKind(str, Enum):
-    """What replaces the writer's output (metrics.ground_truth.ablation.replacement_of)."""
-
-    per_position = "per_position"  # its batch mean at each position: the usual mean ablation
-    pooled = "pooled"  # its mean over batch and positions
-    resample = "resample"  # its output on another probe sequence
+AblationKind = Enum("AblationKind", [(kind, kind) for kind in ABLATION_KINDS], type=str)
+"""What replaces the writer's output: ``metrics.ground_truth.ablation.ABLATION_KINDS`` (``replacement_of``)."""
 
 
 class TrackerPrecision(str, Enum):
@@ -194,13 +195,13 @@ class TrackerConfig:
     store: bool = True  # every snapshot's full per-pair tensors to RUN_DIR/tensors
     precision: TrackerPrecision = TrackerPrecision.model
     num_threads: int | None = None  # torch threads while measuring; None: 1 for small models, else as training
-    chunk_mb: int = 256  # memory bound of one all-pairs product block
+    chunk_mb: int = DEFAULT_CHUNK_BYTES // 2**20  # memory bound of one all-pairs product block
     cost_report: bool = True  # print what a snapshot costs and the expected overhead, once, early
-    baseline_samples: int = 2000
+    baseline_samples: int = BASELINE_SAMPLES
     probe_batch_size: int = 16
     probe_n: int = 16
     probe_seed: int = 0
-    smoothing_window: int = 5  # points, for phase-change detection
+    smoothing_window: int = SMOOTHING_WINDOW  # points, for phase-change detection
 
 
 class TrajectoryTrigger(str, Enum):

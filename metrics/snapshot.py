@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from data.probe import ProbeBatch
-from metrics.composition.baseline import Baseline, random_baselines
+from metrics.composition.baseline import BASELINE_SAMPLES, Baseline, random_baselines
 from metrics.composition.circuits import head_circuits
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from metrics.composition.measures import COMPOSITION_MEASURES
@@ -94,7 +94,7 @@ def take_snapshot(
     model: AttentionOnlyTransformer,
     probe: ProbeBatch,
     measures: tuple[str, ...] = ("frobenius",),
-    baseline_samples: int = 2000,
+    baseline_samples: int = BASELINE_SAMPLES,
     ablate: bool = False,
     *,
     ablation_method: str = "exact",

@@ -24,12 +24,14 @@ import numpy as np
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from metrics.dynamics.phase_change import PhaseChange, detect_phase_change
+from metrics.dynamics.phase_change import SMOOTHING_WINDOW, PhaseChange, detect_phase_change
 from metrics.snapshot import COMPOSITION_MEASURES
 from records.keys import scored_flat_indices
 from records.layout import (
     COMPOSITION_FIGURE,
     CSV_RELATIVE_PATH,
+    HYDRA_CONFIG,
+    HYDRA_DIR,
     PHASE_CHANGE_FIGURE,
     SUMMARY_NAME,
     TENSORS_DIR,
@@ -85,7 +87,7 @@ def phase_change_of(series, key: str, falling: bool, window: int) -> PhaseChange
     )
 
 
-def summarize(series, window: int = 5) -> dict[str, float]:
+def summarize(series, window: int) -> dict[str, float]:
     """Final values and phase-change steps of a run, from its logged series."""
     summary: dict[str, float] = {}
     for key in (
@@ -205,7 +207,7 @@ class RunReport:
     charts: dict[str, LineChart] = field(default_factory=dict)  # W&B's comparison charts, by key
 
 
-def render(run_dir: Path, window: int = 5) -> RunReport:
+def render(run_dir: Path, window: int) -> RunReport:
     """Draw ``run_dir/phase_change.png`` and write ``run_dir/summary.json`` from the CSV log (and
     the store's pair curves); with a tracked ablation also ``validity.png`` and ``validity.csv``;
     with a tensor store also ``composition.png``."""
@@ -319,7 +321,7 @@ def print_report(report: RunReport) -> None:
         print(f"no validity table: {report.no_validity_because}")
 
 
-def publish_report(run_dir: Path, loggers: list, step: int, window: int = 5) -> RunReport | None:
+def publish_report(run_dir: Path, loggers: list, step: int, window: int) -> RunReport | None:
     """Flush the CSV, render the report of ``run_dir``, log its figures, validity table, summary and
     comparison charts (:mod:`reports.wandb_charts`) to every W&B logger at ``step``, and print it (None, said why, when there is nothing to draw)."""
     for logger in loggers:
@@ -349,15 +351,27 @@ def publish_report(run_dir: Path, loggers: list, step: int, window: int = 5) -> 
     return report
 
 
+def smoothing_window_of(run_dir: Path) -> int:
+    """The ``tracker.smoothing_window`` the run was trained with (its ``.hydra/config.yaml``), or the
+    default for a directory without one (a re-scoring's)."""
+    from omegaconf import OmegaConf
+
+    config = Path(run_dir) / HYDRA_DIR / HYDRA_CONFIG
+    window = OmegaConf.select(OmegaConf.load(config), "tracker.smoothing_window") if config.is_file() else None
+    return int(window) if window is not None else SMOOTHING_WINDOW
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Re-render phase_change.png, summary.json, composition.png and the validity table and figure of a finished run."
     )
     parser.add_argument("run_dir", type=Path, help="a train.py run directory (it holds csv/metrics.csv)")
-    parser.add_argument("--window", type=int, default=5, help="smoothing window, in logged points")
+    parser.add_argument(
+        "--window", type=int, default=None, help="smoothing window, in logged points (default: the run's own)"
+    )
     args = parser.parse_args(argv)
     try:
-        report = render(args.run_dir, args.window)
+        report = render(args.run_dir, args.window or smoothing_window_of(args.run_dir))
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -169,7 +169,7 @@ def _cell(value, column: str) -> str:
 
 
 def validity_figure(
-    series, rows: list[dict[str, object]], change: PhaseChange | None, title: str, window: int = 5
+    series, rows: list[dict[str, object]], change: PhaseChange | None, title: str, window: int
 ) -> Figure:
     """Top: for each measure, the span over which it ranks the ground-truth pair first for good (by
     the loss effect), against the phase change. Bottom: its Spearman correlation over training,

@@ -40,6 +40,7 @@ import torch
 from metrics.composition.circuits import LowRank
 from metrics.composition.measures import COMPOSITION_MEASURES, Measure, PairStats, stats_from_cosines
 
+BASELINE_SAMPLES = 2000  # random head pairs a baseline is the mean of (tracker.baseline_samples)
 SAMPLER_VERSION = 1  # bump when the sampler changes, so stale cache files are not read
 CACHE_ENV = "INDUCTION_TRACKER_CACHE"
 
@@ -144,7 +145,9 @@ def _summarise(scores: torch.Tensor) -> Baseline:
 
 
 @cache
-def random_baselines(d_model: int, d_head: int, n_samples: int = 2000, seed: int = 0) -> dict[str, Baseline]:
+def random_baselines(
+    d_model: int, d_head: int, n_samples: int = BASELINE_SAMPLES, seed: int = 0
+) -> dict[str, Baseline]:
     """Every measure's baseline (mean and standard error over ``n_samples`` random pairs), by name.
 
     In-process cache, then the disk cache, then one sampling pass shared by all measures.
@@ -160,7 +163,7 @@ def random_baselines(d_model: int, d_head: int, n_samples: int = 2000, seed: int
 
 
 def random_baseline(
-    measure: Measure | str, d_model: int, d_head: int, n_samples: int = 2000, seed: int = 0
+    measure: Measure | str, d_model: int, d_head: int, n_samples: int = BASELINE_SAMPLES, seed: int = 0
 ) -> Baseline:
     """The baseline of one measure (see :func:`random_baselines`)."""
     name = measure if isinstance(measure, str) else measure.name

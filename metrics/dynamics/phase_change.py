@@ -20,6 +20,10 @@ class PhaseChange:
     end_value: float  # smoothed level after it
 
 
+SMOOTHING_WINDOW = 5
+"""Points of the moving average a phase change is read from (``tracker.smoothing_window``)."""
+
+
 def smooth(values: Tensor, window: int) -> Tensor:
     """Moving average ``[n] -> [n]``, centred for odd ``window`` (half a point late for even ones);
     the window shrinks at the edges."""
@@ -48,7 +52,7 @@ def detect_phase_change(
     steps: Tensor,
     values: Tensor,
     falling: bool = True,
-    window: int = 5,
+    window: int = SMOOTHING_WINDOW,
     fractions=(0.1, 0.5, 0.9),
     max_width_fraction: float = 0.25,
     flat_fraction: float = 0.02,

@@ -46,10 +46,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from data.probe import ProbeBatch
+from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
-DEFAULT_MAX_CHUNK_BYTES = 256 * 2**20  # the same budget as the composition engine's chunks
+DEFAULT_MAX_CHUNK_BYTES = DEFAULT_CHUNK_BYTES  # the same budget as the composition engine's chunks
 AblationKind = Literal["per_position", "pooled", "resample"]
+"""What replaces a writer's output: its batch mean at each position (the usual mean ablation), its
+mean over batch and positions, or its output on another probe sequence (:func:`replacement_of`)."""
 ABLATION_KINDS: tuple[AblationKind, ...] = get_args(AblationKind)
 
 

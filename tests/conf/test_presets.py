@@ -52,3 +52,37 @@ def test_a_shrunk_preset_trains_a_few_steps(preset, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "finished"
     assert (tmp_path / "run" / "phase_change.png").is_file()
+
+
+def preset_base(preset: str) -> tuple[dict, list[str]]:
+    """The keys ``preset`` sets (flat, its defaults list and Hydra's settings aside), and the overrides
+    that compose everything *but* them: its parent preset, or none, and its group choices."""
+    from omegaconf import OmegaConf
+
+    from conf.validate import flatten
+
+    text = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "experiment" / f"{preset}.yaml"))
+    base = ["~experiment"]
+    for entry in text.pop("defaults", []):
+        if isinstance(entry, str):
+            base = [f"experiment={entry}"]  # a preset built on another
+        else:
+            ((key, value),) = entry.items()
+            group = key.removeprefix("override /")
+            if not group.startswith("hydra"):
+                base.append(f"{group}={value}")
+    text.pop("hydra", None)
+    return flatten(text), base
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_preset_states_only_what_differs_from_the_schema_and_its_parent(preset):
+    from omegaconf import OmegaConf
+
+    from tests.helpers import composed
+
+    keys, base = preset_base(preset)
+    ours, theirs = composed(f"experiment={preset}"), composed(*base)
+    value = lambda cfg, key: OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}), resolve=True)
+    restated = [f"{key}={value(ours, key)['v']}" for key in keys if value(ours, key) == value(theirs, key)]
+    assert not restated, f"conf/experiment/{preset}.yaml restates: {restated}"

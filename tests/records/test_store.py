@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from metrics.dynamics.phase_change import SMOOTHING_WINDOW
 from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors
 from reports import run_report as figure
@@ -266,7 +267,7 @@ def test_other_pairs_fall_back_to_the_csv(tmp_path):
 
 def test_render_draws_the_final_composition_from_the_store(tmp_path):
     k = write_run(tmp_path, 3, 6)
-    report = figure.render(tmp_path)
+    report = figure.render(tmp_path, SMOOTHING_WINDOW)
     assert report.figure.read_bytes()[:4] == b"\x89PNG"
     assert (
         report.composition_figure == tmp_path / "composition.png"
