@@ -2,8 +2,9 @@
 
 A snapshot holds tensors over every (writer, reader) head pair: ``[L, H, L, H]``, NaN where the
 reader's layer is not later, so ``P = H² L (L - 1) / 2`` scored pairs. One key per pair is what a
-person wants on a small model and unusable on a big one (16,752 keys per snapshot at 4 × 8 with
-seven measures, ~430,000 at 12 × 12), so :func:`snapshot_metrics` has two modes.
+person wants on a small model and unusable on a big one (19,584 pair keys per snapshot at 4 × 8 with
+eight measures, 484,704 at 12 × 12: :func:`pair_key_count`, checked in tests/records/test_keys.py),
+so :func:`snapshot_metrics` has two modes.
 
 Pair names are ``L0H1->L1H3`` (writer -> reader). Flat head indices are ``layer * n_heads + head``.
 

@@ -38,8 +38,18 @@ def test_default_shape_keeps_every_per_pair_key():
     assert not [k for k in metrics if k.startswith("top/") or k.endswith(("/max", "/mean", "/top_head"))]
 
 
+def test_the_module_docstrings_pair_key_counts_are_what_per_pair_mode_would_emit():
+    from records import keys
+
+    for n_layers, n_heads, stated in ((4, 8, "19,584"), (12, 12, "484,704")):
+        pairs = n_heads**2 * n_layers * (n_layers - 1) // 2
+        assert keys.pair_key_count(pairs, 8) == int(stated.replace(",", "")) and stated in keys.__doc__
+    emitted = snapshot_metrics(fake_snapshot(4, 8), max_pair_keys=10**9)
+    assert len([key for key in emitted if "->" in key and not key.startswith("circuit/")]) == 19_584
+
+
 def test_any_shape_emits_at_most_a_few_hundred_keys():
-    """Beyond 64 pairs: summaries only. 12 x 12 with 7 measures was ~430,000 keys per snapshot."""
+    """Beyond 64 pairs: summaries only (per pair, 12 x 12 would be 484,704 keys a snapshot)."""
     big = snapshot_metrics(fake_snapshot(12, 12))
     # 3 losses + 16 baselines + 96 comp max/mean + 72 top/K + 28 circuit + 12 match + 24 ablation + 72 validity + 12 heads
     assert len(big) == 335
