@@ -24,7 +24,7 @@ from pathlib import Path
 
 from analysis.saved_run import AnalysisError
 from analysis.stages import stages_config, write_csv
-from conf.build import held_out_sequences, n_beta_of
+from conf.build import llc_sequences, n_beta_of
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from records.layout import ANALYSIS_DIR, CALIBRATION_FIGURE, CALIBRATION_TABLE, SUMMARY_NAME
 from records.trajectory import Trajectory, TrajectoryError
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     llc = cfg.stages.llc
     out.mkdir(parents=True, exist_ok=True)
-    rows_data = held_out_sequences(cfg, llc.batches * llc.batch_size)
+    rows_data = llc_sequences(cfg)
     n_beta = n_beta_of(llc)
     print(
         f"calibrate_llc: ε {lrs} × γ {gammas} at steps {steps}; {llc.chains} chains × {llc.draws} draws"

@@ -146,12 +146,11 @@ def wandb_loggers(request: Request, trajectory: Trajectory) -> list:
 
 def sweep_jobs(path: Path) -> list[Path]:
     """The job directories of a sweep directory that kept a trajectory (empty for a run directory)."""
+    from reports.sweep_report import job_dirs  # how the sweep report finds a sweep's jobs
+
     if (path / TRAJECTORY_DIR).is_dir():
         return []
-    return sorted(
-        (p.parent.parent for p in path.glob(f"*/{TRAJECTORY_DIR}/{INDEX_NAME}")),
-        key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
-    )
+    return [job for job in job_dirs([path]) if (job / TRAJECTORY_DIR / INDEX_NAME).is_file()]
 
 
 def argument_parser(description: str, overrides_help: str, name_default: str, epilog: str | None = None):

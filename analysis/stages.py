@@ -50,7 +50,7 @@ from analysis.saved_run import (
     run_each_job,
     wandb_loggers,
 )
-from conf.build import held_out_sequences, sgld_settings, stage_settings
+from conf.build import held_out_sequences, llc_sequences, sgld_settings, stage_settings
 from conf.validate import llc_calibration_warning, stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.dynamics.stages import MIN_STEPS, Boundary
@@ -163,7 +163,7 @@ def measure_steps(request: Request, heads: list[tuple[int, int]], measured: Meas
     run left them, else measured now and saved there; a progress line a step. Returns ``(rows,
     losses, seconds spent measuring now)``."""
     trajectory, cfg, stages = Trajectory(request.run_dir), request.cfg, request.cfg.stages
-    llc_rows = held_out_sequences(cfg, stages.llc.batches * stages.llc.batch_size)
+    llc_rows = llc_sequences(cfg)
     probe = held_out_sequences(cfg, stages.sequences, offset=stages.llc.batches * stages.llc.batch_size)
     if done := len(set(measured.steps) & set(request.steps)):
         print(

@@ -262,7 +262,7 @@ def build_callbacks(
     if llc.every_n_steps > 0:
         if warning := llc_calibration_warning(cfg):
             print(warning, file=sys.stderr)
-        rows = held_out_sequences(cfg, llc.batches * llc.batch_size)
+        rows = llc_sequences(cfg)
         callbacks.append(LLCEstimates(sgld_settings(llc), rows, llc.every_n_steps, llc.settle_tolerance))
     return callbacks
 
@@ -358,6 +358,12 @@ def build_trainer(
 HELD_OUT_IDS = 10**12
 """First sample id of the held-out sequences: the training stream draws ids from 0 upward, so these
 are never trained on (the generators are counter-based: any id is a fresh sample)."""
+
+
+def llc_sequences(cfg: DictConfig) -> torch.Tensor:
+    """The held-out sequences SGLD samples the LLC's loss on: ``stages.llc.batches × batch_size``."""
+    llc = cfg.stages.llc
+    return held_out_sequences(cfg, llc.batches * llc.batch_size)
 
 
 def held_out_sequences(cfg: DictConfig, count: int, offset: int = 0) -> torch.Tensor:
