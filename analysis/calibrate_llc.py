@@ -23,9 +23,10 @@ import sys
 from pathlib import Path
 
 from analysis.saved_run import AnalysisError
-from analysis.stages import stages_config, write_csv
+from analysis.stages import stages_config
 from conf.build import llc_sequences, n_beta_of
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
+from records.csv_log import write_rows
 from records.layout import ANALYSIS_DIR, CALIBRATION_FIGURE, CALIBRATION_TABLE, SUMMARY_NAME
 from records.trajectory import Trajectory, TrajectoryError
 
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.tight_layout()
     fig.savefig(out / CALIBRATION_FIGURE, dpi=100)
     plt.close(fig)
-    write_csv(out / CALIBRATION_TABLE, rows)
+    write_rows(out / CALIBRATION_TABLE, rows)
     chosen, m = pick(rows), cfg.model
     if chosen is None:
         print(

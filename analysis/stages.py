@@ -26,7 +26,6 @@ in the run's group with the curves and both figures. An existing analysis is kep
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -54,6 +53,7 @@ from conf.build import held_out_sequences, llc_sequences, sgld_settings, stage_s
 from conf.validate import llc_calibration_warning, stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.dynamics.stages import MIN_STEPS, Boundary
+from records.csv_log import write_rows
 from records.layout import (
     CSV_RELATIVE_PATH,
     ESSENTIAL_DYNAMICS_FIGURE,
@@ -231,8 +231,8 @@ def write_analysis(request: Request, rows: list[dict], losses: list[torch.Tensor
         ],
         "diverged": {str(r["step"]): diverged_estimates(r) for r in rows if diverged_estimates(r)},  # step: which
     }
-    write_csv(out / LLC_TABLE, rows)
-    write_csv(
+    write_rows(out / LLC_TABLE, rows)
+    write_rows(
         out / ESSENTIAL_DYNAMICS_TABLE,
         [
             {"step": s, **{f"PC{c + 1}": float(v) for c, v in enumerate(coords)}}
@@ -355,13 +355,6 @@ def nearest(step: float, change: dict) -> dict | None:
         return None
     part = min(known, key=lambda p: abs(known[p] - step))
     return {"part": part, "step": known[part], "distance": step - known[part]}
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def draw(out, rows, heads, series, dynamics, boundaries, states, change, cfg, request) -> dict[str, Path]:

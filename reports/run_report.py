@@ -26,6 +26,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW, PhaseChange, detect_phase_change
 from metrics.snapshot import COMPOSITION_MEASURES
+from records.csv_log import write_rows
 from records.keys import scored_flat_indices
 from records.layout import (
     COMPOSITION_FIGURE,
@@ -253,7 +254,7 @@ def render(run_dir: Path, window: int) -> RunReport:
     rows = validity.validity_rows(series, change)
     validity_path = None
     if rows:
-        validity.write_table(rows, run_dir / VALIDITY_TABLE)
+        write_rows(run_dir / VALIDITY_TABLE, rows, validity.COLUMNS)
         fig = validity.validity_figure(
             series, rows, change, f"which measure tells the truth: {run_label(run_dir)}", window
         )

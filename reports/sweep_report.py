@@ -21,7 +21,6 @@ the tables and figures to a W&B summary run of the sweep's group.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
@@ -34,6 +33,7 @@ import yaml
 from metrics.dynamics.stages import Boundary
 from metrics.heads.circuit_pair import circuit_pair
 from records import wandb_records
+from records.csv_log import write_rows
 from records.layout import (
     ANALYSIS_DIR,
     CSV_RELATIVE_PATH,
@@ -288,14 +288,6 @@ def group_rows(jobs: list[Job], swept: list[str]) -> list[dict]:
     return rows
 
 
-def write_table(rows: list[dict], path: Path) -> None:
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    with open(path, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def format_table(rows: list[dict], columns: list[str]) -> str:
     def cell(value) -> str:
         if isinstance(value, float):
@@ -476,8 +468,8 @@ def sweep_report(
     report = SweepReport(Path(out_dir or first), jobs, swept, job_rows(jobs, swept), group_rows(jobs, swept))
     report.directory.mkdir(parents=True, exist_ok=True)
     files = report.files()
-    write_table(report.job_table, files[SWEEP_JOBS_TABLE])
-    write_table(report.group_table, files[SWEEP_GROUPS_TABLE])
+    write_rows(files[SWEEP_JOBS_TABLE], report.job_table)
+    write_rows(files[SWEEP_GROUPS_TABLE], report.group_table)
     colour_by = settings[0] if settings else (swept[0] if swept else None)
     draw_loss_curves(jobs, colour_by, files[SWEEP_CURVES_FIGURE])
     draw_aligned(jobs, colour_by, files[SWEEP_ALIGNED_FIGURE])

@@ -13,9 +13,7 @@ rank on a 0.001 difference, not the writer-level one (:func:`metrics.ground_trut
 
 from __future__ import annotations
 
-import csv
 import math
-from pathlib import Path
 
 import torch
 from matplotlib.figure import Figure
@@ -126,13 +124,6 @@ def validity_rows(series, change: PhaseChange | None) -> list[dict[str, object]]
             row[f"mean_spearman_after_cliff_{level}_loss"] = _mean_after(series, f"{loss}/{level}_spearman", change)
         rows.append(row)
     return rows
-
-
-def write_table(rows: list[dict[str, object]], path: Path) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def format_table(rows: list[dict[str, object]]) -> str:
