@@ -198,7 +198,7 @@ def keys_swept_by(sweep_dir: Path) -> set[str]:
 def wandb_logger(cfg: DictConfig, save_dir: Path, **run) -> SectionedWandbLogger:
     """The W&B run of a training run, an analysis or a sweep report, in ``save_dir``: the config's
     project and entity, its mode (online only if the server answers, else offline with one warning
-    line: ``records/wandb_reach.py``), and ``run``'s ``wandb.init`` arguments (name, group, ...)."""
+    line: ``records/wandb_reach.py``), and the W&B run's own arguments in ``run`` (name, group, job_type, ...)."""
     w = cfg.logger.wandb
     mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, save_dir)
     return SectionedWandbLogger(project=w.project, entity=w.entity, save_dir=str(save_dir), mode=mode, **run)

@@ -26,7 +26,7 @@ PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-tr
 
 
 WANDB_ENV_MODES = ("offline", "online", "disabled", "dryrun", "run", "shared")
-"""What W&B takes from ``$WANDB_MODE`` (it validates the variable at ``wandb.init``, deep in a run)."""
+"""What W&B takes from ``$WANDB_MODE`` (it validates the variable when a run starts, deep in it)."""
 RESUME_KEPT = ("seed", "model", "data", "optim", "tracker")  # what a resume may not change unless allowed
 
 
@@ -148,7 +148,7 @@ def non_finite_floats(node, prefix: str = "") -> list[str]:
 
 def wandb_environment_problem() -> str | None:
     """One line when ``$WANDB_MODE`` is set to what W&B refuses (empty, as ``export WANDB_MODE=$MODE``
-    leaves it with MODE unset, or a misspelling), else None: W&B reads it at ``wandb.init``, whatever
+    leaves it with MODE unset, or a misspelling), else None: W&B reads it when its run starts, whatever
     the config's mode, and fails there, deep inside a run or an analysis."""
     mode = os.environ.get("WANDB_MODE")
     if mode is None or mode in WANDB_ENV_MODES:
