@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.snapshot import COMPOSITION_MEASURES
 from models.transformer import TransformerShape
+from records.keys import flatten
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
 from records.trajectory import HEADER_BYTES, TrajectoryPlan
 
@@ -28,16 +29,6 @@ PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-tr
 WANDB_ENV_MODES = ("offline", "online", "disabled", "dryrun", "run", "shared")
 """What W&B takes from ``$WANDB_MODE`` (it validates the variable when a run starts, deep in it)."""
 RESUME_KEPT = ("seed", "model", "data", "optim", "tracker")  # what a resume may not change unless allowed
-
-
-def flatten(tree, prefix: str = "") -> dict[str, object]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists stay values)."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        flat.update(flatten(value, f"{prefix}{key}."))
-    return {key.rstrip("."): value for key, value in flat.items()}
 
 
 def schema_defaults(sections: tuple[str, ...] = RESUME_KEPT) -> dict[str, object]:

@@ -333,3 +333,14 @@ def _pair_keys(prefix: str, n_layers: int, n_heads: int) -> tuple[str, ...]:
 @cache
 def _head_keys(prefix: str, n_layers: int, n_heads: int) -> tuple[str, ...]:
     return tuple(f"{prefix}/{head_name(layer, head)}" for layer in range(n_layers) for head in range(n_heads))
+
+
+def flatten(tree, prefix: str = "") -> dict[str, object]:
+    """A nested config's dotted keys, ``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists stay values): how
+    ``conf.validate`` compares two configs and the sweep report reads a W&B run's config."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return {key.rstrip("."): value for key, value in flat.items()}

@@ -34,6 +34,7 @@ from metrics.dynamics.stages import Boundary
 from metrics.heads.circuit_pair import circuit_pair
 from records import wandb_records
 from records.csv_log import write_rows
+from records.keys import flatten
 from records.layout import (
     ANALYSIS_DIR,
     CSV_RELATIVE_PATH,
@@ -182,16 +183,6 @@ def read_wandb_jobs(files: list[Path]) -> list[Job]:
     for job, flat in zip(jobs, configs):
         job.overrides = {k: str(v) for k, v in flat.items() if len({str(c.get(k)) for c in configs}) > 1}
     return jobs
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def history_series(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:

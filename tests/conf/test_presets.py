@@ -59,7 +59,7 @@ def preset_base(preset: str) -> tuple[dict, list[str]]:
     that compose everything *but* them: its parent preset, or none, and its group choices."""
     from omegaconf import OmegaConf
 
-    from conf.validate import flatten
+    from records.keys import flatten
 
     text = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "experiment" / f"{preset}.yaml"))
     base = ["~experiment"]
