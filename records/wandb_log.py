@@ -101,8 +101,6 @@ class SectionedWandbLogger(WandbLogger):
     through :meth:`log_metrics` (with their step), figures through ``log_image``, tables through
     ``log_table``, end-of-run values through :meth:`log_summary`, and :meth:`finish` ends it."""
 
-    STEP_KEY = STEP_KEY
-
     def __init__(self, **options) -> None:
         super().__init__(**options)
         self._defined: set[str] = set()
@@ -114,7 +112,7 @@ class SectionedWandbLogger(WandbLogger):
         for key, value in metrics.items():
             new = wandb_key(key) if isinstance(value, (int, float)) else key
             if new != key and new not in self._defined:
-                self.experiment.define_metric(new, step_metric=self.STEP_KEY, summary=summary_of(key))
+                self.experiment.define_metric(new, step_metric=STEP_KEY, summary=summary_of(key))
                 self._defined.add(new)
             renamed[new] = value
         super().log_metrics(renamed, step)
