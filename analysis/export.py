@@ -243,7 +243,9 @@ def from_hooked_transformer(tl_model) -> AttentionOnlyTransformer:
     for mine, tl_key in KEYS.items():
         for layer in range(shape.n_layers) if "{l}" in mine else [None]:
             if mine.format(l=layer) in wanted:
-                ours[mine.format(l=layer)] = theirs[tl_key.format(l=layer)].detach().clone()
+                ours[mine.format(l=layer)] = (
+                    theirs[tl_key.format(l=layer)].detach().clone(memory_format=torch.contiguous_format)
+                )
     model.load_state_dict(ours, assign=True)
     return model.eval()
 
