@@ -11,160 +11,87 @@ Every selected saved step (``RUN_DIR/trajectory/``) is measured by the tracker's
 a run, under ``RUN_DIR/analysis/NAME/``: ``csv/metrics.csv`` (the same keys), ``tensors/``, the
 figures, ``summary.json``, the validity table, and a W&B run (``job_type=analysis``) in the training
 run's group (its sweep's, or one named after the run); W&B is offline unless the run's config or
-``$WANDB_MODE`` says otherwise. Nothing outside ``analysis/NAME/`` is written, and an existing
-analysis is never replaced unless ``--overwrite`` is given.
+``$WANDB_MODE`` says otherwise; and, last, ``analysis.json`` (the request and the summary), through
+:mod:`analysis.protocol`. Nothing outside ``analysis/NAME/`` is written, and an existing analysis
+is never replaced unless ``--overwrite`` is given.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import sys
-import time
-from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from analysis.saved_run import (
-    AnalysisError,
-    Request,
-    argument_parser,
-    checked_steps,
-    new_request,
-    run_config,
-    run_each_job,
-    wandb_loggers,
-)
+from analysis.protocol import Analysis, Conclusion, main
+from analysis.saved_run import Request
 from conf.validate import tracker_problems
-from records.layout import RESCORE_RECORD
-from records.trajectory import Trajectory, describe_steps
-
-DEFAULT_NAME = "rescore"
+from records.trajectory import Trajectory
 
 
-def tracker_config(trajectory: Trajectory, overrides: list[str]) -> DictConfig:
-    """The run's resolved config on the typed schema, with ``overrides`` (``tracker.*`` only) applied
-    and checked as ``train.py`` checks them."""
-    cfg = run_config(trajectory, overrides, "tracker", "tracker.ablation.kind=resample")
-    cfg.tracker.enabled = True
-    problems = tracker_problems(cfg)
-    if problems:
-        raise AnalysisError("; ".join(problems))
-    return cfg
+class Rescore(Analysis):
+    """The tracker's snapshot at every selected step, every part the tracker options turn on."""
 
+    kind = "rescore"
+    section = "tracker"
+    example = "tracker.ablation.kind=resample"
+    run_like = True
 
-def analysis_name(overrides: list[str], spec: str, every: int) -> str:
-    """A directory name from the overrides and the step selection: ``measures=subspace+token_space``."""
-    parts = [
-        o.lstrip("+").removeprefix("tracker.").replace("[", "").replace("]", "").replace(",", "+") for o in overrides
-    ]
-    if spec != "all":
-        parts.append(f"steps={spec.replace(':', '-').replace(',', '+')}")
-    if every > 1:
-        parts.append(f"every={every}")
-    name = re.sub(r"[^A-Za-z0-9._=+-]", "_", ",".join(parts))[:120]
-    return name or DEFAULT_NAME
+    @classmethod
+    def check(cls, cfg: DictConfig, options: dict) -> list[str]:
+        """The tracker options checked as ``train.py`` checks them (the tracker on, whatever the run had)."""
+        cfg.tracker.enabled = True
+        return tracker_problems(cfg)
 
+    @classmethod
+    def default_name(cls, overrides: list[str], spec: str, every: int) -> str:
+        """A directory name from the overrides and the step selection: ``measures=subspace+token_space``."""
+        parts = [
+            o.lstrip("+").removeprefix("tracker.").replace("[", "").replace("]", "").replace(",", "+")
+            for o in overrides
+        ]
+        if spec != "all":
+            parts.append(f"steps={spec.replace(':', '-').replace(',', '+')}")
+        if every > 1:
+            parts.append(f"every={every}")
+        name = re.sub(r"[^A-Za-z0-9._=+-]", "_", ",".join(parts))[:120]
+        return name or cls.kind
 
-def plan(
-    run_dir: Path,
-    overrides: list[str],
-    spec: str = "all",
-    every: int = 1,
-    name: str | None = None,
-) -> Request:
-    """Check everything before anything is written: the trajectory, every selected file, the
-    overrides, the output directory's name."""
-    trajectory = Trajectory(run_dir)
-    cfg = tracker_config(trajectory, overrides)
-    steps = checked_steps(trajectory, spec, every)
-    return new_request(run_dir, cfg, overrides, steps, name or analysis_name(overrides, spec, every))
+    def __init__(self, request: Request) -> None:
+        from conf.build import build_tracker  # heavy imports only once the request is known to be good
 
+        super().__init__(request)
+        self.tracker = build_tracker(request.cfg, request.out_dir)
+        self.tracker.schedule = self.tracker.schedule.at_every_step()
+        self.tracker.cost_report = False
 
-def rescore(request: Request) -> dict:
-    """Measure every step of ``request`` and write the run-like outputs; returns the summary."""
-    from tqdm import tqdm  # heavy imports only once the request is known to be good
+    def describe(self) -> str:
+        t, s = self.tracker, self.tracker.schedule
+        parts = [f"{len(t.measures)} measure{'s' * (len(t.measures) != 1)} ({', '.join(t.measures)})"]
+        if s.ablation:
+            parts.append(f"ablation ({t.ablation_method}, {t.ablation_kind})")
+        parts += [name for name, every in (("copying", s.copying), ("matching", s.matching)) if every]
+        return ", ".join(parts) + f", probe of {t.probe.tokens.shape[0]} sequences"
 
-    from conf.build import build_tracker
-    from records.csv_log import ResumableCSVLogger
-    from reports.run_report import publish_report
+    def start(self, loggers: list) -> None:
+        self.loggers = loggers
+        first = self.request.steps[0]
+        self.tracker.open(Trajectory(self.request.run_dir).model(first), first)
 
-    trajectory = Trajectory(request.run_dir)
-    out = request.out_dir
-    if out.exists():
-        shutil.rmtree(out)  # --overwrite: this analysis only
-    out.mkdir(parents=True)
-    (out / RESCORE_RECORD).write_text(
-        json.dumps(
-            {
-                "run_dir": str(request.run_dir),
-                "overrides": list(request.overrides),
-                "steps": request.steps,
-                "tracker": OmegaConf.to_container(request.cfg.tracker, resolve=True, enum_to_str=True),
-            },
-            indent=1,
-        )
-    )
-    tracker = build_tracker(request.cfg, out)
-    tracker.schedule = tracker.schedule.at_every_step()
-    tracker.cost_report = False
-    loggers = [ResumableCSVLogger(out), *wandb_loggers(request, trajectory)]
-    tracker.open(trajectory.model(request.steps[0]), request.steps[0])
-    parts = describe_parts(tracker)
-    print(
-        f"rescore: {len(request.steps)} saved steps of {request.run_dir} ({describe_steps(request.steps)}), {parts}; into {out}"
-    )
-    started = time.perf_counter()
-    bar = tqdm(request.steps, unit="step", file=sys.stderr, disable=not sys.stderr.isatty(), desc="rescore")
-    for i, step in enumerate(bar):
-        tracker.snapshot(loggers, trajectory.model(step), step, last=step == request.steps[-1])
-        n, elapsed = len(request.steps), time.perf_counter() - started
-        if i == 0:
-            first = elapsed
-            print(f"rescore: the first step took {first:.2f} s, one-time set-up included (W&B, caches)", flush=True)
-        if i == 1:
-            print(
-                f"rescore: a step takes {elapsed - first:.2f} s: about {first + (elapsed - first) * (n - 1):.0f} s for the {n} steps",
-                flush=True,
-            )
-        elif bar.disable and ((i + 1) % max(1, n // 10) == 0 or i + 1 == n):  # no bar (a log file): a line every tenth
-            print(f"rescore: {i + 1}/{n} steps ({elapsed:.1f} s)", flush=True)
-    tracker.close()
-    seconds = time.perf_counter() - started
-    report = publish_report(out, loggers, request.steps[-1], request.cfg.tracker.smoothing_window)
-    for logger in loggers:
-        logger.finalize("success")
-    finish_wandb()
-    print(f"rescore: {len(request.steps)} steps in {seconds:.1f} s; wrote {out}")
-    return report.summary if report is not None else {}
+    def measure(self, step: int, model) -> tuple[dict, dict]:
+        """The snapshot, logged by the tracker itself (CSV, tensor store, W&B) as during training."""
+        self.tracker.snapshot(self.loggers, model, step, last=step == self.request.steps[-1])
+        return {}, {}
 
+    def conclude(self, rows: list[dict], tensors: list[dict]) -> Conclusion:
+        """The run's report (figures, validity table, summary) over the re-scored steps."""
+        from reports.run_report import publish_report
 
-def describe_parts(tracker) -> str:
-    s = tracker.schedule
-    parts = [f"{len(tracker.measures)} measure{'s' * (len(tracker.measures) != 1)} ({', '.join(tracker.measures)})"]
-    if s.ablation:
-        parts.append(f"ablation ({tracker.ablation_method}, {tracker.ablation_kind})")
-    parts += [name for name, every in (("copying", s.copying), ("matching", s.matching)) if every]
-    return ", ".join(parts) + f", probe of {tracker.probe.tokens.shape[0]} sequences"
-
-
-def finish_wandb() -> None:
-    import wandb
-
-    if wandb.run is not None:
-        wandb.finish()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argument_parser(
-        __doc__.split("\n\n")[0],
-        'tracker options: "tracker.measures=[subspace]" tracker.ablation.kind=resample ...',
-        "from the overrides",
-        epilog="Overrides are the tracker's options, as train.py takes them.",
-    )
-    return run_each_job(parser.parse_intermixed_args(argv), plan, rescore, report_as="analysis")
+        self.tracker.close()
+        request = self.request
+        report = publish_report(request.out_dir, self.loggers, request.steps[-1], request.cfg.tracker.smoothing_window)
+        return Conclusion(result=report.summary if report is not None else {})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(Rescore, description=__doc__.split("\n\n")[0]))

@@ -37,8 +37,9 @@ def step_file(step: int) -> str:
 
 
 # analyses over a run's saved weights, in RUN_DIR/analysis/NAME/ (a re-scoring: a run's layout, above)
-RESCORE_RECORD = "rescore.json"
-STAGES_RECORD = "stages.json"
+ANALYSIS_RECORD = "analysis.json"  # written last: the request, the result, the sweep report's columns
+STEPS_TABLE = "steps.csv"  # an analysis's row of numbers at each step, unless it names its own table
+STAGES_RECORD = "stages.json"  # analysis.stages' record before every analysis wrote ANALYSIS_RECORD: still read
 LLC_TABLE, ESSENTIAL_DYNAMICS_TABLE = "llc.csv", "essential_dynamics.csv"
 STAGES_FIGURE, ESSENTIAL_DYNAMICS_FIGURE = "stages.png", "essential_dynamics.png"
 MEASURED_SETTINGS = "settings.json"  # in an analysis's measurements, RUN_DIR/analysis/.NAME.measured/

@@ -8,13 +8,16 @@ any set of run directories given one by one; given no run directory, it reads W&
     python -m reports.sweep_report multirun/2026-11-23/10-00-00
     python -m reports.sweep_report outputs/2026-11-23/10-00-00 outputs/2026-11-23/11-00-00
     python -m reports.sweep_report --out report/ wandb_runs/offline-run-*
+    python -m reports.sweep_report multirun/2026-11-23/10-00-00 --analysis stages   # with each job's analysis/stages/
 
 Writes into the sweep directory (the first one given): ``sweep_jobs.csv`` (a row per job),
 ``sweep_groups.csv`` (per value of the swept parameters: mean and standard deviation over seeds),
 ``sweep_loss_curves.png`` (every job's repeated-token loss, coloured by the swept parameter) and
 ``sweep_midpoints.png`` (the phase-change midpoint against each swept parameter, error bars over
 seeds) and ``sweep_aligned.png`` (every job's curves against the step relative to its own midpoint);
-prints both tables. At the end of a multirun, ``runtime/sweep_callback.py`` runs it and logs
+prints both tables, and with ``--analysis NAME`` each job's columns of that analysis (what its
+``analysis.json`` lists: stage boundaries, an LLC calibration's pick, ...) with their mean ± sd over
+seeds. At the end of a multirun, ``runtime/sweep_callback.py`` runs it and logs
 the tables and figures to a W&B summary run of the sweep's group.
 """
 
@@ -30,13 +33,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from metrics.dynamics.stages import Boundary
+from metrics.dynamics.stages import boundary_columns
 from metrics.heads.circuit_pair import circuit_pair
 from records import wandb_records
 from records.csv_log import write_rows
 from records.keys import flatten
 from records.layout import (
     ANALYSIS_DIR,
+    ANALYSIS_RECORD,
     CSV_RELATIVE_PATH,
     HYDRA_CONFIG,
     HYDRA_DIR,
@@ -58,10 +62,6 @@ from reports.plots import plt
 from reports.run_report import read_series
 
 SEED_KEYS = ("seed", "data.seed")  # what varies between repeats, not between settings
-STAGES_ANALYSIS = "stages"
-BOUNDARIES_PER_SOURCE = 2
-"""Turning points per source (the LLC, the essential dynamics) given their own numeric columns, so
-the table over seeds has their mean and spread."""
 
 
 @dataclass
@@ -95,17 +95,19 @@ def read_overrides(run_dir: Path) -> dict[str, str]:
     return dict(o.lstrip("+~").split("=", 1) for o in listed if "=" in o and not o.startswith(("hydra.", "resume")))
 
 
-def read_job(run_dir: Path, analysis: str | None = None, stages: str = STAGES_ANALYSIS) -> Job:
+def read_job(run_dir: Path, analysis: str | None = None) -> tuple[Job, dict]:
     """Everything the tables and figures need from one run directory; what is missing stays missing.
-    ``analysis``: the numbers come from the run's re-scoring ``analysis/NAME/`` (:mod:`analysis.rescore`);
-    ``stages``: the stage boundaries from ``analysis/STAGES/stages.json`` (:mod:`analysis.stages`), if there."""
+    ``analysis``: also the columns of the run's analysis ``analysis/NAME/`` (its ``analysis.json``,
+    :mod:`analysis.protocol`), whose numbers replace the run's when it re-scored it (``run_like``).
+    Returns the job and that analysis's record ({} without one)."""
     record = read_status(run_dir) or {
         "status": "unknown",
         "error": "no status.json (killed outright, or not a train.py run)",
     }
     config = yaml.safe_load((run_dir / HYDRA_DIR / HYDRA_CONFIG).read_text()) or {}
     job = Job(run_dir, read_overrides(run_dir), record["status"], record.get("error") or "")
-    results = run_dir / ANALYSIS_DIR / analysis if analysis else run_dir
+    analysed = read_analysis(run_dir / ANALYSIS_DIR / analysis) if analysis else {}
+    results = run_dir / ANALYSIS_DIR / analysis if analysed.get("run_like") else run_dir
     summary_path = results / SUMMARY_NAME
     csv_path = results / CSV_RELATIVE_PATH
     fill_values(
@@ -115,25 +117,25 @@ def read_job(run_dir: Path, analysis: str | None = None, stages: str = STAGES_AN
         json.loads(summary_path.read_text()) if summary_path.is_file() else {},
     )
     job.values["circuit_pair"] = final_circuit_pair(results)
-    stages_path = run_dir / ANALYSIS_DIR / stages / STAGES_RECORD
-    if stages_path.is_file():
-        fill_stages(job, json.loads(stages_path.read_text()))
-    return job
+    job.values.update(analysed.get("columns", {}))
+    return job, analysed
 
 
-def fill_stages(job: Job, stages: dict) -> None:
-    """Stage boundaries of one job (``analysis.stages``'s stages.json): all of them as text, each
-    with its interval, and the first boundaries of the LLC and of the essential dynamics as numbers."""
-    points = stages.get("boundaries", [])
-    described = [  # an analysis written by an earlier version has turning points, without intervals
-        Boundary(**p).describe() if "support" in p else f"{p['step']:.0f}: {p['source']} {p['kind']} (no interval)"
-        for p in points
-    ]
-    job.values["stage_boundaries"] = "; ".join(described) or "none"
-    for source, name in (("llc", "llc"), ("essential dynamics", "ed")):
-        found = sorted(p["step"] for p in points if p["source"] == source)
-        for i in range(BOUNDARIES_PER_SOURCE):
-            job.values[f"{name}_boundary_{i + 1}"] = float(found[i]) if i < len(found) else math.nan
+def read_analysis(directory: Path) -> dict:
+    """An analysis's record (``analysis.json``); for a stage analysis an earlier version wrote
+    (``stages.json``, no record), one with its boundaries as columns; {} when there is neither."""
+    try:
+        return json.loads((directory / ANALYSIS_RECORD).read_text())
+    except (OSError, ValueError):
+        pass
+    try:
+        stages = json.loads((directory / STAGES_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {
+        "columns_title": "stage boundaries (an earlier version's stages.json; python -m analysis.stages --overwrite measures them again)",
+        "columns": boundary_columns(stages.get("boundaries", [])),
+    }
 
 
 def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]], summary: dict) -> None:
@@ -410,6 +412,8 @@ class SweepReport:
     swept: list[str]
     job_table: list[dict]
     group_table: list[dict]
+    analysis_columns: list[str] = field(default_factory=list)  # the analysis's own columns, in its order
+    analysis_title: str = ""
 
     @property
     def failed(self) -> list[Job]:
@@ -428,15 +432,15 @@ class SweepReport:
         }
 
 
-def sweep_report(
-    paths: list[Path], out_dir: Path | None = None, analysis: str | None = None, stages: str = STAGES_ANALYSIS
-) -> SweepReport:
+def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str | None = None) -> SweepReport:
     """Read the jobs under ``paths`` and write the tables and figures into ``out_dir`` (default: the
-    first path); ``analysis``: from each job's re-scoring of that name; ``stages``: each job's stage
-    analysis of that name, where it has one. Raises FileNotFoundError when there is no run directory
-    under ``paths``."""
+    first path); ``analysis``: with each job's analysis of that name (``analysis/NAME/``: its columns,
+    or a re-scoring's numbers), where it has one. Raises FileNotFoundError when there is no run
+    directory under ``paths``."""
     paths = [Path(p) for p in paths]
-    jobs = [read_job(d, analysis, stages) for d in job_dirs(paths)]
+    read = [read_job(d, analysis) for d in job_dirs(paths)]
+    jobs = [job for job, _ in read]
+    records = [record for _, record in read if record.get("columns")]
     if not jobs:  # no train.py run directories: W&B offline runs, then
         jobs = read_wandb_jobs(
             [
@@ -457,6 +461,8 @@ def sweep_report(
     settings = [k for k in swept if k not in SEED_KEYS]
     first = paths[0] if paths[0].is_dir() and not paths[0].name.startswith("offline-run-") else paths[0].parent
     report = SweepReport(Path(out_dir or first), jobs, swept, job_rows(jobs, swept), group_rows(jobs, swept))
+    report.analysis_columns = list(dict.fromkeys(column for record in records for column in record["columns"]))
+    report.analysis_title = next((record["columns_title"] for record in records if record.get("columns_title")), "")
     report.directory.mkdir(parents=True, exist_ok=True)
     files = report.files()
     write_rows(files[SWEEP_JOBS_TABLE], report.job_table)
@@ -497,7 +503,7 @@ def print_sweep_report(report: SweepReport) -> None:
     ]
     print(f"\nover seeds ({report.files()[SWEEP_GROUPS_TABLE]}):")
     print(format_table(report.group_table, [c for c in group_columns if any(c in row for row in report.group_table)]))
-    print_stages(report)
+    print_analysis(report)
     print(
         f"figures: {', '.join(str(report.files()[name]) for name in (SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE))}"
     )
@@ -508,22 +514,23 @@ def print_sweep_report(report: SweepReport) -> None:
         )
 
 
-def print_stages(report: SweepReport) -> None:
-    """Each job's stage boundaries, with their intervals, and over its seeds the first boundaries' mean ± sd."""
-    staged = [row for row in report.job_table if row.get("stage_boundaries", "") != ""]
-    if not staged:
+def print_analysis(report: SweepReport) -> None:
+    """The analysis's columns for each job, and over its seeds the mean ± sd of those that are numbers."""
+    columns = report.analysis_columns
+    if not columns:
         return
-    print("\nstage boundaries (step (90 % of resamples, share of resamples): source kind; python -m analysis.stages):")
-    columns = ["job", *report.swept, *(["seed"] if "seed" not in report.swept else []), "phase_change_midpoint"]
-    print(format_table(staged, [*columns, "stage_boundaries"]))
+    print(f"\n{report.analysis_title or 'the analysis'}:")
+    first = ["job", *report.swept, *(["seed"] if "seed" not in report.swept else []), "phase_change_midpoint"]
+    print(format_table(report.job_table, [*first, *columns]))
+    numeric = [c for c in columns if any(f"{c}_mean" in row for row in report.group_table)]
     for row in report.group_table:
         spread = []
-        for name in (f"{source}_boundary_{i + 1}" for source in ("llc", "ed") for i in range(BOUNDARIES_PER_SOURCE)):
+        for name in numeric:
             mean, sd = row.get(f"{name}_mean", math.nan), row.get(f"{name}_sd", math.nan)
             if math.isfinite(mean):
-                spread.append(f"{name} {mean:.0f} ± {sd:.0f}" if math.isfinite(sd) else f"{name} {mean:.0f}")
+                spread.append(f"{name} {mean:.4g} ± {sd:.2g}" if math.isfinite(sd) else f"{name} {mean:.4g}")
         label = " ".join(f"{k}={row[k]}" for k in report.swept if k in row and k not in SEED_KEYS) or "all jobs"
-        print(f"over seeds ({label}): {', '.join(spread) or 'no boundaries'}")
+        print(f"over seeds ({label}): {', '.join(spread) or 'no values'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -534,9 +541,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=None, help="where to write the tables and figures (default: the first path)"
     )
+    parser.add_argument(
+        "--analysis",
+        default=None,
+        metavar="NAME",
+        help="with each job's analysis/NAME/ (python -m analysis.*): its columns, or a re-scoring's numbers",
+    )
     args = parser.parse_args(argv)
     try:
-        report = sweep_report(args.paths, args.out)
+        report = sweep_report(args.paths, args.out, args.analysis)
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -117,6 +117,29 @@ NULL_DRAWS = 2000
 """Simulated noise curves behind the LLC's simultaneous band (its 1 − alpha quantile)."""
 
 
+BOUNDARIES_PER_SOURCE = 2
+"""Boundaries per source (the LLC, the essential dynamics) given a number of their own in a sweep's
+table, so that the table over seeds has their mean and spread."""
+
+
+def boundary_columns(boundaries: list[dict]) -> dict[str, float | str]:
+    """A run's boundaries (as dicts of :class:`Boundary`'s fields) as a sweep table's columns:
+    ``stage_boundaries`` (each described, with its interval) and the first boundaries of the LLC and
+    of the essential dynamics as numbers (``llc_boundary_1``, ``ed_boundary_1``, ..., NaN where
+    fewer were found). A boundary written by an earlier version (turning points, no intervals) is
+    described without one."""
+    described = [
+        Boundary(**p).describe() if "support" in p else f"{p['step']:.0f}: {p['source']} {p['kind']} (no interval)"
+        for p in boundaries
+    ]
+    columns: dict[str, float | str] = {"stage_boundaries": "; ".join(described) or "none"}
+    for source, name in ((LLC_SOURCE, "llc"), (DYNAMICS_SOURCE, "ed")):
+        found = sorted(p["step"] for p in boundaries if p["source"] == source)
+        for i in range(BOUNDARIES_PER_SOURCE):
+            columns[f"{name}_boundary_{i + 1}"] = float(found[i]) if i < len(found) else math.nan
+    return columns
+
+
 # ---- the LLC: significant slope against log step ----
 
 

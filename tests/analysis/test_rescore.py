@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ import torch
 from records import wandb_records
 from records.trajectory import Trajectory
 from reports.run_report import read_series
-from tests.helpers import REPO, TINY, digest, module, run_train, train_env
+from tests.helpers import TINY, digest, module, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -120,30 +118,6 @@ def test_export_opens_in_transformer_lens_with_our_logits_and_logged_composition
             )
     refused = module("analysis.export", trained, "--step", 30, "--out", tmp_path / "tl")
     assert refused.returncode == 2 and "not an empty directory" in refused.stderr
-
-
-def test_a_sweep_is_rescored_job_by_job_then_reported(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    command = [
-        sys.executable,
-        str(REPO / "train.py"),
-        "-m",
-        f"hydra.sweep.dir={sweep_dir}",
-        "trainer.enable_progress_bar=false",
-        "logger=csv",
-        *TINY,
-        "trainer.max_steps=30",
-        "seed=0,1",
-    ]
-    result = subprocess.run(command, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rescored = module("analysis.rescore", sweep_dir, "tracker.ablation.kind=resample", "--name", "resample")
-    assert rescored.returncode == 0, rescored.stderr[-3000:]
-    for job in ("0", "1"):
-        assert (sweep_dir / job / "analysis" / "resample" / "csv" / "metrics.csv").is_file()
-    report = sweep_dir / "analysis" / "resample"
-    assert (report / "sweep_jobs.csv").is_file() and (report / "sweep_aligned.png").is_file()
-    assert "sweep: 2 jobs" in rescored.stdout
 
 
 def test_seed_002s_library_options_train_track_and_open_in_transformer_lens(tmp_path):

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 
-from metrics.dynamics.stages import Boundary
 from records import wandb_records
 from tests.helpers import REPO, TINY, digest, module, run_train, train_env
 
@@ -42,8 +41,8 @@ def test_stages_of_a_run_write_every_output_and_touch_nothing_else(trained):
     result = module("analysis.stages", trained, *QUICK)
     assert result.returncode == 0, result.stderr[-3000:]
     out = trained / "analysis" / "stages"
-    stages = json.loads((out / "stages.json").read_text())
-    steps = stages["steps"]
+    record = json.loads((out / "analysis.json").read_text())
+    stages, steps = record["result"], record["steps"]
     assert steps == sorted(steps) and len(steps) >= 5
     with open(out / "llc.csv") as handle:
         rows = list(csv.DictReader(handle))
@@ -68,12 +67,13 @@ def test_a_diverged_chain_is_nan_named_and_the_rest_of_the_trajectory_goes_on(tr
     )
     assert result.returncode == 1, result.stderr[-3000:]  # written, but not reported as a success
     out = trained / "analysis" / "diverged"
-    stages = json.loads((out / "stages.json").read_text())
-    assert stages["diverged"] == {str(step): ["model"] for step in stages["steps"]}
+    record = json.loads((out / "analysis.json").read_text())
+    stages = record["result"]
+    assert record["incomplete"] and stages["diverged"] == {str(step): ["model"] for step in record["steps"]}
     assert stages["llc_seconds_per_estimate"] is None
     with open(out / "llc.csv") as handle:
         assert all(row["llc_mean"] == "nan" and row["llc_diverged"] == "1.0" for row in csv.DictReader(handle))
-    assert f"warning: an SGLD chain diverged at steps {stages['steps'][0]} (model), " in result.stdout
+    assert f"warning: an SGLD chain diverged at steps {record['steps'][0]} (model), " in result.stdout
     assert (out / "stages.png").is_file() and (out / "essential_dynamics.csv").is_file()
 
 
@@ -102,7 +102,7 @@ def test_an_interrupted_analysis_continues_where_it_stopped(trained):
     again = module("analysis.stages", trained, *args, "--name", "cut")
     assert again.returncode == 0 and "stages: continuing: " in again.stdout, again.stdout + again.stderr[-2000:]
     assert len(list(measured.glob("step-*.safetensors"))) == len(
-        json.loads((trained / "analysis" / "cut" / "stages.json").read_text())["steps"]
+        json.loads((trained / "analysis" / "cut" / "analysis.json").read_text())["steps"]
     )
 
     def measured(name, table):  # every number but how long each estimate took
@@ -118,7 +118,8 @@ def test_an_interrupted_analysis_continues_where_it_stopped(trained):
             math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(cut, whole, strict=True) for k in a
         ), (table, cut, whole)
     boundaries = [
-        json.loads((trained / "analysis" / n / "stages.json").read_text())["boundaries"] for n in ("cut", "whole")
+        json.loads((trained / "analysis" / n / "analysis.json").read_text())["result"]["boundaries"]
+        for n in ("cut", "whole")
     ]
     assert boundaries[0] == boundaries[1]
 
@@ -148,12 +149,12 @@ def test_calibration_sweeps_step_size_and_localization_and_picks_one(trained):
     # its verdict is the table's: the smallest γ whose every step passes (12 draws may settle at none)
     passing = [g for g in ("100.0", "300.0") if all(r["passes"] == "True" for r in rows if r["localization"] == g)]
     if passing:
-        assert result.returncode == 0 and f"calibrate_llc: pick ε 0.001, γ {float(passing[0]):g}" in result.stdout
+        assert result.returncode == 0 and f"llc_calibration: pick ε 0.001, γ {float(passing[0]):g}" in result.stdout
     else:
         assert result.returncode == 1 and "no setting passes" in result.stdout, result.stdout
     before = (out / "calibration.csv").read_bytes()
     again = module("analysis.calibrate_llc", trained, "--lr", "1e-3", *QUICK[:3])
-    assert again.returncode == 2 and "pass --overwrite" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert again.returncode == 2 and "--overwrite" in again.stderr and len(again.stderr.strip().splitlines()) == 1
     assert (out / "calibration.csv").read_bytes() == before
 
 
@@ -175,7 +176,8 @@ def test_bad_requests_are_one_line_before_any_work(trained, args, message):
 def test_without_the_llc_extra_asking_for_the_llc_is_one_line_naming_it(trained):
     """devinterp made unimportable (None in sys.modules), as on an install without the extra."""
     blocked = (
-        "import sys; sys.modules['devinterp'] = None; from analysis.stages import main; sys.exit(main(sys.argv[1:]))"
+        "import sys; sys.modules['devinterp'] = None; from analysis.protocol import main;"
+        " from analysis.stages import Stages; sys.exit(main(Stages, sys.argv[1:]))"
     )
     result = subprocess.run(
         [sys.executable, "-c", blocked, str(trained), "--name", "noextra"],
@@ -209,33 +211,6 @@ def test_training_never_imports_devinterp():
     assert result.stdout.strip() == "False", result.stderr[-2000:]
 
 
-def test_a_sweeps_stages_reach_its_report(tmp_path):
-    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
-    sweep = tmp_path / "sweep"
-    result = subprocess.run(
-        [sys.executable, "train.py", "-m", "seed=0,1", f"hydra.sweep.dir={sweep}", *TINY],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    staged = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=false")
-    assert staged.returncode == 0, staged.stderr[-3000:]
-    assert "stage boundaries (step (90 % of resamples" in staged.stdout and "over seeds (all jobs)" in staged.stdout
-    with open(sweep / "analysis" / "stages" / "sweep_jobs.csv") as handle:
-        rows = list(csv.DictReader(handle))
-    assert len(rows) == 2 and all(row["stage_boundaries"] for row in rows)
-    expected = [json.loads((sweep / job / "analysis" / "stages" / "stages.json").read_text()) for job in ("0", "1")]
-    for row, stages in zip(rows, expected, strict=True):
-        assert row["stage_boundaries"] == ("; ".join(Boundary(**p).describe() for p in stages["boundaries"]) or "none")
-    again = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=false")  # as after an interruption
-    assert again.returncode == 0 and again.stdout.count("kept: ") == 2 and "stage boundaries" in again.stdout
-    other = module("analysis.stages", sweep, *QUICK, "stages.llc.heads=true")  # another request: refused
-    assert other.returncode == 2 and "exists" in other.stderr
-
-
 def test_a_run_trained_before_the_finder_changed_is_still_analysed(trained):
     """Its config carries ``stages.window`` and ``stages.min_turn``, which this version retired:
     dropped on reading, and every section's overrides still checked as before."""
@@ -254,12 +229,12 @@ def test_a_run_trained_before_the_finder_changed_is_still_analysed(trained):
         run_config(old, ["stages.alpha=0.05"], "tracker", "tracker.measures=[subspace]")
 
 
-def test_an_empty_wandb_mode_is_one_line_before_any_measuring(trained, monkeypatch):
+def test_an_empty_wandb_mode_is_one_line_before_any_measuring(trained, monkeypatch, capsys):
     """The analysis logs to W&B as the run did; W&B would refuse the variable after every step was measured."""
-    from analysis.saved_run import AnalysisError
-    from analysis.stages import plan
+    from analysis.protocol import main
+    from analysis.stages import Stages
 
     monkeypatch.setenv("WANDB_MODE", "")
-    with pytest.raises(AnalysisError, match=r"^WANDB_MODE='' in the environment is not a W&B mode"):
-        plan(trained, ["stages.llc_enabled=false"], name="empty_mode")
+    assert main(Stages, [str(trained), "stages.llc_enabled=false", "--name", "empty_mode"]) == 2
+    assert capsys.readouterr().err.startswith("error: WANDB_MODE='' in the environment is not a W&B mode")
     assert not (trained / "analysis" / "empty_mode").exists()
