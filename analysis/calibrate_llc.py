@@ -121,7 +121,7 @@ class CalibrateLLC(Analysis):
         )
 
     def start(self, loggers: list) -> None:
-        self.rows_data = llc_sequences(self.cfg)
+        self.rows_data = llc_sequences(self.cfg).to(self.request.torch_device)
 
     def measure(self, step: int, model) -> tuple[dict, dict[str, torch.Tensor]]:
         """Every setting's λ̂, spread and drift (NaN where a chain diverged) and its traces ``[chains, draws]``."""

@@ -155,11 +155,12 @@ def argument_parser(analysis: type[Analysis], description: str) -> argparse.Argu
     parser.add_argument(
         "--overwrite", action="store_true", help="replace analysis/NAME if it exists (that analysis only)"
     )
+    parser.add_argument("--device", default="cpu", help="where the weights are measured: cpu (default), cuda, mps")
     analysis.add_options(parser)
     return parser
 
 
-COMMON_ARGUMENTS = ("run_dir", "overrides", "steps", "every", "name", "overwrite")
+COMMON_ARGUMENTS = ("run_dir", "overrides", "steps", "every", "name", "overwrite", "device")
 
 
 def plan(analysis: type[Analysis], run_dir: Path, args: argparse.Namespace) -> Request:
@@ -174,7 +175,7 @@ def plan(analysis: type[Analysis], run_dir: Path, args: argparse.Namespace) -> R
     spec = args.steps or analysis.default_steps(trajectory)
     steps = checked_steps(trajectory, spec, args.every, at_least=analysis.min_steps)
     name = args.name or analysis.default_name(list(args.overrides), spec, args.every)
-    return new_request(run_dir, cfg, list(args.overrides), steps, name, options)
+    return new_request(run_dir, cfg, list(args.overrides), steps, name, options, args.device)
 
 
 def sweep_jobs(path: Path) -> list[Path]:
@@ -322,7 +323,7 @@ def measure_steps(analysis: Analysis, cache: MeasuredSteps | None) -> tuple[list
         kept = cache.get(step) if cache is not None else None
         if kept is None:
             started = time.perf_counter()
-            row, step_tensors = analysis.measure(step, trajectory.model(step))
+            row, step_tensors = analysis.measure(step, trajectory.model(step, request.torch_device))
             row = {"step": step, **row}
             if cache is not None:
                 cache.put(step, row, step_tensors)

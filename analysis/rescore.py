@@ -76,7 +76,7 @@ class Rescore(Analysis):
     def start(self, loggers: list) -> None:
         self.loggers = loggers
         first = self.request.steps[0]
-        self.tracker.open(Trajectory(self.request.run_dir).model(first), first)
+        self.tracker.open(Trajectory(self.request.run_dir).model(first, self.request.torch_device), first)
 
     def measure(self, step: int, model) -> tuple[dict, dict]:
         """The snapshot, logged by the tracker itself (CSV, tensor store, W&B) as during training."""

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -38,6 +39,11 @@ class Request:
     steps: list[int]
     name: str
     options: dict = field(default_factory=dict)
+    device: str = "cpu"  # where the weights are loaded and measured
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
 
     @property
     def out_dir(self) -> Path:
@@ -107,14 +113,38 @@ def checked_steps(trajectory: Trajectory, spec: str, every: int, at_least: int =
 
 
 def new_request(
-    run_dir: Path, cfg: DictConfig, overrides: list[str], steps: list[int], name: str, options: dict | None = None
+    run_dir: Path,
+    cfg: DictConfig,
+    overrides: list[str],
+    steps: list[int],
+    name: str,
+    options: dict | None = None,
+    device: str = "cpu",
 ) -> Request:
-    """The request, once its name is a plain directory name and W&B's mode is one it can run in."""
+    """The request, once its name is a plain directory name, its device one this machine has, and
+    W&B's mode one it can run in."""
     if not re.fullmatch(r"[A-Za-z0-9._=+,-]+", name) or name in (".", ".."):
         raise AnalysisError(f"--name {name!r}: use letters, digits and . _ = + , -")
     if cfg.logger.wandb.enabled and (problem := wandb_environment_problem()):
         raise AnalysisError(problem)
-    return Request(Path(run_dir), cfg, tuple(overrides), steps, name, dict(options or {}))
+    if (problem := device_problem(device)) is not None:
+        raise AnalysisError(problem)
+    return Request(Path(run_dir), cfg, tuple(overrides), steps, name, dict(options or {}), device)
+
+
+def device_problem(device: str) -> str | None:
+    """Why ``--device DEVICE`` cannot run here, or None."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        return f"--device {device!r}: not a torch device (cpu, cuda, cuda:1, mps)"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return f"--device {device}: no CUDA device is visible to torch"
+    if kind == "mps" and not torch.backends.mps.is_available():
+        return f"--device {device}: Apple's MPS is not available here"
+    if kind not in ("cpu", "cuda", "mps"):
+        return f"--device {device}: analyses run on cpu, cuda or mps"
+    return None
 
 
 def first_line(error: Exception) -> str:

@@ -109,8 +109,11 @@ class Stages(Analysis):
             torch.set_num_threads(int(cfg.tracker.num_threads))
         if stages.llc_enabled and (warning := llc_calibration_warning(cfg)):
             print(warning, file=sys.stderr)
-        self.llc_rows = llc_sequences(cfg)
-        self.probe = held_out_sequences(cfg, stages.sequences, offset=stages.llc.batches * stages.llc.batch_size)
+        device = self.request.torch_device
+        self.llc_rows = llc_sequences(cfg).to(device)
+        self.probe = held_out_sequences(cfg, stages.sequences, offset=stages.llc.batches * stages.llc.batch_size).to(
+            device
+        )
 
     def measure(self, step: int, model) -> tuple[dict, dict[str, torch.Tensor]]:
         """llc.csv's row (λ̂ of the model and of each circuit head, each head's ``..._diverged`` too)
@@ -127,7 +130,7 @@ class Stages(Analysis):
                     row[f"llc_L{layer}H{head}" + ("" if key == "mean" else f"_{key}")] = by_head[key]
         with torch.no_grad():
             losses = next_token_loss(model, self.probe).flatten()
-        return row, {"losses": losses}
+        return row, {"losses": losses.cpu()}
 
     def describe_row(self, row: dict) -> str:
         if "llc_mean" not in row:

@@ -17,6 +17,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import Logger, WandbLogger
 
+from callbacks.divergence import largest_magnitude
 from data.probe import ProbeBatch
 from metrics.composition.baseline import cache_directory, random_baselines
 from metrics.composition.engine import composition_flops
@@ -188,7 +189,7 @@ class CompositionTracker(L.Callback):
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         try:
-            if not all(bool(p.detach().isfinite().all()) for p in model.parameters()):
+            if not bool(largest_magnitude(model.parameters()).isfinite()):
                 self.log_unmeasurable(loggers, step, "the weights are not finite")
             else:
                 try:

@@ -23,7 +23,7 @@ from callbacks.divergence import DivergenceGuard
 from callbacks.final_report import PhaseChangeFigure
 from callbacks.llc_estimates import LLCEstimates
 from callbacks.preemption import StopOnSignal
-from callbacks.progress import ProgressLines
+from callbacks.progress import ProgressLines, loss_bar
 from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker
 from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
@@ -333,8 +333,9 @@ def build_trainer(
     interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar
     wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
     callbacks = build_callbacks(cfg, run_dir, wandb_id, naming)
-    if trainer.enable_progress_bar and not interactive:
-        callbacks.append(ProgressLines(trainer.progress_every_n_steps))
+    guard = next(c for c in callbacks if isinstance(c, DivergenceGuard))  # the one reader of the loss
+    if trainer.enable_progress_bar:
+        callbacks.append(loss_bar(guard) if interactive else ProgressLines(trainer.progress_every_n_steps, guard))
     return L.Trainer(
         default_root_dir=str(run_dir),
         max_steps=trainer.max_steps,

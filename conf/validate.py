@@ -237,8 +237,8 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.append(f"data.concentration={data.concentration} must be > 0")
     if cfg.resume is not None:
         problems.extend(resume_problems(cfg))
-    if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        problems.append("trainer=gpu but no CUDA device is visible to torch (use trainer=cpu)")
+    if (problem := accelerator_problem(trainer.accelerator)) is not None:
+        problems.append(problem)
     if tracker.enabled:
         problems.extend(tracker_problems(cfg))
     if cfg.trajectory.enabled and not problems:
@@ -383,11 +383,38 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
             problems.append(f"tracker.{key}={tracker[key]} must be >= {low}")
     if tracker.num_threads is not None and tracker.num_threads < 1:
         problems.append(f"tracker.num_threads={tracker.num_threads} must be >= 1 (or null: as training)")
-    if tracker.precision == "float64" and trainer.accelerator == "mps":
-        problems.append(
-            "tracker.precision=float64 is not available on MPS (no float64 there): use tracker.precision=model"
-        )
+    if resolved_accelerator(trainer.accelerator) == "mps":
+        if tracker.precision == "float64":
+            problems.append(
+                "tracker.precision=float64 is not available on MPS (no float64 there): use tracker.precision=model"
+            )
+        if trainer.precision in ("64-true", "64"):
+            problems.append(f"trainer.precision={trainer.precision} is not available on MPS (no float64 there)")
     return problems
+
+
+def resolved_accelerator(accelerator: str) -> str:
+    """The device kind Lightning runs ``trainer.accelerator`` on here: ``gpu`` and ``auto`` take CUDA
+    where torch sees it, else Apple's MPS where it is available (``auto``: else the CPU)."""
+    if accelerator in ("gpu", "auto"):
+        if torch.cuda.is_available():
+            return "cuda"
+        if torch.backends.mps.is_available():
+            return "mps"
+        return "cpu" if accelerator == "auto" else "none"
+    return accelerator
+
+
+def accelerator_problem(accelerator: str) -> str | None:
+    """Why ``trainer.accelerator`` cannot run on this machine, or None."""
+    resolved = resolved_accelerator(accelerator)
+    if resolved == "none":
+        return "trainer=gpu but torch sees no GPU here (no CUDA device, no Apple MPS): use trainer=cpu"
+    if resolved == "cuda" and not torch.cuda.is_available():
+        return "trainer.accelerator=cuda but no CUDA device is visible to torch (use trainer=cpu)"
+    if resolved == "mps" and not torch.backends.mps.is_available():
+        return "trainer.accelerator=mps but Apple's MPS is not available here (use trainer=cpu)"
+    return None
 
 
 def validate(cfg: DictConfig, multirun: bool = False) -> None:

@@ -49,7 +49,7 @@ def bigram_trigger_tokens(
     body_len = seq_len - int(bos)
     u = torch.from_numpy(random_uniform(seed, sample_ids, body_len, STEP_STREAM)).T.contiguous()  # (t, b)
     outputs = torch.from_numpy(random_ints(seed, sample_ids, len(chain.triggers), n_random, OUTPUT_STREAM))  # (b, k)
-    body = torch.empty(len(sample_ids), body_len, dtype=torch.long)
+    body = torch.empty(len(sample_ids), body_len, dtype=torch.long, device="cpu")
     body[:, 0] = (u[0] * n_random).long().clamp(max=n_random - 1)
     for t in range(1, body_len):
         prev = body[:, t - 1]  # (b,)
@@ -59,4 +59,4 @@ def bigram_trigger_tokens(
         body[:, t] = torch.where(is_trigger.any(1), triggered, drawn)
     if not bos:
         return body
-    return torch.cat([torch.full((len(body), 1), n_random, dtype=torch.long), body], dim=1)
+    return torch.cat([torch.full((len(body), 1), n_random, dtype=torch.long, device="cpu"), body], dim=1)

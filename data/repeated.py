@@ -38,8 +38,8 @@ def repeated_tokens(
     body_len = seq_len - offset
     block = torch.from_numpy(random_ints(seed, sample_ids, n_max, n_random, TOKEN_STREAM))  # (b, n_max)
     n = torch.from_numpy(random_ints(seed, sample_ids, 1, n_max - n_min + 1, LENGTH_STREAM)) + n_min  # (b, 1)
-    period_index = torch.arange(body_len)[None, :] % n  # (b, body_len)
+    period_index = torch.arange(body_len, device="cpu")[None, :] % n  # (b, body_len)
     body = block.gather(1, period_index)  # (b, body_len)
     if not bos:
         return body
-    return torch.cat([torch.full((len(body), 1), n_random, dtype=body.dtype), body], dim=1)
+    return torch.cat([torch.full((len(body), 1), n_random, dtype=body.dtype, device="cpu"), body], dim=1)

@@ -39,7 +39,7 @@ class InductionLM(L.LightningModule):
     def training_step(self, tokens: Tensor, batch_idx: int) -> Tensor:
         loss = next_token_loss(self.model(tokens), tokens)
         if self.is_logging_step():
-            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/loss", loss)
         return loss
 
     def is_logging_step(self) -> bool:

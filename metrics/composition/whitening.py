@@ -137,8 +137,9 @@ class Whitening:
     @functools.cached_property
     def condition(self) -> float:
         """``κ(Σ) = λ_max / λ_min`` of the (regularised) covariance: how much the whitened weights'
-        scales spread, which bounds the rounding error of sums over them."""
-        roots = torch.linalg.eigvalsh(self.half.double())
+        scales spread, which bounds the rounding error of sums over them. On the CPU, in float64:
+        MPS has no float64, and on CUDA a small eigendecomposition is serial and synchronises anyway."""
+        roots = torch.linalg.eigvalsh(self.half.detach().to("cpu", torch.float64))
         return float((roots.max() / roots.min().clamp_min(torch.finfo(torch.float64).tiny)) ** 2)
 
 

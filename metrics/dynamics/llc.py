@@ -165,7 +165,7 @@ def estimate_llc(
     dataset = Dataset.from_dict({"input_ids": rows.cpu().numpy()}).with_format("torch")
     was_training = model.training
     started = time.perf_counter()
-    reference = batch_losses(model.eval(), rows, batch, loss_fn)  # L_j(w*), j = 0 .. batches - 1
+    reference = batch_losses(model.eval(), rows, batch, loss_fn).cpu()  # L_j(w*), j = 0 .. batches - 1
     masks = param_masks or {name: None for name, _ in model.named_parameters()}
     # devinterp calls gc.collect() around every chain; frozen, the objects alive now are not walked
     # again (0.3 s a call in a process that has imported W&B and Lightning)
@@ -196,10 +196,10 @@ def estimate_llc(
         gc.unfreeze()
         model.train(was_training)
     data = samples.dataset
-    drawn = torch.as_tensor(data.sampling_loss.values).float().mean(dim=(2, 3))  # [chains, draws]
+    drawn = torch.as_tensor(data.sampling_loss.values, device="cpu").float().mean(dim=(2, 3))  # [chains, draws]
     if not torch.isfinite(drawn).all():
         raise FloatingPointError("an SGLD chain diverged (a non-finite loss): lower llc.lr or raise llc.localization")
-    batch_of_draw = (settings.burnin + torch.arange(settings.draws)) % batches
+    batch_of_draw = (settings.burnin + torch.arange(settings.draws, device="cpu")) % batches
     trace = settings.n_beta * (drawn - reference[batch_of_draw])
     per_chain = trace.mean(dim=1)
     third = max(1, settings.draws // 3)

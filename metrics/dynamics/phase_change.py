@@ -29,7 +29,7 @@ def smooth(values: Tensor, window: int) -> Tensor:
     the window shrinks at the edges."""
     if window <= 1:
         return values.clone()
-    kernel = torch.ones(1, 1, window, dtype=values.dtype)
+    kernel = torch.ones(1, 1, window, dtype=values.dtype, device=values.device)
     pad = window // 2
     sums = torch.nn.functional.conv1d(values[None, None], kernel, padding=pad)[0, 0][: len(values)]
     counts = torch.nn.functional.conv1d(torch.ones_like(values)[None, None], kernel, padding=pad)[0, 0][: len(values)]

@@ -247,7 +247,7 @@ def _ablate(
         tokens = probe.tokens.to(model.W_E.device)
         clean = _CleanRun.of(model, model.run_with_cache(tokens) if clean_run is None else clean_run)
         L, H = model.shape.n_layers, model.shape.n_heads
-        pattern_change = torch.full((L * H, L * H), float("nan"), dtype=torch.float64)
+        pattern_change = torch.full((L * H, L * H), float("nan"), dtype=torch.float64, device="cpu")
         loss_change = pattern_change.clone()
         for l2 in range(1, L):
             patterns, losses = _reader_layer_effects(

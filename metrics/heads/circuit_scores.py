@@ -20,8 +20,10 @@ MATCHING = "match"
 
 
 def eigenvalue_positivity(matrices: Tensor) -> Tensor:
-    """``Σ Re λ / Σ |λ|`` of each ``[..., r, r]`` matrix -> ``[...]``."""
-    eigenvalues = over_threads(torch.linalg.eigvals, matrices)
+    """``Σ Re λ / Σ |λ|`` of each ``[..., r, r]`` matrix -> ``[...]``, on the CPU: the matrices are
+    ``d_head``-sized, and a general eigendecomposition is not implemented on MPS and runs serially,
+    with a host sync, on CUDA."""
+    eigenvalues = over_threads(torch.linalg.eigvals, matrices.to("cpu"))
     return eigenvalues.real.sum(-1) / eigenvalues.abs().sum(-1)
 
 
@@ -58,7 +60,7 @@ def matching_scores(model: AttentionOnlyTransformer, circuits: HeadCircuits) -> 
     W_E = centre_writing(model.final_norm, model.W_E, dtype)
     token_gram = W_E.T @ W_E  # (d, d): W_Eᵀ W_E
     n, d, r = ov.left.shape
-    full = ov.left.new_full((n, n), math.nan)
+    full = torch.full((n, n), math.nan, dtype=dtype, device="cpu")  # filled from eigenvalues, on the CPU
     for l2 in range(1, L):
         readers = slice(l2 * H, (l2 + 1) * H)
         writers = slice(0, l2 * H)

@@ -69,7 +69,7 @@ BAD_INPUTS = [
     (["trainer.accelerator=tpu"], "trainer.accelerator='tpu' must be one of"),
     (["trainer.precision=8-bit"], "trainer.precision='8-bit' must be one of"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1.0 must be > 0"),
-    (["trainer=gpu"], "no CUDA device"),
+    (["trainer=gpu"], "torch sees no GPU here (no CUDA device, no Apple MPS)"),
     (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
     (["optim.weight_decay=-1"], "optim.weight_decay=-1.0 must be >= 0"),
     (["optim.warmup_steps=-10"], "optim.warmup_steps=-10 must be >= 0"),
