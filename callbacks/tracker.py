@@ -109,6 +109,7 @@ class CompositionTracker(L.Callback):
         self.schedule = Schedule.of(settings)
         self.every_n_steps = self.schedule.every_n_steps
         self.measures = tuple(settings.measures)
+        self.share_rows = settings.share_rows
         self.dense_measures = tuple(m for m in self.measures if m in settings.dense_measures)  # at every snapshot
         self.baseline_samples = settings.baseline_samples
         self.ablation_method = _name(settings.ablation.method)
@@ -236,6 +237,7 @@ class CompositionTracker(L.Callback):
             whitenings=self.whitenings,
             dtype=self.dtype,
             max_chunk_bytes=self.chunk_bytes,
+            share_rows=self.share_rows,
         )
         self.whitenings = snap.whitenings
         self.ablation_used = snap.ablation_method or self.ablation_used
@@ -245,7 +247,7 @@ class CompositionTracker(L.Callback):
                 WITH_ALL if part == "composition" and measures != self.dense_measures else part, seconds
             )
         logging_start = time.perf_counter()
-        metrics = snapshot_metrics(snap, self.max_pair_keys, self.top_pairs, n_measures=len(self.measures))
+        metrics = snapshot_metrics(snap, self.max_pair_keys, self.top_pairs, measures=self.measures)
         self.last_keys = list(metrics)
         self.latest = (step, metrics)
         for logger in loggers:
@@ -265,10 +267,12 @@ class CompositionTracker(L.Callback):
         if not wandb_loggers or snap.circuit is None:
             return  # only W&B shows images; one layer has no pairs to draw
         start = time.perf_counter()
-        for measure in snap.composition:
-            scores = {kind: snap.minus_baseline(measure, kind).float().numpy() for kind in snap.composition[measure]}
+        for measure, by_kind in snap.composition.items():
+            baseline = snap.baselines.get(measure)  # none for the data-aware share
+            scores = {kind: (s - baseline.mean if baseline else s).float().numpy() for kind, s in by_kind.items()}
             rgb = heatmap_image(scores)
-            caption = f"{measure} minus baseline, step {step}: rows writers, columns readers (Q | K | V)"
+            what = f"{measure} minus baseline" if baseline else measure
+            caption = f"{what}, step {step}: rows writers, columns readers (Q | K | V)"
             for logger in wandb_loggers:
                 logger.log_image(key=f"images/composition/{measure}", images=[rgb], step=step, caption=[caption])
         self.cost.ledger.add("images", time.perf_counter() - start)

@@ -176,10 +176,13 @@ class TrackerConfig:
             "subspace",
             "component",
             "component_share",
+            "share",
         ]
     )
     # those of `measures` scored at every snapshot
-    dense_measures: list[str] = field(default_factory=lambda: ["frobenius"])
+    dense_measures: list[str] = field(default_factory=lambda: ["frobenius", "share"])
+    # the probe positions the data-aware share weighs: repeated (the second copy, where induction works) or all
+    share_rows: str = "repeated"
     ablation: AblationConfig = field(default_factory=AblationConfig)
     copying: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # copying scores (weight and empirical)
     # QK matching scores (and at every ablation)
@@ -189,7 +192,7 @@ class TrackerConfig:
     all_measures: PartSchedule = field(default_factory=lambda: PartSchedule(100))
     # the whitened bases (covariances, Σ^±½), reused between
     whitening: PartSchedule = field(default_factory=lambda: PartSchedule(100))
-    # per-pair W&B/CSV keys while they number at most this (6 M + 3 per pair); summaries beyond
+    # per-pair W&B/CSV keys while they number at most this (6 M + 3 S + 3 per pair: records/keys.py); summaries beyond
     max_pair_keys: int = 300
     top_pairs: int = 3  # pairs logged per measure beyond max_pair_keys
     store: bool = True  # every snapshot's full per-pair tensors to RUN_DIR/tensors

@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from metrics.composition.data_shares import ROWS
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
-from metrics.snapshot import COMPOSITION_MEASURES
+from metrics.snapshot import MEASURES
 from models.transformer import TransformerShape
 from records.keys import flatten
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
@@ -354,12 +355,14 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
                 f"tracker.{part}.every_n_steps={every} must be a multiple of"
                 f" tracker.every_n_steps={tracker.every_n_steps} ({what} at measured steps)"
             )
-    unknown = sorted(set(tracker.measures) - set(COMPOSITION_MEASURES))
+    unknown = sorted(set(tracker.measures) - set(MEASURES))
     if unknown:
-        problems.append(f"tracker.measures has unknown {unknown}; known: {sorted(COMPOSITION_MEASURES)}")
-    unknown_dense = sorted(set(tracker.dense_measures) - set(COMPOSITION_MEASURES))
+        problems.append(f"tracker.measures has unknown {unknown}; known: {sorted(MEASURES)}")
+    unknown_dense = sorted(set(tracker.dense_measures) - set(MEASURES))
     if unknown_dense:
-        problems.append(f"tracker.dense_measures has unknown {unknown_dense}; known: {sorted(COMPOSITION_MEASURES)}")
+        problems.append(f"tracker.dense_measures has unknown {unknown_dense}; known: {sorted(MEASURES)}")
+    if tracker.share_rows not in ROWS:
+        problems.append(f"tracker.share_rows={tracker.share_rows!r} must be one of {ROWS}")
     if not tracker.measures:
         problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
     probe_len = 2 * tracker.probe_n + int(data.bos)

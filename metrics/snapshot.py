@@ -18,6 +18,7 @@ from torch import Tensor
 from data.probe import ProbeBatch
 from metrics.composition.baseline import BASELINE_SAMPLES, Baseline, random_baselines
 from metrics.composition.circuits import head_circuits
+from metrics.composition.data_shares import DATA_MEASURES, SHARE, DataShares, data_shares, row_weights
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from metrics.composition.measures import COMPOSITION_MEASURES
 from metrics.composition.scores import composition_of
@@ -32,7 +33,11 @@ from metrics.heads.circuit_scores import MATCHING, copying_scores, folded_unembe
 from metrics.heads.empirical_copying import empirical_copying
 from models.transformer import AttentionOnlyTransformer
 
-__all__ = ["COMPOSITION_MEASURES", "MATCHING", "Snapshot", "composition_of", "take_snapshot"]
+__all__ = ["COMPOSITION_MEASURES", "MATCHING", "MEASURES", "Snapshot", "composition_of", "take_snapshot"]
+
+MEASURES = (*COMPOSITION_MEASURES, *DATA_MEASURES)
+"""Every measure the tracker can score: the weight-based ones (:data:`COMPOSITION_MEASURES`, each
+with a random baseline) and the data-aware share of the probe pass (:mod:`metrics.composition.data_shares`)."""
 
 Head = tuple[int, int]  # (layer, head)
 HALF_PRECISION = (torch.float16, torch.bfloat16)
@@ -64,6 +69,7 @@ class Snapshot:
     ablation: KeyAblation | None = None  # K-only path ablation per pair, when asked for
     ablation_method: str | None = None  # "exact" or "attribution" (first order), when ablated
     validity: dict[str, dict[str, Agreement]] | None = None  # effect -> measure (K) or "match" -> agreement
+    share_parts: DataShares | None = None  # the data-aware shares of every part, when "share" was scored
     whitenings: dict[str, Whitening] = field(default_factory=dict)  # the whitened bases used (a tracker may reuse them)
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each part
 
@@ -108,6 +114,7 @@ def take_snapshot(
     whitenings: dict[str, Whitening] | None = None,
     dtype: torch.dtype | None = None,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    share_rows: str = "repeated",
 ) -> Snapshot:
     """Measure ``model`` on ``probe``; leaves the model's mode and every RNG untouched.
 
@@ -118,11 +125,13 @@ def take_snapshot(
     OV circuits' eigenvalues and Olsson's empirical evaluator on the probe) and the matching scores
     (each can be skipped on cheap steps).
     ``whitenings``: reuse these whitened bases (by basis: ``embedding``, ``residual``) instead of
-    computing them from this step's weights and probe pass.
+    computing them from this step's weights and probe pass. ``share_rows``: the probe positions the
+    data-aware share weighs (:data:`~metrics.composition.data_shares.ROWS`).
     """
-    unknown = set(measures) - set(COMPOSITION_MEASURES)
+    unknown = set(measures) - set(MEASURES)
     if unknown:
-        raise ValueError(f"unknown composition measures {sorted(unknown)}; known: {sorted(COMPOSITION_MEASURES)}")
+        raise ValueError(f"unknown composition measures {sorted(unknown)}; known: {sorted(MEASURES)}")
+    shares = SHARE in measures
     if model.W_E.dtype in HALF_PRECISION:  # trained in half precision: measured on a float32 copy
         model = copy.deepcopy(model).float()
     timer = PartTimer(model.W_E.device)
@@ -132,7 +141,8 @@ def take_snapshot(
     try:
         tokens = probe.tokens.to(model.W_E.device)
         with timer.part("probe"):
-            logits, cache = model.run_with_cache(tokens, head_out=copying or ablate)  # the heads' writes only for those
+            # the heads' writes only for the parts that read them
+            logits, cache = model.run_with_cache(tokens, head_out=copying or ablate or shares)
         ablation = method = None
         if ablate and shape.n_layers > 1:
             with timer.part("ablation"):
@@ -150,16 +160,22 @@ def take_snapshot(
     with timer.part("composition"):
         circuits = head_circuits(model, dtype)
         whitenings = dict(whitenings or {})
+        weighed = tuple(m for m in measures if m in COMPOSITION_MEASURES)
         composition = composition_of(
             model,
-            measures,
+            weighed,
             circuits,
             residual=cache["resid_pre"],
             whitenings=whitenings,
             max_chunk_bytes=max_chunk_bytes,
         )
+        share_parts = None
+        if shares:
+            weights = row_weights(probe.n, probe.repeat_start, tokens.shape[-1], share_rows, tokens.device)
+            share_parts = data_shares(model, tokens, cache, weights).to("cpu")
+            composition[SHARE] = share_parts.heads
         composition = {
-            m: {kind: scores.cpu() for kind, scores in by_kind.items()} for m, by_kind in composition.items()
+            m: {kind: scores.cpu() for kind, scores in composition[m].items()} for m in measures if m in composition
         }
         baselines = {
             m: b for m, b in random_baselines(shape.d_model, shape.d_head, baseline_samples).items() if m in measures
@@ -202,6 +218,7 @@ def take_snapshot(
         ablation=ablation,
         ablation_method=method,
         validity=validity,
+        share_parts=share_parts,
         whitenings=whitenings,
         seconds=timer.seconds,
     )

@@ -2,9 +2,9 @@
 
 A snapshot holds tensors over every (writer, reader) head pair: ``[L, H, L, H]``, NaN where the
 reader's layer is not later, so ``P = H² L (L - 1) / 2`` scored pairs. One key per pair is what a
-person wants on a small model and unusable on a big one (19,584 pair keys per snapshot at 4 × 8 with
-eight measures, 484,704 at 12 × 12: :func:`pair_key_count`, checked in tests/records/test_keys.py),
-so :func:`snapshot_metrics` has two modes.
+person wants on a small model and unusable on a big one (20,736 pair keys per snapshot at 4 × 8 with
+the eight weight-based measures and the share, 513,216 at 12 × 12: :func:`pair_key_count`, checked
+in tests/records/test_keys.py), so :func:`snapshot_metrics` has two modes.
 
 Pair names are ``L0H1->L1H3`` (writer -> reader). Flat head indices are ``layer * n_heads + head``.
 
@@ -15,7 +15,10 @@ Always emitted (when the snapshot part is present; a ``None`` part emits no keys
 ``comp/baseline/{measure}``, ``comp/baseline/{measure}_stderr``
     the measure's random baseline and its standard error
 ``circuit/K/{measure}``, ``circuit/K/{measure}_minus_baseline``, ``circuit/K/{measure}_minus_baseline_rank``
-    the circuit pair's K-composition, raw, minus baseline, its rank among all pairs (1 = top)
+    the circuit pair's K-composition, raw, minus baseline, its rank among all pairs (1 = top); the
+    data-aware share has no baseline: ``circuit/K/share`` only
+``circuit/share/{Q,K,V}/{tokens,positions,biases}``
+    what the circuit's reader reads besides the heads' writes: those parts' shares (with the share)
 ``circuit/{writer,reader}_{layer,head}``
     which heads the circuit pair is
 ``circuit/match``, ``circuit/ablation/{loss_change,pattern_change}``
@@ -30,9 +33,10 @@ Always emitted (when the snapshot part is present; a ``None`` part emits no keys
 
 Per-pair mode: while the per-pair keys number at most ``max_pair_keys`` (the default 300)
 ------------------------------------------------------------------------------------------
-Each pair costs ``6M + 3`` keys (M measures: Q, K, V raw and minus baseline; matching; two
-ablation effects), so with eight measures the default 2 × 2 model (4 pairs, 204 keys) logs every
-pair and 2 × 8 (64 pairs, 3,264 keys) logs the summary.
+Each pair costs ``6M + 3S + 3`` keys (M measures with a baseline: Q, K, V raw and minus baseline;
+S without, the share: Q, K, V raw; matching; two ablation effects), so with the eight weight-based
+measures and the share the default 2 × 2 model (4 pairs, 216 keys) logs every pair and 2 × 8 (64
+pairs, 3,456 keys) logs the summary.
 
 ``comp/{Q,K,V}/{measure}/L0H1->L1H3``, ``comp/{Q,K,V}/{measure}_minus_baseline/L0H1->L1H3``
     composition of every pair, raw and minus the baseline
@@ -57,15 +61,17 @@ Head scores
 ``heads/{score}/L1H3`` for every head while ``L * H <= max_head_keys``; beyond it
 ``heads/{score}/top_head`` instead: the best head as a flat index.
 
-Counts (M measures, ``top_pairs`` T = 3, 2 ablation effects, 3 kinds)
----------------------------------------------------------------------
-summary mode: ``3 + 2M + 12M + 9M + (3M + 4) + 12 + 24 + 8(M + 1)`` = 323 at M = 8, plus the head
-keys: ``6 (L H + 1)`` while per head (at most 198, at 32 heads), else 12. So at most 521 keys for
-any shape with the defaults and eight measures; 335 at 12 × 12. The validity keys are
-``8(M + 1)`` (M measures + match): rank and Spearman over pairs for 2 effects, and over writers
-and over readers for the loss effect; an undefined Spearman is one key fewer.
-per-pair mode: ``P (6M + 3) <= max_pair_keys`` pair keys besides the others: 356 keys in all for the
-default 2 × 2 model with 8 measures and the ablation.
+Counts (M measures with a baseline, S shares, ``top_pairs`` T = 3, 2 ablation effects, 3 kinds)
+-----------------------------------------------------------------------------------------------
+summary mode: ``3 + 2M + 12M + 9M + (3M + 4) + 12 + 24 + 8(M + 1)`` = 323 at M = 8, and
+``6S + 9S + S + 8S + 9`` = 33 more with the share (its max and mean, top pairs, circuit key,
+validity, and the circuit reader's 9 part shares); plus the head keys: ``6 (L H + 1)`` while per
+head (at most 198, at 32 heads), else 12. So at most 554 keys for any shape with the defaults;
+368 at 12 × 12. The validity keys are ``8(M + S + 1)`` (every measure + match): rank and Spearman
+over pairs for 2 effects, and over writers and over readers for the loss effect; an undefined
+Spearman is one key fewer.
+per-pair mode: ``P (6M + 3S + 3) <= max_pair_keys`` pair keys besides the others: 386 keys in all
+for the default 2 × 2 model with the defaults and the ablation.
 """
 
 from __future__ import annotations
@@ -109,18 +115,23 @@ def scored_pair_count(n_layers: int, n_heads: int) -> int:
     return n_heads * n_heads * n_layers * (n_layers - 1) // 2
 
 
-def pair_key_count(n_pairs: int, n_measures: int) -> int:
-    """Keys one snapshot spends on pairs in per-pair mode: ``6M + 3`` per pair."""
-    return n_pairs * (6 * n_measures + 3)
+def pair_key_count(n_pairs: int, n_measures: int, n_shares: int = 0) -> int:
+    """Keys one snapshot spends on pairs in per-pair mode: ``6M + 3S + 3`` per pair (``M`` measures
+    with a baseline, ``S`` without: the data-aware share)."""
+    return n_pairs * (6 * n_measures + 3 * n_shares + 3)
 
 
 def snapshot_metrics(
-    snap: Snapshot, max_pair_keys: int = 300, top_pairs: int = 3, max_head_keys: int = 32, n_measures: int | None = None
+    snap: Snapshot,
+    max_pair_keys: int = 300,
+    top_pairs: int = 3,
+    max_head_keys: int = 32,
+    measures: tuple[str, ...] | None = None,
 ) -> dict[str, float]:
     """Every key of ``snap`` (see the module docstring): one key per pair while those keys number at
     most ``max_pair_keys`` (:func:`pair_key_count`), else per-family max/mean, the ``top_pairs`` best pairs and the
     circuit pair. Per-head keys while the model has at most ``max_head_keys`` heads. Masked (NaN)
-    pairs are never emitted; ``None`` parts of the snapshot emit nothing. ``n_measures``: the measures
+    pairs are never emitted; ``None`` parts of the snapshot emit nothing. ``measures``: the measures
     a run tracks (default: those in ``snap``), so that a snapshot scoring only some of them (the
     whitened ones have their own schedule) keeps the run's mode, per pair or summary."""
     metrics: dict[str, float] = {}
@@ -137,8 +148,11 @@ def snapshot_metrics(
             metrics.update(head_metrics(f"heads/{key}", _as_numpy(scores), max_head_keys))
     shape = _pair_shape(snap)
     if shape is not None:
-        n_measures = len(snap.composition) if n_measures is None else n_measures
-        per_pair = pair_key_count(scored_pair_count(*shape), n_measures) <= max_pair_keys
+        from metrics.composition.data_shares import DATA_MEASURES  # torch: only with a snapshot to flatten
+
+        tracked = tuple(snap.composition) if measures is None else measures
+        shares = sum(m in DATA_MEASURES for m in tracked)
+        per_pair = pair_key_count(scored_pair_count(*shape), len(tracked) - shares, shares) <= max_pair_keys
         families = PairFamilies(per_pair, top_pairs, snap.circuit)
         metrics.update(composition_metrics(snap, families))
         if snap.matching is not None:
@@ -151,6 +165,8 @@ def snapshot_metrics(
                     )
                 )
     metrics.update(validity_metrics(snap))
+    if snap.circuit is not None and snap.share_parts is not None:
+        metrics.update(share_part_metrics(snap.share_parts, snap.circuit[1]))
     if snap.circuit is not None:
         (l1, h1), (l2, h2) = snap.circuit
         metrics.update(
@@ -162,6 +178,17 @@ def snapshot_metrics(
             }
         )
     return metrics
+
+
+def share_part_metrics(parts, reader: tuple[int, int]) -> dict[str, float]:
+    """``circuit/share/{Q,K,V}/{tokens,positions,biases}``: the share of each part other than the
+    heads in what the circuit's reader reads (what the writer's share leaves)."""
+    layer, head = reader
+    return {
+        f"circuit/share/{kind}/{part}": float(getattr(parts, part)[kind][layer, head])
+        for kind in parts.heads
+        for part in ("tokens", "positions", "biases")
+    }
 
 
 def head_metrics(prefix: str, scores: np.ndarray, max_head_keys: int) -> dict[str, float]:

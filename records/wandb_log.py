@@ -8,7 +8,7 @@ logged as ``SECTION/K`` (the CSV and the tensor store keep ``K``):
 ==================  =============================================================================
 ``1_story``         the curve of the phase change: repeated vs first-occurrence loss and their gap,
                     the top induction and previous-token scores, the circuit pair's Frobenius
-                    K-composition (raw, minus baseline, its rank) and its ablation loss change
+                    K-composition (raw, its rank), its data-aware K share and its ablation loss change
 ``2_composition``   the circuit pair under every measure (``circuit/``) and the measures' random
                     baselines (``comp/baseline/``)
 ``3_ground_truth``  each measure's agreement with the ablation (``validity/``)
@@ -30,6 +30,8 @@ from collections.abc import Mapping
 
 from lightning.pytorch.loggers import WandbLogger
 
+from metrics.composition.data_shares import SHARE
+
 STEP_KEY = "trainer/global_step"
 """The step axis of every key (Lightning's ``WandbLogger`` logs the step under it)."""
 
@@ -45,12 +47,13 @@ STORY = frozenset(
         "heads/induction/top",
         "heads/prev_token/top",
         f"circuit/K/{STORY_MEASURE}",
-        f"circuit/K/{STORY_MEASURE}_minus_baseline",
         f"circuit/K/{STORY_MEASURE}_minus_baseline_rank",
+        f"circuit/K/{SHARE}",
         "circuit/ablation/loss_change",
     }
 )
-"""The tracker keys of ``1_story``: nine, one page of ``wandb leet``."""
+"""The tracker keys of ``1_story``: nine, one page of ``wandb leet``. (The Frobenius curve minus its
+baseline is the raw curve moved by a constant: in ``2_composition``.)"""
 
 SECTIONS = (
     ("2_composition", ("circuit/", "comp/baseline/")),

@@ -219,13 +219,18 @@ def training_curves(
     measure: str = "frobenius",
     other_pairs_label: str = "other pairs, minus baseline",
     other_pairs_band: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    shares: dict[str, Series] | None = None,
 ) -> Figure:
-    """Three stacked panels sharing the step axis, the phase change shaded on each.
+    """Stacked panels sharing the step axis, the phase change shaded on each: the losses, the head
+    scores, the circuit pair's K-composition and, with ``shares``, what the circuit's reader's keys
+    read on the probe (the data-aware K share: ``{"writer": ..., "tokens": ..., "positions": ...}``).
 
     ``other_pairs_minus_baseline``: grey curves, drawn as one collection (thousands stay cheap);
     ``other_pairs_band``: ``(steps, low, high)`` shaded behind them, e.g. the range over every pair
     when only some are drawn."""
-    fig, (ax_loss, ax_heads, ax_comp) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    panels = 4 if shares else 3
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 3 * panels), sharex=True)
+    ax_loss, ax_heads, ax_comp = axes[:3]
     ax_loss.plot(*loss_first, label="first occurrences", color="tab:gray")
     ax_loss.plot(*loss_repeated, label="repeated tokens", color="tab:blue")
     ax_loss.set_ylabel("loss (nats)")
@@ -262,9 +267,19 @@ def training_curves(
     if baseline is not None:
         ax_comp.axhline(baseline, color="k", lw=0.8, ls=":", label=f"random baseline {baseline:.3f}")
     ax_comp.set_ylabel(f"K-composition ({measure})")
-    ax_comp.set_xlabel("training step")
     ax_comp.legend(loc="upper left", fontsize=8)
-    for ax in (ax_loss, ax_heads, ax_comp):
+    if shares:
+        ax_share = axes[3]
+        style = {"writer": ("tab:purple", "-"), "tokens": ("tab:gray", "--"), "positions": ("tab:brown", ":")}
+        for part, series in shares.items():
+            colour, line = style.get(part, ("k", "-"))
+            label = "the circuit's writer" if part == "writer" else f"{part} (the rest)"
+            ax_share.plot(*series, color=colour, ls=line, label=label)
+        ax_share.axhline(0, color="k", lw=0.6)
+        ax_share.set_ylabel("share of the reader's\nK scores on the probe")
+        ax_share.legend(loc="upper left", fontsize=8)
+    axes[-1].set_xlabel("training step")
+    for ax in axes:
         mark_phase_change(ax, change)
         ax.grid(alpha=0.3)
     if change is None:

@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW, PhaseChange, detect_phase_change
-from metrics.snapshot import COMPOSITION_MEASURES
+from metrics.snapshot import MEASURES
 from records.csv_log import write_rows
 from records.keys import scored_flat_indices
 from records.layout import (
@@ -99,6 +99,7 @@ def summarize(series, window: int) -> dict[str, float]:
         "circuit/K/frobenius",
         "circuit/K/frobenius_minus_baseline",
         "circuit/K/frobenius_minus_baseline_rank",
+        "circuit/K/share",
     ):
         if key in series:
             summary[f"final/{key}"] = float(series[key][1][-1])
@@ -171,9 +172,9 @@ def stored_other_pairs(
 
 
 def tracked_measures(names) -> list[str]:
-    """Measures with a stored ``comp/{kind}/{measure}`` among ``names``, in ``COMPOSITION_MEASURES`` order."""
+    """Measures with a stored ``comp/{kind}/{measure}`` among ``names``, in ``MEASURES`` order."""
     found = {name.split("/")[2] for name in names if name.startswith("comp/") and not name.startswith("comp/baseline/")}
-    order = list(COMPOSITION_MEASURES)
+    order = list(MEASURES)
     return sorted(found, key=lambda m: (order.index(m) if m in order else len(order), m))
 
 
@@ -238,6 +239,15 @@ def render(run_dir: Path, window: int) -> RunReport:
         measure=measure,
         other_pairs_label=others.label,
         other_pairs_band=others.band,
+        shares={
+            part: series[key]
+            for part, key in (
+                ("writer", "circuit/K/share"),
+                ("tokens", "circuit/share/K/tokens"),
+                ("positions", "circuit/share/K/positions"),
+            )
+            if key in series
+        },
     )
     figure_path = run_dir / PHASE_CHANGE_FIGURE
     fig.savefig(figure_path, dpi=110)

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from metrics.dynamics.phase_change import PhaseChange, smooth
 from metrics.ground_truth.validity import LEVELS, first_step_ranked_first_for_good
-from metrics.snapshot import COMPOSITION_MEASURES, MATCHING
+from metrics.snapshot import MATCHING, MEASURES
 from reports.plots import mark_phase_change, plt
 
 EFFECTS = {"loss_change": "repeated-token loss", "pattern_change": "attention pattern"}
@@ -69,10 +69,10 @@ SUMMARY_COLUMNS = (
 
 def judged_measures(series) -> list[str]:
     """Measures with logged agreement (``validity/loss_change/{m}/rank_of_truth``), in the order of
-    ``COMPOSITION_MEASURES``, the matching score last."""
+    ``MEASURES``, the matching score last."""
     prefix, suffix = "validity/loss_change/", "/rank_of_truth"
     found = [k[len(prefix) : -len(suffix)] for k in series if k.startswith(prefix) and k.endswith(suffix)]
-    order = [*COMPOSITION_MEASURES, MATCHING]
+    order = [*MEASURES, MATCHING]
     return sorted(found, key=lambda m: order.index(m) if m in order else len(order))
 
 

@@ -17,10 +17,10 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from metrics.snapshot import COMPOSITION_MEASURES
+from metrics.snapshot import COMPOSITION_MEASURES, MEASURES
 from records.wandb_log import wandb_key
 
-SCORERS = (*COMPOSITION_MEASURES, "match")
+SCORERS = (*MEASURES, "match")
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,11 @@ SECTIONS = (
                 "circuit pair's K-composition (Frobenius), raw and minus baseline",
                 tracker("circuit/K/frobenius", "circuit/K/frobenius_minus_baseline"),
             ),
+            Panel(
+                "line",
+                "circuit pair's data-aware K share, and what else its reader's keys read on the probe",
+                tracker("circuit/K/share", "circuit/share/K/tokens", "circuit/share/K/positions"),
+            ),
             Panel("line", "circuit pair's ablation: loss change (nats)", tracker("circuit/ablation/loss_change")),
             Panel("line", "in-context learning score", tracker("loss/icl_score")),
             Panel("line", "training loss", ("train/loss",)),
@@ -87,7 +92,7 @@ SECTIONS = (
             Panel(
                 "media",
                 "Q | K | V composition heatmaps (step slider)",
-                tuple(f"images/composition/{m}" for m in COMPOSITION_MEASURES),
+                tuple(f"images/composition/{m}" for m in MEASURES),
             ),
         ),
     ),

@@ -17,9 +17,10 @@ import torch
 
 from data.probe import ProbeBatch
 from metrics.composition.baseline import Baseline
+from metrics.composition.data_shares import SHARE, DataShares
 from metrics.ground_truth.ablation import KeyAblation
 from metrics.ground_truth.validity import Agreement
-from metrics.snapshot import COMPOSITION_MEASURES, MATCHING, Snapshot
+from metrics.snapshot import COMPOSITION_MEASURES, MATCHING, MEASURES, Snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records import wandb_records
 
@@ -117,14 +118,22 @@ def pair_tensor(n_layers: int, n_heads: int, generator: torch.Generator) -> torc
     return values.masked_fill(~later, float("nan"))
 
 
-def fake_snapshot(n_layers: int, n_heads: int, measures=ALL_MEASURES, seed: int = 0, **overrides) -> Snapshot:
+def fake_snapshot(n_layers: int, n_heads: int, measures=MEASURES, seed: int = 0, **overrides) -> Snapshot:
     """A snapshot of random scores with every part present (the ablation and validity too), as
-    ``take_snapshot`` lays them out; ``overrides`` replace fields (e.g. ``ablation=None``)."""
+    ``take_snapshot`` lays them out (a baseline for each weight-based measure; the data-aware share's
+    parts when it is among ``measures``); ``overrides`` replace fields (e.g. ``ablation=None``)."""
     g = torch.Generator().manual_seed(seed)
     heads = lambda: torch.rand(n_layers, n_heads, generator=g, dtype=torch.float64)
+    composition = {m: {kind: pair_tensor(n_layers, n_heads, g) for kind in "QKV"} for m in measures}
+    parts = lambda: {kind: heads() for kind in "QKV"}
     fields = dict(
-        composition={m: {kind: pair_tensor(n_layers, n_heads, g) for kind in "QKV"} for m in measures},
-        baselines={m: Baseline(mean=0.1 + 0.01 * i, stderr=0.001, n_samples=100) for i, m in enumerate(measures)},
+        composition=composition,
+        share_parts=DataShares(composition[SHARE], parts(), parts(), parts()) if SHARE in measures else None,
+        baselines={
+            m: Baseline(mean=0.1 + 0.01 * i, stderr=0.001, n_samples=100)
+            for i, m in enumerate(measures)
+            if m in COMPOSITION_MEASURES
+        },
         previous_token=heads(),
         induction=heads(),
         duplicate_token=heads(),

@@ -291,6 +291,8 @@ def composition_flops(
 
     by_basis: dict[str, list[Measure]] = {}
     for m in measures:
+        if isinstance(m, str) and m not in COMPOSITION_MEASURES:
+            continue  # the data-aware share: no weight products
         m = COMPOSITION_MEASURES[m] if isinstance(m, str) else m
         by_basis.setdefault(m.basis, []).append(m)
     n = n_layers * n_heads

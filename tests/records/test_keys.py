@@ -14,13 +14,19 @@ PER_HEAD_KEY = re.compile(r"/L\d+H\d+$")
 
 
 def test_default_shape_keeps_every_per_pair_key():
-    """2 layers x 2 heads, 8 measures, ablation: 356 keys, one per pair, and no summary keys."""
+    """2 layers x 2 heads, 8 weight-based measures and the share, ablation: 386 keys, one per pair,
+    and no summary keys."""
     snap = fake_snapshot(2, 2)
     metrics = snapshot_metrics(snap)
-    # 3 losses + 6 head scores x (4 heads + top) + 8 baselines x 2 + 4 pairs x (8 measures x 3 kinds x 2 + match + 2 effects)
-    # + 8 x 3 circuit/K + 4 circuit heads + the circuit's match and 2 effects
-    # + 2 effects x 9 scorers x (rank + spearman) + 9 scorers x (writer, reader) x (rank + spearman) for the loss effect
-    assert len(metrics) == 3 + 30 + 16 + 4 * 51 + 28 + 3 + 36 + 36 == 356
+    # 3 losses + 6 head scores x (4 heads + top) + 8 baselines x 2
+    # + 4 pairs x (8 measures x 3 kinds x 2 + the share's 3 kinds + match + 2 effects)
+    # + 8 x 3 circuit/K + circuit/K/share + 4 circuit heads + the circuit's match and 2 effects
+    # + 2 effects x 10 scorers x (rank + spearman) + 10 scorers x (writer, reader) x (rank + spearman) for the loss effect
+    # + the circuit reader's share parts: 3 kinds x (tokens, positions, biases)
+    assert len(metrics) == 3 + 30 + 16 + 4 * 54 + 25 + 4 + 3 + 40 + 40 + 9 == 386
+    assert metrics["comp/V/share/L0H0->L1H1"] == snap.composition["share"]["V"][0, 0, 1, 1].item()
+    assert metrics["circuit/share/K/positions"] == snap.share_parts.positions["K"][1, 0].item()
+    assert not [k for k in metrics if k.startswith(("comp/baseline/share", "comp/K/share_minus"))]
     (l1, h1), (l2, h2) = snap.circuit
     circuit = f"L{l1}H{h1}->L{l2}H{h2}"
     assert metrics["circuit/ablation/loss_change"] == metrics[f"ablation/loss_change/{circuit}"]
@@ -41,23 +47,24 @@ def test_default_shape_keeps_every_per_pair_key():
 def test_the_module_docstrings_pair_key_counts_are_what_per_pair_mode_would_emit():
     from records import keys
 
-    for n_layers, n_heads, stated in ((4, 8, "19,584"), (12, 12, "484,704")):
+    for n_layers, n_heads, stated in ((4, 8, "20,736"), (12, 12, "513,216")):
         pairs = n_heads**2 * n_layers * (n_layers - 1) // 2
-        assert keys.pair_key_count(pairs, 8) == int(stated.replace(",", "")) and stated in keys.__doc__
+        assert keys.pair_key_count(pairs, 8, 1) == int(stated.replace(",", "")) and stated in keys.__doc__
     emitted = snapshot_metrics(fake_snapshot(4, 8), max_pair_keys=10**9)
-    assert len([key for key in emitted if "->" in key and not key.startswith("circuit/")]) == 19_584
+    assert len([key for key in emitted if "->" in key and not key.startswith("circuit/")]) == 20_736
 
 
 def test_any_shape_emits_at_most_a_few_hundred_keys():
-    """Beyond 64 pairs: summaries only (per pair, 12 x 12 would be 484,704 keys a snapshot)."""
+    """Beyond 64 pairs: summaries only (per pair, 12 x 12 would be 513,216 keys a snapshot)."""
     big = snapshot_metrics(fake_snapshot(12, 12))
-    # 3 losses + 16 baselines + 96 comp max/mean + 72 top/K + 28 circuit + 12 match + 24 ablation + 72 validity + 12 heads
-    assert len(big) == 335
+    # 3 losses + 16 baselines + 102 comp max/mean + 81 top/K + 29 circuit + 12 match + 24 ablation + 80 validity
+    # + 9 share parts + 12 heads
+    assert len(big) == 3 + 16 + 102 + 81 + 29 + 12 + 24 + 80 + 9 + 12 == 368
     assert not [k for k in big if "->" in k or PER_HEAD_KEY.search(k)]
     mid = snapshot_metrics(fake_snapshot(4, 8))  # 384 pairs but 32 heads: heads still one key each
-    assert len(mid) == 335 - 12 + 6 * 33 == 521
+    assert len(mid) == 368 - 12 + 6 * 33 == 554
     for n_layers, n_heads in ((3, 5), (6, 6), (8, 16), (16, 4)):
-        assert len(snapshot_metrics(fake_snapshot(n_layers, n_heads))) <= 521, (n_layers, n_heads)
+        assert len(snapshot_metrics(fake_snapshot(n_layers, n_heads))) <= 554, (n_layers, n_heads)
 
 
 def test_mode_switches_on_the_number_of_pair_keys():

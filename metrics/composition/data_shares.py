@@ -1,0 +1,183 @@
+"""Data-aware composition: each upstream part's share of what a reader head reads, on the probe batch.
+
+The weight-based measures (:mod:`metrics.composition.measures`) ask how much of what a writer *could*
+write a reader *could* read. aslvrstn 2022 (seed 002) wanted a score that stays near zero until the
+induction head forms and then rises to its final value; that needs to know which directions the
+residual stream actually carries. Here the question is asked of the probe pass itself.
+
+**The parts.** The stream a layer reads, ``x = resid_pre[l2] [b, t, d_model]``, is a sum of parts:
+the tokens ``W_E[tok]``, the positions ``W_pos`` (in the stream unless shortformer), every earlier
+head's write (``head_out``, without ``b_O``) and every earlier layer's ``b_O``. The reader's
+normalization, its scale ``1/σ(x)`` frozen at the value of the probe pass (the usual linearisation, as
+TransformerLens's residual-stream decomposition and direct logit attribution do), is linear in ``x``:
+``norm(x) W = Σ_c x^c W̃ / σ`` with ``W̃ = C diag(g) W`` (:func:`~metrics.composition.circuits.fold_norm`),
+so each query, key and value splits exactly into the parts' contributions. Shortformer positions
+enter the queries and keys after the norm (a part of their own, unscaled); a reader's own ``b_Q``
+is a part of its queries ("biases", with the ``b_O``).
+
+**K share** of part c in reader head h2: the attention scores split as ``s_ij = Σ_c s^c_ij`` with
+``s^c_ij = q_i · k^c_j / √e`` (the queries fixed). Softmax ignores a constant added to a query's row,
+so each row is centred over its causal keys, ``s̃_ij = s_ij − mean_{j'≤i} s_ij'``, and the share is
+``Cov(s̃^c, s̃) / Var(s̃) = Σ s̃^c_ij s̃_ij / Σ s̃²_ij`` over the causal pairs of the weighed rows
+(``rows``) of every probe sequence. **Q share**: the queries split, the keys fixed. **V share**: the
+reader's write ``o_i = Σ_j A_ij v_j W_O`` with its values split, over the weighed positions:
+``Σ_i ⟨o^c_i − ō^c, o_i − ō⟩ / Σ_i |o_i − ō|²`` (under LayerNorm the write as the next norms see
+it: ``W_O`` centred, as :func:`~metrics.composition.circuits.centre_writing`). For every reader and kind the parts' shares sum to 1
+(``b_K`` shifts a row by a constant and ``b_V`` writes a constant: both are 0 exactly). A part that
+writes nothing has share 0; a change of the reader's QK basis (``W_Q M``, ``W_K M⁻ᵀ``) or, under
+LayerNorm, a constant added to a writer's rows changes no score and so no share. A share is a
+covariance ratio: it can be negative (the part works against the rest) or above 1.
+
+**How.** Because each row of ``s̃`` sums to zero, ``Σ_ij s̃^c_ij s̃_ij = Σ_j x^c_j · R_j`` with
+``R_j = W̃_K g_j / σ_j`` and ``g_j = Σ_i s̃_ij q_i / √e``: one direction field ``R [b, h, t, d_model]``
+per reader head and kind, and each part's numerator is one contraction with it (likewise
+``h_i = Σ_j s̃_ij k_j`` for Q, and ``u_j = Σ_i A_ij (o_i − ō)`` for V). Per reader layer that is
+``O(b · t · d_model · (L H) · H)``, no per-part scores. Written here because TransformerLens's
+``decompose_resid`` and ``stack_head_results`` give the parts but no share of a reader's scores.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from metrics.composition.circuits import centre_writing, fold_norm
+from metrics.composition.measures import COMPOSITION_KINDS
+from models.transformer import AttentionOnlyTransformer
+
+SHARE = "share"
+"""The data-aware measure's name, beside the weight-based ones (``tracker.measures``)."""
+DATA_MEASURES = (SHARE,)
+ROWS = ("all", "repeated")
+"""Which of the probe's positions weigh: every one, or the queries (for V: the writes) in the
+repeated half, where induction is what the probe asks for."""
+
+
+@dataclass(frozen=True)
+class DataShares:
+    """The shares of one probe pass, per kind (``Q``, ``K``, ``V``).
+
+    ``heads [L, H, L, H]``: writer head -> reader head (NaN where the reader's layer is not later);
+    ``tokens``, ``positions``, ``biases`` ``[L, H]``: those parts' shares per reader head. For each
+    reader and kind, the writer heads', tokens', positions' and biases' shares sum to 1."""
+
+    heads: dict[str, Tensor]
+    tokens: dict[str, Tensor]
+    positions: dict[str, Tensor]
+    biases: dict[str, Tensor]
+
+    def to(self, device) -> DataShares:
+        move = lambda by_kind: {kind: t.to(device) for kind, t in by_kind.items()}
+        return DataShares(move(self.heads), move(self.tokens), move(self.positions), move(self.biases))
+
+    def total(self, kind: str) -> Tensor:
+        """``[L, H]``: every part's share summed, per reader (1 up to rounding)."""
+        return self.heads[kind].nansum((0, 1)) + self.tokens[kind] + self.positions[kind] + self.biases[kind]
+
+
+def norm_scale(norm: torch.nn.Module, x: Tensor) -> Tensor:
+    """``1 / σ(x)`` ``[..., 1]``: what the normalization divides its (centred, gained) input by, at ``x``."""
+    if isinstance(norm, torch.nn.LayerNorm):
+        return torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
+    if isinstance(norm, torch.nn.RMSNorm):
+        eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+        return torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    return torch.ones_like(x[..., :1])
+
+
+def row_weights(probe_n: int, repeat_start: int, t: int, rows: str, device) -> Tensor:
+    """``[t]`` float: 1 for the positions that weigh (``ROWS``), else 0."""
+    weights = torch.ones(t, device=device)
+    if rows == "repeated":
+        weights.zero_()
+        weights[repeat_start : repeat_start + probe_n] = 1.0
+    elif rows != "all":
+        raise ValueError(f"rows must be one of {ROWS}, got {rows!r}")
+    return weights
+
+
+@torch.no_grad()
+def data_shares(
+    model: AttentionOnlyTransformer,
+    tokens: Tensor,
+    cache: dict[str, list[Tensor]],
+    weights: Tensor,
+) -> DataShares:
+    """The shares of every part in every reader head's queries, keys and values on ``tokens [b, t]``,
+    from ``cache`` (``model.run_with_cache(tokens, head_out=True)``); ``weights [t]``
+    (:func:`row_weights`) say which rows (Q, K) or writes (V) weigh. Readers in layer 0 have no
+    earlier head and are not scored (NaN). On the model's device, in the cache's dtype."""
+    L, H = model.shape.n_layers, model.shape.n_heads
+    dtype, device = cache["resid_pre"][0].dtype, tokens.device
+    t = tokens.shape[-1]
+    nan = lambda *shape: torch.full(shape, math.nan, dtype=dtype, device=device)
+    heads = {kind: nan(L, H, L, H) for kind in COMPOSITION_KINDS}
+    tokens_share, positions_share, biases_share = ({kind: nan(L, H) for kind in COMPOSITION_KINDS} for _ in range(3))
+    embedded = model.W_E[tokens].to(dtype)  # (b, t, d)
+    in_stream = None if model.shortformer else model.W_pos[:t].to(dtype)  # (t, d)
+    added = model.positions(t)  # (t, d) shortformer positions: into queries and keys, after the norm
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    w = weights.to(dtype)
+    for l2 in range(1, L):
+        layer = model.layers[l2]
+        x = cache["resid_pre"][l2].to(dtype)
+        q, k, v = (part.to(dtype) for part in layer.qkv(x, added))  # (b, h, t, e)
+        W_O = centre_writing(model.final_norm, layer.W_O, dtype)  # (h, e, d): the write a LayerNorm sees
+        fields, denominators, own = direction_fields(q, k, v, cache["pattern"][l2].to(dtype), W_O, w, causal)
+        own[0] = own[0] + (0 if layer.b_Q is None else torch.einsum("he,bhte->h", layer.b_Q.to(dtype), fields[0]))
+        reads = torch.stack(
+            [fold_norm(layer.norm, W, dtype) for W in (layer.W_Q, layer.W_K, layer.W_V)]
+        )  # (3, h, d, e)
+        b, e, d = q.shape[0], q.shape[-1], x.shape[-1]
+        by_head = fields.transpose(1, 2).reshape(3, H, b * t, e)
+        R = (by_head @ reads.mT) * norm_scale(layer.norm, x).reshape(b * t, 1)  # (3, h, b t, d)
+        flat = R.view(3 * H, b * t * d)  # a row per (kind, reader): each part's numerator is one product with it
+        numer_tokens = (flat @ embedded.reshape(-1)).view(3, H)
+        numer_positions = torch.zeros_like(numer_tokens)
+        if in_stream is not None:
+            numer_positions = (R.view(3 * H, b, t * d).sum(1) @ in_stream.reshape(-1)).view(3, H)
+        elif added is not None:  # shortformer: W_pos W into the queries and keys, unnormalised
+            raw = torch.stack([layer.W_Q, layer.W_K]).to(dtype)
+            numer_positions[:2] = torch.einsum("td,khde,kbhte->kh", added.to(dtype), raw, fields[:2])
+        b_O = [model.layers[l1].b_O.to(dtype) for l1 in range(l2) if model.layers[l1].b_O is not None]
+        numer_biases = own + (R.sum(2) @ sum(b_O) if b_O else 0)
+        for l1 in range(l2):
+            writes = cache["head_out"][l1].to(dtype).transpose(0, 1).reshape(H, b * t * d)  # (writer, b t d)
+            by_writer = (flat @ writes.T).view(3, H, H).transpose(1, 2) / denominators[:, None]  # (3, writer, reader)
+            for i, kind in enumerate(COMPOSITION_KINDS):
+                heads[kind][l1, :, l2, :] = by_writer[i]
+        for i, kind in enumerate(COMPOSITION_KINDS):
+            tokens_share[kind][l2] = numer_tokens[i] / denominators[i]
+            positions_share[kind][l2] = numer_positions[i] / denominators[i]
+            biases_share[kind][l2] = numer_biases[i] / denominators[i]
+    return DataShares(heads, tokens_share, positions_share, biases_share)
+
+
+def direction_fields(q, k, v, pattern, W_O, w, causal) -> tuple[Tensor, Tensor, Tensor]:
+    """``(fields [3, b, h, t, e], denominators [3, h], own [3, h])`` for Q, K and V: the reading
+    side's direction at each position (what a part's ``x^c W̃ / σ`` is dotted with), each share's
+    denominator, and a zero to which the caller adds the reader's own bias's numerator (``b_Q``;
+    ``b_K`` shifts a row by a constant and ``b_V`` writes a constant, both 0 exactly).
+    ``q, k, v [b, h, t, e]``, ``pattern [b, h, t, t]``, ``W_O [h, e, d]``: the reader's output
+    weights as later norms see them (centred under LayerNorm), ``w [t]`` the weighed positions."""
+    e = q.shape[-1]
+    scores = (q @ k.mT / math.sqrt(e)).masked_fill(~causal, 0.0)  # (b, h, i, j)
+    counts = causal.sum(-1, keepdim=True).to(scores.dtype)  # keys per row
+    centred = (scores - scores.sum(-1, keepdim=True) / counts).masked_fill(~causal, 0.0)
+    weighed = centred * w[:, None]  # rows that weigh
+    scores_denominator = (weighed * centred).sum((0, 2, 3))
+    out = (pattern @ v) @ W_O[None]  # (b, h, t, d): each head's write, without b_O
+    mean = (out * w[:, None]).sum((0, 2), keepdim=True) / (w.sum() * out.shape[0])
+    written = (out - mean) * w[:, None]  # (b, h, t, d), zero where a position does not weigh
+    fields = torch.stack(
+        [
+            weighed @ k / math.sqrt(e),  # Q: h_i = Σ_j s̃_ij k_j / √e
+            weighed.mT @ q / math.sqrt(e),  # K: g_j = Σ_i s̃_ij q_i / √e
+            (pattern.mT @ written) @ W_O.mT,  # V: W_O u_j, u_j = Σ_i A_ij w_i (o_i − ō)
+        ]
+    )
+    denominators = torch.stack([scores_denominator, scores_denominator, (written * (out - mean)).sum((0, 2, 3))])
+    return fields, denominators, torch.zeros_like(denominators)

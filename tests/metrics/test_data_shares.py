@@ -1,0 +1,200 @@
+"""The data-aware composition share: against a dense computation of its definition (every part's
+queries, keys and values built one by one), exact where it must be exact, and invariant where the
+model is."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from data.probe import make_probe_batch
+from metrics.composition.data_shares import ROWS, data_shares, row_weights
+from metrics.snapshot import take_snapshot
+from models.transformer import AttentionOnlyTransformer, TransformerShape
+from tests.helpers import induction_circuit_model, seed002_like
+
+
+def probe_for(model, batch: int = 4, seed: int = 0):
+    n = (model.shape.n_ctx - 1) // 2
+    return make_probe_batch(seed, batch, n, model.shape.d_vocab - 1, True)
+
+
+def shares_of(model, probe, rows: str = "all"):
+    with torch.no_grad():
+        _, cache = model.run_with_cache(probe.tokens, head_out=True)
+    weights = row_weights(probe.n, probe.repeat_start, probe.tokens.shape[-1], rows, probe.tokens.device)
+    return data_shares(model, probe.tokens, cache, weights)
+
+
+def three_layers(normalization: str, positions: str, seed: int = 0) -> AttentionOnlyTransformer:
+    torch.manual_seed(seed)
+    shape = TransformerShape(3, 2, 16, 4, 13, 11, normalization, positions, True)
+    model = AttentionOnlyTransformer(shape).double()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.rsplit(".", 1)[-1].startswith("b_") or "norm" in name:
+                parameter.normal_(1.0 if "norm" in name else 0.0, 0.3)
+    return model
+
+
+def frozen_norm(norm, x, part):
+    """``part``'s term of ``norm(x)``: the norm with its scale frozen at ``x``'s."""
+    if isinstance(norm, torch.nn.LayerNorm):
+        sigma = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+        return (part - part.mean(-1, keepdim=True)) / sigma * norm.weight
+    if isinstance(norm, torch.nn.RMSNorm):
+        eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+        return part / (x.square().mean(-1, keepdim=True) + eps).sqrt() * norm.weight
+    return part
+
+
+def row_centred(scores, causal):
+    """Each query's scores minus their mean over its causal keys; 0 off the causal mask."""
+    mean = scores.masked_fill(~causal, 0).sum(-1, keepdim=True) / causal.sum(-1, keepdim=True)
+    return (scores - mean).masked_fill(~causal, 0)
+
+
+def dense_shares(model, probe, rows: str) -> dict[str, dict]:
+    """The definition, term by term: every part's own queries, keys and values through the reader's
+    norm frozen at the probe's scale, its own scores (or write), row-centred, and its covariance
+    with the whole. ``{kind: {(layer, head): {part: share}}}`` with parts ``tokens``,
+    ``positions``, ``biases`` and ``(l1, h1)``."""
+    tokens = probe.tokens
+    b, t = tokens.shape
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, head_out=True)
+    weights = row_weights(probe.n, probe.repeat_start, t, rows, tokens.device).double()
+    found = {kind: {} for kind in "QKV"}
+    for l2, layer in enumerate(model.layers):
+        x = cache["resid_pre"][l2]
+        parts = {"tokens": model.W_E[tokens]}
+        if not model.shortformer:
+            parts["positions"] = model.W_pos[:t].expand(b, t, -1)
+        for l1 in range(l2):
+            for h1 in range(model.shape.n_heads):
+                parts[(l1, h1)] = cache["head_out"][l1][:, h1]
+        bias_parts = [model.layers[l1].b_O.expand(b, t, -1) for l1 in range(l2) if model.layers[l1].b_O is not None]
+        if bias_parts:
+            parts["biases"] = sum(bias_parts)
+        norm = layer.norm
+
+        for h in range(model.shape.n_heads):
+            W = {"Q": layer.W_Q[h], "K": layer.W_K[h], "V": layer.W_V[h]}
+            bias = {"Q": layer.b_Q[h], "K": layer.b_K[h], "V": layer.b_V[h]}
+            read = {
+                kind: {name: frozen_norm(norm, x, part) @ W[kind] for name, part in parts.items()} for kind in "QKV"
+            }
+            for kind in "QK":
+                read[kind]["own bias"] = bias[kind].expand(b, t, -1)
+                if model.shortformer:
+                    read[kind]["positions"] = (model.W_pos[:t] @ W[kind]).expand(b, t, -1)
+            q, k = (sum(read[kind].values()) for kind in "QK")
+            causal = torch.ones(t, t, dtype=torch.bool).tril()
+            e = q.shape[-1]
+
+            whole = row_centred(q @ k.mT / math.sqrt(e), causal) * weights[:, None].sqrt()
+            pattern = cache["pattern"][l2][:, h]
+            W_O = (
+                layer.W_O[h] - layer.W_O[h].mean(-1, keepdim=True)
+                if isinstance(norm, torch.nn.LayerNorm)
+                else layer.W_O[h]
+            )
+            write = pattern @ sum(read["V"].values()) @ W_O
+            mean_write = (write * weights[:, None]).sum((0, 1)) / (weights.sum() * b)
+            for kind in "QKV":
+                shares = {}
+                for name, part in read[kind].items():
+                    if kind == "V":
+                        own = pattern @ part @ W_O
+                        own_mean = (own * weights[:, None]).sum((0, 1)) / (weights.sum() * b)
+                        numerator = ((own - own_mean) * (write - mean_write) * weights[:, None]).sum()
+                        denominator = ((write - mean_write).square() * weights[:, None]).sum()
+                    else:
+                        scores = (part @ k.mT if kind == "Q" else q @ part.mT) / math.sqrt(e)
+                        numerator = (row_centred(scores, causal) * weights[:, None].sqrt() * whole).sum()
+                        denominator = whole.square().sum()
+                    key = "biases" if name == "own bias" else name
+                    shares[key] = shares.get(key, 0.0) + float(numerator / denominator)
+                found[kind][(l2, h)] = shares
+    return found
+
+
+@pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
+@pytest.mark.parametrize("positions", ["standard", "shortformer"])
+@pytest.mark.parametrize("rows", ROWS)
+def test_every_share_equals_the_dense_definition_and_they_sum_to_one(normalization, positions, rows):
+    model = three_layers(normalization, positions)
+    probe = probe_for(model)
+    shares, dense = shares_of(model, probe, rows), dense_shares(model, probe, rows)
+    for kind in "QKV":
+        total = shares.total(kind)
+        assert total[0].isnan().all()  # layer 0 reads no head: not scored
+        torch.testing.assert_close(total[1:], torch.ones_like(total[1:]), rtol=0, atol=1e-12)
+        for (l2, h2), parts in dense[kind].items():
+            if l2 == 0:
+                continue
+            for part, expected in parts.items():
+                if isinstance(part, tuple):
+                    got = shares.heads[kind][part[0], part[1], l2, h2]
+                else:
+                    got = getattr(shares, part)[kind][l2, h2]
+                assert float(got) == pytest.approx(expected, rel=1e-9, abs=1e-12), (kind, l2, h2, part)
+            assert sum(parts.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_reader_whose_keys_read_only_the_writer_gives_it_all_of_its_k_share():
+    model = induction_circuit_model().double()
+    with torch.no_grad():  # no distractor writes: L1H0's keys read the previous-token head's write alone
+        model.layers[0].W_O[1].zero_()
+    probe = probe_for(model, batch=8)
+    shares = shares_of(model, probe)
+    assert float(shares.heads["K"][0, 0, 1, 0]) == pytest.approx(1.0, abs=1e-12)
+    assert float(shares.heads["K"][0, 1, 1, 0]) == 0.0  # a writer that writes nothing: share 0
+    assert float(shares.tokens["K"][1, 0]) == pytest.approx(0.0, abs=1e-12)
+    assert float(shares.tokens["Q"][1, 0]) == pytest.approx(1.0, abs=1e-12)  # its queries read the token
+    assert float(shares.tokens["V"][1, 0]) == pytest.approx(1.0, abs=1e-12)  # and it copies the token
+
+
+def test_a_change_of_basis_of_the_readers_qk_circuit_changes_no_share():
+    model = three_layers("layernorm", "standard")
+    probe = probe_for(model)
+    before = shares_of(model, probe)
+    M = torch.randn(4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 2 * torch.eye(4)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.W_Q.copy_(layer.W_Q @ M)
+            layer.W_K.copy_(layer.W_K @ torch.linalg.inv(M).T)
+            layer.b_Q.copy_(layer.b_Q @ M)
+            layer.b_K.copy_(layer.b_K @ torch.linalg.inv(M).T)
+    after = shares_of(model, probe)
+    for kind in "QKV":
+        torch.testing.assert_close(after.heads[kind], before.heads[kind], rtol=1e-9, atol=1e-12, equal_nan=True)
+        torch.testing.assert_close(after.positions[kind], before.positions[kind], rtol=1e-9, atol=1e-12, equal_nan=True)
+
+
+def test_under_layernorm_a_constant_added_to_a_writers_rows_changes_no_share():
+    model = three_layers("layernorm", "standard")
+    probe = probe_for(model)
+    before, logits = shares_of(model, probe), model(probe.tokens)
+    with torch.no_grad():
+        model.layers[0].W_O[1] += 0.5  # every row of L0H1's W_O moves along 1: LayerNorm cannot see it
+        model.W_E += 0.3
+    torch.testing.assert_close(model(probe.tokens), logits, rtol=1e-9, atol=1e-9)
+    after = shares_of(model, probe)
+    for kind in "QKV":
+        torch.testing.assert_close(after.heads[kind], before.heads[kind], rtol=1e-7, atol=1e-9, equal_nan=True)
+        torch.testing.assert_close(after.tokens[kind], before.tokens[kind], rtol=1e-7, atol=1e-9, equal_nan=True)
+
+
+def test_the_snapshot_scores_the_share_beside_the_weight_measures():
+    model = seed002_like("standard", False, "layernorm")
+    probe = probe_for(model)
+    snap = take_snapshot(model, probe, ("frobenius", "share"), 50, share_rows="all")
+    direct = shares_of(model, probe, "all")
+    for kind in "QKV":
+        torch.testing.assert_close(snap.composition["share"][kind], direct.heads[kind], equal_nan=True)
+    assert "share" not in snap.baselines and snap.share_parts is not None
+    with pytest.raises(ValueError, match="rows must be one of"):
+        row_weights(probe.n, probe.repeat_start, 9, "odd", "cpu")
