@@ -116,68 +116,68 @@ def data_shares(
     nan = lambda *shape: torch.full(shape, math.nan, dtype=dtype, device=device)
     heads = {kind: nan(L, H, L, H) for kind in COMPOSITION_KINDS}
     tokens_share, positions_share, biases_share = ({kind: nan(L, H) for kind in COMPOSITION_KINDS} for _ in range(3))
-    embedded = model.W_E[tokens].to(dtype)  # (b, t, d)
-    in_stream = None if model.shortformer else model.W_pos[:t].to(dtype)  # (t, d)
+    b = tokens.shape[0]
+    in_stream = not model.shortformer
     added = model.positions(t)  # (t, d) shortformer positions: into queries and keys, after the norm
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
     w = weights.to(dtype)
+    b_O = [layer.b_O for layer in model.layers[:-1] if layer.b_O is not None]
+    # every part of the stream, flattened over (b, t, d), one row each: the tokens, the positions, each
+    # layer's b_O, then every head's write layer by layer; a reader layer's numerators are one GEMM
+    fixed = [model.W_E[tokens], *([model.W_pos[:t].expand(b, t, -1)] if in_stream else [])]
+    fixed += [bias.expand(b, t, -1) for bias in b_O]
+    writes = [cache["head_out"][l1].transpose(0, 1) for l1 in range(L - 1)]  # (h, b, t, d) each
+    parts = torch.cat([part.to(dtype).reshape(-1, b * t * model.shape.d_model) for part in fixed + writes])
+    n_fixed, first_bias = len(fixed), 1 + in_stream
     for l2 in range(1, L):
         layer = model.layers[l2]
         x = cache["resid_pre"][l2].to(dtype)
         q, k, v = (part.to(dtype) for part in layer.qkv(x, added))  # (b, h, t, e)
         W_O = centre_writing(model.final_norm, layer.W_O, dtype)  # (h, e, d): the write a LayerNorm sees
-        fields, denominators, own = direction_fields(q, k, v, cache["pattern"][l2].to(dtype), W_O, w, causal)
-        own[0] = own[0] + (0 if layer.b_Q is None else torch.einsum("he,bhte->h", layer.b_Q.to(dtype), fields[0]))
-        reads = torch.stack(
-            [fold_norm(layer.norm, W, dtype) for W in (layer.W_Q, layer.W_K, layer.W_V)]
-        )  # (3, h, d, e)
-        b, e, d = q.shape[0], q.shape[-1], x.shape[-1]
-        by_head = fields.transpose(1, 2).reshape(3, H, b * t, e)
-        R = (by_head @ reads.mT) * norm_scale(layer.norm, x).reshape(b * t, 1)  # (3, h, b t, d)
-        flat = R.view(3 * H, b * t * d)  # a row per (kind, reader): each part's numerator is one product with it
-        numer_tokens = (flat @ embedded.reshape(-1)).view(3, H)
-        numer_positions = torch.zeros_like(numer_tokens)
-        if in_stream is not None:
-            numer_positions = (R.view(3 * H, b, t * d).sum(1) @ in_stream.reshape(-1)).view(3, H)
-        elif added is not None:  # shortformer: W_pos W into the queries and keys, unnormalised
+        fields, denominators = direction_fields(q, k, v, cache["pattern"][l2].to(dtype), W_O, w, causal)
+        reads = torch.stack([fold_norm(layer.norm, W, dtype) for W in (layer.W_Q, layer.W_K, layer.W_V)])
+        scaled = fields * norm_scale(layer.norm, x)[:, None]  # (3, b, h, t, e): the norm's frozen 1/σ
+        by_head = scaled.transpose(1, 2).reshape(3, H, b * t, -1)  # (3, h, b t, e)
+        R = (by_head @ reads.mT).view(3 * H, -1)  # (3 h, b t d): a row per (kind, reader), one GEMM each
+        numerators = (R @ parts[: n_fixed + l2 * H].T).view(3, H, -1) / denominators[:, :, None]
+        by_writer = numerators[:, :, n_fixed:].view(3, H, l2, H)
+        biases = numerators[:, :, first_bias : first_bias + min(l2, len(b_O))].sum(-1)
+        if layer.b_Q is not None:  # the reader's own b_Q is a part of its queries (b_K, b_V: 0 exactly)
+            biases[0] += torch.einsum("he,bhte->h", layer.b_Q.to(dtype), fields[0]) / denominators[0]
+        positions = numerators[:, :, 1] if in_stream else torch.zeros_like(biases)
+        if added is not None:  # shortformer: W_pos W into the queries and keys, after the norm, unscaled
             raw = torch.stack([layer.W_Q, layer.W_K]).to(dtype)
-            numer_positions[:2] = torch.einsum("td,khde,kbhte->kh", added.to(dtype), raw, fields[:2])
-        b_O = [model.layers[l1].b_O.to(dtype) for l1 in range(l2) if model.layers[l1].b_O is not None]
-        numer_biases = own + (R.sum(2) @ sum(b_O) if b_O else 0)
-        for l1 in range(l2):
-            writes = cache["head_out"][l1].to(dtype).transpose(0, 1).reshape(H, b * t * d)  # (writer, b t d)
-            by_writer = (flat @ writes.T).view(3, H, H).transpose(1, 2) / denominators[:, None]  # (3, writer, reader)
-            for i, kind in enumerate(COMPOSITION_KINDS):
-                heads[kind][l1, :, l2, :] = by_writer[i]
+            positions[:2] = torch.einsum("td,khde,kbhte->kh", added.to(dtype), raw, fields[:2]) / denominators[:2]
         for i, kind in enumerate(COMPOSITION_KINDS):
-            tokens_share[kind][l2] = numer_tokens[i] / denominators[i]
-            positions_share[kind][l2] = numer_positions[i] / denominators[i]
-            biases_share[kind][l2] = numer_biases[i] / denominators[i]
+            heads[kind][:l2, :, l2, :] = by_writer[i].permute(1, 2, 0)  # (writer layer, writer, reader)
+            tokens_share[kind][l2] = numerators[i, :, 0]
+            positions_share[kind][l2] = positions[i]
+            biases_share[kind][l2] = biases[i]
     return DataShares(heads, tokens_share, positions_share, biases_share)
 
 
-def direction_fields(q, k, v, pattern, W_O, w, causal) -> tuple[Tensor, Tensor, Tensor]:
-    """``(fields [3, b, h, t, e], denominators [3, h], own [3, h])`` for Q, K and V: the reading
-    side's direction at each position (what a part's ``x^c W̃ / σ`` is dotted with), each share's
-    denominator, and a zero to which the caller adds the reader's own bias's numerator (``b_Q``;
-    ``b_K`` shifts a row by a constant and ``b_V`` writes a constant, both 0 exactly).
+def direction_fields(q, k, v, pattern, W_O, w, causal) -> tuple[Tensor, Tensor]:
+    """``(fields [3, b, h, t, e], denominators [3, h])`` for Q, K and V: the reading side's direction
+    at each position (what a part's ``x^c W̃ / σ`` is dotted with) and each share's denominator.
     ``q, k, v [b, h, t, e]``, ``pattern [b, h, t, t]``, ``W_O [h, e, d]``: the reader's output
-    weights as later norms see them (centred under LayerNorm), ``w [t]`` the weighed positions."""
+    weights as later norms see them (centred under LayerNorm), ``w [t]`` the weighed positions.
+    V in ``d_head`` space: ``o_i − ō = (z_i − z̄) W_O``, so only ``W_O W_Oᵀ`` meets ``d_model``."""
     e = q.shape[-1]
     scores = (q @ k.mT / math.sqrt(e)).masked_fill(~causal, 0.0)  # (b, h, i, j)
     counts = causal.sum(-1, keepdim=True).to(scores.dtype)  # keys per row
     centred = (scores - scores.sum(-1, keepdim=True) / counts).masked_fill(~causal, 0.0)
     weighed = centred * w[:, None]  # rows that weigh
     scores_denominator = (weighed * centred).sum((0, 2, 3))
-    out = (pattern @ v) @ W_O[None]  # (b, h, t, d): each head's write, without b_O
-    mean = (out * w[:, None]).sum((0, 2), keepdim=True) / (w.sum() * out.shape[0])
-    written = (out - mean) * w[:, None]  # (b, h, t, d), zero where a position does not weigh
+    z = pattern @ v  # (b, h, t, e): each head's mix of values; its write is z W_O
+    z = z - (z * w[:, None]).sum((0, 2), keepdim=True) / (w.sum() * z.shape[0])  # minus the weighed mean
+    gram = W_O @ W_O.mT  # (h, e, e)
+    written = (z @ gram) * w[:, None]  # (b, h, t, e): W_O (o_i − ō), where positions weigh
     fields = torch.stack(
         [
             weighed @ k / math.sqrt(e),  # Q: h_i = Σ_j s̃_ij k_j / √e
             weighed.mT @ q / math.sqrt(e),  # K: g_j = Σ_i s̃_ij q_i / √e
-            (pattern.mT @ written) @ W_O.mT,  # V: W_O u_j, u_j = Σ_i A_ij w_i (o_i − ō)
+            pattern.mT @ written,  # V: W_O u_j, u_j = Σ_i A_ij w_i (o_i − ō)
         ]
     )
-    denominators = torch.stack([scores_denominator, scores_denominator, (written * (out - mean)).sum((0, 2, 3))])
-    return fields, denominators, torch.zeros_like(denominators)
+    denominators = torch.stack([scores_denominator, scores_denominator, (written * z).sum((0, 2, 3))])
+    return fields, denominators
