@@ -27,6 +27,7 @@ from metrics.composition.axioms import (
     ConstructedScores,
     axiom_table,
 )
+from metrics.composition.data_shares import SHARE
 from metrics.dynamics.loss_views import repeated_loss, token_losses
 from models.lit_module import next_token_loss
 from models.transformer import AttentionOnlyTransformer, TransformerShape
@@ -77,7 +78,8 @@ def markdown_table(table: AxiomTable) -> str:
     rows = []
     for measure in next(iter(table.invariance.values())).score_change:
         constructed = table.constructed.get(measure)
-        cells = constructed_cells(constructed) if constructed else ["n/a (token-space score)"] + ["n/a"] * 3
+        what = "n/a (reads the probe pass)" if measure == SHARE else "n/a (token-space score)"
+        cells = constructed_cells(constructed) if constructed else [what] + ["n/a"] * 3
         for name in transforms:
             inv = table.invariance[name]
             change = inv.score_change[measure]

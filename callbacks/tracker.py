@@ -109,7 +109,7 @@ class CompositionTracker(L.Callback):
         self.schedule = Schedule.of(settings)
         self.every_n_steps = self.schedule.every_n_steps
         self.measures = tuple(settings.measures)
-        self.share_rows = settings.share_rows
+        self.share = (settings.share_rows, settings.share_centre)
         self.dense_measures = tuple(m for m in self.measures if m in settings.dense_measures)  # at every snapshot
         self.baseline_samples = settings.baseline_samples
         self.ablation_method = _name(settings.ablation.method)
@@ -237,7 +237,7 @@ class CompositionTracker(L.Callback):
             whitenings=self.whitenings,
             dtype=self.dtype,
             max_chunk_bytes=self.chunk_bytes,
-            share_rows=self.share_rows,
+            share=self.share,
         )
         self.whitenings = snap.whitenings
         self.ablation_used = snap.ablation_method or self.ablation_used

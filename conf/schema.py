@@ -183,6 +183,8 @@ class TrackerConfig:
     dense_measures: list[str] = field(default_factory=lambda: ["frobenius", "share"])
     # the probe positions the data-aware share weighs: repeated (the second copy, where induction works) or all
     share_rows: str = "repeated"
+    # besides each query's mean, the share's scores are centred over the probe's sequences (sequences) or not (none)
+    share_centre: str = "sequences"
     ablation: AblationConfig = field(default_factory=AblationConfig)
     copying: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # copying scores (weight and empirical)
     # QK matching scores (and at every ablation)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from metrics.composition.data_shares import ROWS
+from metrics.composition.data_shares import CENTRES, ROWS
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.snapshot import MEASURES
 from models.transformer import TransformerShape
@@ -363,6 +363,8 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"tracker.dense_measures has unknown {unknown_dense}; known: {sorted(MEASURES)}")
     if tracker.share_rows not in ROWS:
         problems.append(f"tracker.share_rows={tracker.share_rows!r} must be one of {ROWS}")
+    if tracker.share_centre not in CENTRES:
+        problems.append(f"tracker.share_centre={tracker.share_centre!r} must be one of {CENTRES}")
     if not tracker.measures:
         problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
     probe_len = 2 * tracker.probe_n + int(data.bos)

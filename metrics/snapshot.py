@@ -114,7 +114,7 @@ def take_snapshot(
     whitenings: dict[str, Whitening] | None = None,
     dtype: torch.dtype | None = None,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    share_rows: str = "repeated",
+    share: tuple[str, str] = ("repeated", "sequences"),
 ) -> Snapshot:
     """Measure ``model`` on ``probe``; leaves the model's mode and every RNG untouched.
 
@@ -125,8 +125,8 @@ def take_snapshot(
     OV circuits' eigenvalues and Olsson's empirical evaluator on the probe) and the matching scores
     (each can be skipped on cheap steps).
     ``whitenings``: reuse these whitened bases (by basis: ``embedding``, ``residual``) instead of
-    computing them from this step's weights and probe pass. ``share_rows``: the probe positions the
-    data-aware share weighs (:data:`~metrics.composition.data_shares.ROWS`).
+    computing them from this step's weights and probe pass. ``share``: the data-aware share's rows
+    and centring (:data:`~metrics.composition.data_shares.ROWS`, ``CENTRES``).
     """
     unknown = set(measures) - set(MEASURES)
     if unknown:
@@ -171,8 +171,9 @@ def take_snapshot(
         )
         share_parts = None
         if shares:
-            weights = row_weights(probe.n, probe.repeat_start, tokens.shape[-1], share_rows, tokens.device)
-            share_parts = data_shares(model, tokens, cache, weights).to("cpu")
+            rows, centre = share
+            weights = row_weights(probe.n, probe.repeat_start, tokens.shape[-1], rows, tokens.device)
+            share_parts = data_shares(model, tokens, cache, weights, centre).to("cpu")
             composition[SHARE] = share_parts.heads
         composition = {
             m: {kind: scores.cpu() for kind, scores in composition[m].items()} for m in measures if m in composition

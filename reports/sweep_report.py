@@ -485,6 +485,7 @@ def print_sweep_report(report: SweepReport) -> None:
         "top_induction_score",
         "circuit_pair",
         "K_frobenius",
+        "K_share",
     ]
     print(
         f"\nsweep: {len(report.jobs)} jobs in {report.directory} ({len(report.failed)} not finished); full table {report.files()[SWEEP_JOBS_TABLE]}"

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from metrics.composition.circuits import LowRank, head_circuits
+from metrics.composition.data_shares import SHARE, data_shares
 from metrics.composition.measures import COMPOSITION_MEASURES, Measure
 from metrics.composition.reparametrize import (
     embedding_shift,
@@ -142,9 +143,13 @@ def pair_scores(model: AttentionOnlyTransformer, measures: tuple[str, ...], toke
     """Every scored pair and kind of each measure, flattened, plus the QK matching score of every pair
     and the copying score of every head."""
     circuits = head_circuits(model)
-    residual = model.run_with_cache(tokens)[1]["resid_pre"]
+    cache = model.run_with_cache(tokens, head_out=SHARE in measures)[1]
     flat = lambda t: t[~t.isnan()]
-    by_measure = composition_of(model, measures, circuits, residual)
+    weighed = tuple(m for m in measures if m in COMPOSITION_MEASURES)
+    by_measure = composition_of(model, weighed, circuits, cache["resid_pre"])
+    if SHARE in measures:  # every position of every sequence weighs
+        weights = torch.ones(tokens.shape[-1], dtype=model.W_E.dtype, device=tokens.device)
+        by_measure[SHARE] = data_shares(model, tokens, cache, weights).heads
     scores = {m: torch.cat([flat(s) for s in by_kind.values()]) for m, by_kind in by_measure.items()}
     scores[MATCHING] = flat(matching_scores(model, circuits))
     scores[COPYING] = copying_scores(model, circuits).flatten()
@@ -176,7 +181,7 @@ class AxiomTable:
 def axiom_table(
     model: AttentionOnlyTransformer,
     tokens: Tensor,
-    measures: tuple[str, ...] = tuple(COMPOSITION_MEASURES),
+    measures: tuple[str, ...] = (*COMPOSITION_MEASURES, SHARE),
     seed: int = 0,
 ) -> AxiomTable:
     """Axioms 1-3 for each measure, and axiom 4 for each measure and the matching and copying scores
@@ -190,5 +195,5 @@ def axiom_table(
             logit_change=float((transformed(tokens) - logits).abs().max()),
             score_change={m: float((after[m] - before[m]).abs().max()) for m in before},
         )
-    constructed = {m: constructed_scores(COMPOSITION_MEASURES[m], seed) for m in measures}
+    constructed = {m: constructed_scores(COMPOSITION_MEASURES[m], seed) for m in measures if m in COMPOSITION_MEASURES}
     return AxiomTable(constructed, invariance)

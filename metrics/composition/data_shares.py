@@ -17,23 +17,30 @@ is a part of its queries ("biases", with the ``b_O``).
 
 **K share** of part c in reader head h2: the attention scores split as ``s_ij = Σ_c s^c_ij`` with
 ``s^c_ij = q_i · k^c_j / √e`` (the queries fixed). Softmax ignores a constant added to a query's row,
-so each row is centred over its causal keys, ``s̃_ij = s_ij − mean_{j'≤i} s_ij'``, and the share is
-``Cov(s̃^c, s̃) / Var(s̃) = Σ s̃^c_ij s̃_ij / Σ s̃²_ij`` over the causal pairs of the weighed rows
-(``rows``) of every probe sequence. **Q share**: the queries split, the keys fixed. **V share**: the
-reader's write ``o_i = Σ_j A_ij v_j W_O`` with its values split, over the weighed positions:
-``Σ_i ⟨o^c_i − ō^c, o_i − ō⟩ / Σ_i |o_i − ō|²`` (under LayerNorm the write as the next norms see
-it: ``W_O`` centred, as :func:`~metrics.composition.circuits.centre_writing`). For every reader and kind the parts' shares sum to 1
-(``b_K`` shifts a row by a constant and ``b_V`` writes a constant: both are 0 exactly). A part that
-writes nothing has share 0; a change of the reader's QK basis (``W_Q M``, ``W_K M⁻ᵀ``) or, under
-LayerNorm, a constant added to a writer's rows changes no score and so no share. A share is a
-covariance ratio: it can be negative (the part works against the rest) or above 1.
+so each row is centred over its causal keys, ``s̃_ij = s_ij − mean_{j'≤i} s_ij'``; with ``centre``
+``sequences`` (the default) the scores are then also centred over the probe's sequences at each
+``(i, j)``, which takes out the pattern every sequence gets alike whatever its tokens (a
+position-driven one), so that what is shared is the content-dependent part of the attention. The
+share is ``Cov(s̃^c, s̃) / Var(s̃) = Σ s̃^c_ij s̃_ij / Σ s̃²_ij`` over the causal pairs of the weighed
+rows (``rows``) of every probe sequence. **Q share**: the queries split, the keys fixed. **V share**:
+the reader's direct contribution to the logits, ``ℓ_i = Σ_j A_ij v_j W_O W̃_U`` (``W̃_U`` the
+unembedding with the final norm folded in, frozen like the others), with its values split, over
+the weighed positions (centred over the sequences at each position, or over all):
+``Σ_i ⟨ℓ^c_i − ℓ̄^c, ℓ_i − ℓ̄⟩ / Σ_i |ℓ_i − ℓ̄|²``; the logits' metric, unlike the stream's, is one no
+reparametrisation of the stream or of the head moves. For every reader and kind the parts' shares
+sum to 1 (``b_K`` shifts a row by a constant and ``b_V`` writes a constant: both are 0 exactly). A
+part that writes nothing has share 0; a residual rotation or (without a norm) any invertible map
+of the stream, a change of the reader's QK or VO basis, and under LayerNorm a constant added to a
+writer's rows change no share (bench.axiom_table). A share is a covariance ratio: it can be
+negative (the part works against the rest) or above 1.
 
-**How.** Because each row of ``s̃`` sums to zero, ``Σ_ij s̃^c_ij s̃_ij = Σ_j x^c_j · R_j`` with
-``R_j = W̃_K g_j / σ_j`` and ``g_j = Σ_i s̃_ij q_i / √e``: one direction field ``R [b, h, t, d_model]``
-per reader head and kind, and each part's numerator is one contraction with it (likewise
-``h_i = Σ_j s̃_ij k_j`` for Q, and ``u_j = Σ_i A_ij (o_i − ō)`` for V). Per reader layer that is
-``O(b · t · d_model · (L H) · H)``, no per-part scores. Written here because TransformerLens's
-``decompose_resid`` and ``stack_head_results`` give the parts but no share of a reader's scores.
+**How.** Both centrings are orthogonal projections and each row of ``s̃`` sums to zero, so
+``Σ_ij s̃^c_ij s̃_ij = Σ_j x^c_j · R_j`` with ``R_j = W̃_K g_j / σ_j`` and ``g_j = Σ_i s̃_ij q_i / √e``:
+one direction field ``R [b, h, t, d_model]`` per reader head and kind, and each part's numerator is
+one product with it (likewise ``h_i = Σ_j s̃_ij k_j`` for Q, and ``u_j = Σ_i A_ij (ℓ_i − ℓ̄)`` for
+V); all parts of a reader layer are one GEMM. Per reader layer ``O(b t d_model e H + b t d_model (L H) H)``,
+no per-part scores. Written here because TransformerLens's ``decompose_resid`` and
+``stack_head_results`` give the parts but no share of a reader's scores.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from metrics.composition.circuits import centre_writing, fold_norm
+from metrics.composition.circuits import fold_norm
 from metrics.composition.measures import COMPOSITION_KINDS
 from models.transformer import AttentionOnlyTransformer
 
@@ -54,6 +61,10 @@ DATA_MEASURES = (SHARE,)
 ROWS = ("all", "repeated")
 """Which of the probe's positions weigh: every one, or the queries (for V: the writes) in the
 repeated half, where induction is what the probe asks for."""
+CENTRES = ("sequences", "none")
+"""What else is taken out of the scores (and writes) besides each query's mean: ``sequences``, their
+mean over the probe's sequences at each (query, key) position (for V: at each position), the part
+every sequence gets alike, whatever its tokens (a position-driven pattern); ``none``, nothing."""
 
 
 @dataclass(frozen=True)
@@ -105,11 +116,15 @@ def data_shares(
     tokens: Tensor,
     cache: dict[str, list[Tensor]],
     weights: Tensor,
+    centre: str = "sequences",
 ) -> DataShares:
     """The shares of every part in every reader head's queries, keys and values on ``tokens [b, t]``,
     from ``cache`` (``model.run_with_cache(tokens, head_out=True)``); ``weights [t]``
-    (:func:`row_weights`) say which rows (Q, K) or writes (V) weigh. Readers in layer 0 have no
-    earlier head and are not scored (NaN). On the model's device, in the cache's dtype."""
+    (:func:`row_weights`) say which rows (Q, K) or writes (V) weigh; ``centre`` (:data:`CENTRES`)
+    what else the scores are centred over. Readers in layer 0 have no earlier head and are not
+    scored (NaN). On the model's device, in the cache's dtype."""
+    if centre not in CENTRES:
+        raise ValueError(f"centre must be one of {CENTRES}, got {centre!r}")
     L, H = model.shape.n_layers, model.shape.n_heads
     dtype, device = cache["resid_pre"][0].dtype, tokens.device
     t = tokens.shape[-1]
@@ -129,12 +144,15 @@ def data_shares(
     writes = [cache["head_out"][l1].transpose(0, 1) for l1 in range(L - 1)]  # (h, b, t, d) each
     parts = torch.cat([part.to(dtype).reshape(-1, b * t * model.shape.d_model) for part in fixed + writes])
     n_fixed, first_bias = len(fixed), 1 + in_stream
+    unembedding = fold_norm(model.final_norm, model.W_U, dtype)  # (d, vocab): C diag(g) W_U
     for l2 in range(1, L):
         layer = model.layers[l2]
         x = cache["resid_pre"][l2].to(dtype)
         q, k, v = (part.to(dtype) for part in layer.qkv(x, added))  # (b, h, t, e)
-        W_O = centre_writing(model.final_norm, layer.W_O, dtype)  # (h, e, d): the write a LayerNorm sees
-        fields, denominators = direction_fields(q, k, v, cache["pattern"][l2].to(dtype), W_O, w, causal)
+        to_logits = layer.W_O.to(dtype) @ unembedding  # (h, e, vocab): the head's direct path to the logits
+        fields, denominators = direction_fields(
+            q, k, v, cache["pattern"][l2].to(dtype), to_logits, w, causal, centre == "sequences"
+        )
         reads = torch.stack([fold_norm(layer.norm, W, dtype) for W in (layer.W_Q, layer.W_K, layer.W_V)])
         scaled = fields * norm_scale(layer.norm, x)[:, None]  # (3, b, h, t, e): the norm's frozen 1/σ
         by_head = scaled.transpose(1, 2).reshape(3, H, b * t, -1)  # (3, h, b t, e)
@@ -156,27 +174,35 @@ def data_shares(
     return DataShares(heads, tokens_share, positions_share, biases_share)
 
 
-def direction_fields(q, k, v, pattern, W_O, w, causal) -> tuple[Tensor, Tensor]:
+def direction_fields(q, k, v, pattern, to_logits, w, causal, over_sequences: bool) -> tuple[Tensor, Tensor]:
     """``(fields [3, b, h, t, e], denominators [3, h])`` for Q, K and V: the reading side's direction
     at each position (what a part's ``x^c W̃ / σ`` is dotted with) and each share's denominator.
-    ``q, k, v [b, h, t, e]``, ``pattern [b, h, t, t]``, ``W_O [h, e, d]``: the reader's output
-    weights as later norms see them (centred under LayerNorm), ``w [t]`` the weighed positions.
-    V in ``d_head`` space: ``o_i − ō = (z_i − z̄) W_O``, so only ``W_O W_Oᵀ`` meets ``d_model``."""
+    ``q, k, v [b, h, t, e]``, ``pattern [b, h, t, t]``, ``to_logits [h, e, vocab]``: the reader's
+    ``W_O`` through the folded unembedding, the metric of V; ``w [t]`` the weighed positions;
+    ``over_sequences``: the scores (V: the writes) also centred over the sequences. Both centrings
+    are orthogonal projections, so a part's numerator is its raw term's product with the centred
+    whole. V in ``d_head`` space: the direct logits are ``z_i M`` with ``M = W_O W̃_U``, so only
+    ``M Mᵀ [e, e]`` meets the vocabulary."""
     e = q.shape[-1]
     scores = (q @ k.mT / math.sqrt(e)).masked_fill(~causal, 0.0)  # (b, h, i, j)
     counts = causal.sum(-1, keepdim=True).to(scores.dtype)  # keys per row
     centred = (scores - scores.sum(-1, keepdim=True) / counts).masked_fill(~causal, 0.0)
+    if over_sequences:
+        centred = centred - centred.mean(0, keepdim=True)
     weighed = centred * w[:, None]  # rows that weigh
     scores_denominator = (weighed * centred).sum((0, 2, 3))
-    z = pattern @ v  # (b, h, t, e): each head's mix of values; its write is z W_O
-    z = z - (z * w[:, None]).sum((0, 2), keepdim=True) / (w.sum() * z.shape[0])  # minus the weighed mean
-    gram = W_O @ W_O.mT  # (h, e, e)
-    written = (z @ gram) * w[:, None]  # (b, h, t, e): W_O (o_i − ō), where positions weigh
+    z = pattern @ v  # (b, h, t, e): each head's mix of values; its direct logits are z M
+    if over_sequences:  # minus each position's mean over the sequences
+        z = z - z.mean(0, keepdim=True)
+    else:  # minus the weighed mean over positions and sequences
+        z = z - (z * w[:, None]).sum((0, 2), keepdim=True) / (w.sum() * z.shape[0])
+    gram = to_logits @ to_logits.mT  # (h, e, e): M Mᵀ
+    written = (z @ gram) * w[:, None]  # (b, h, t, e): M (ℓ_i − ℓ̄), where positions weigh
     fields = torch.stack(
         [
             weighed @ k / math.sqrt(e),  # Q: h_i = Σ_j s̃_ij k_j / √e
             weighed.mT @ q / math.sqrt(e),  # K: g_j = Σ_i s̃_ij q_i / √e
-            pattern.mT @ written,  # V: W_O u_j, u_j = Σ_i A_ij w_i (o_i − ō)
+            pattern.mT @ written,  # V: M u_j, u_j = Σ_i A_ij w_i (ℓ_i − ℓ̄)
         ]
     )
     denominators = torch.stack([scores_denominator, scores_denominator, (written * z).sum((0, 2, 3))])

@@ -78,10 +78,11 @@ def test_a_jump_or_a_rise_is_caught():
 
 
 # what docs/measures.md and the seeds lead one to expect; the table confirms it
-EVERY_SCORE = set(COMPOSITION_MEASURES) | {"match", "copying"}
+EVERY_SCORE = set(COMPOSITION_MEASURES) | {"share", "match", "copying"}
 INVARIANT_UNDER = {
     "residual rotation": EVERY_SCORE,
-    "residual GL": {"whitened", "whitened_resid", "token_space", "match", "copying"},
+    # the data-aware share reads the probe pass: each part's term of a score, which no reparametrisation moves
+    "residual GL": {"whitened", "whitened_resid", "token_space", "share", "match", "copying"},
     "head GL (V, O)": EVERY_SCORE,
     "head GL (Q, K)": EVERY_SCORE,
     # the stream is unchanged, its split between tokens and positions is not: token-space scores see it
@@ -187,8 +188,9 @@ def test_axioms_command_prints_the_table():
         for line in result.stdout.splitlines()
         if line.startswith("| ") and "---" not in line
     }
-    assert set(rows) == {"measure", *COMPOSITION_MEASURES, "match", "copying"}
+    assert set(rows) == {"measure", *COMPOSITION_MEASURES, "share", "match", "copying"}
     assert rows["whitened"].count("invariant") == rows["whitened_resid"].count("invariant") == 5
+    assert rows["share"].count("invariant") == 5 and "n/a (reads the probe pass)" in rows["share"]
     assert (
         rows["token_space"].count("invariant") == 4 and "**changes**" in rows["token_space"].split("|")[10]
     )  # the embedding shift

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from data.probe import make_probe_batch
-from metrics.composition.data_shares import ROWS, data_shares, row_weights
+from metrics.composition.data_shares import CENTRES, ROWS, data_shares, row_weights
 from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests.helpers import induction_circuit_model, seed002_like
@@ -21,11 +21,11 @@ def probe_for(model, batch: int = 4, seed: int = 0):
     return make_probe_batch(seed, batch, n, model.shape.d_vocab - 1, True)
 
 
-def shares_of(model, probe, rows: str = "all"):
+def shares_of(model, probe, rows: str = "all", centre: str = "sequences"):
     with torch.no_grad():
         _, cache = model.run_with_cache(probe.tokens, head_out=True)
     weights = row_weights(probe.n, probe.repeat_start, probe.tokens.shape[-1], rows, probe.tokens.device)
-    return data_shares(model, probe.tokens, cache, weights)
+    return data_shares(model, probe.tokens, cache, weights, centre)
 
 
 def three_layers(normalization: str, positions: str, seed: int = 0) -> AttentionOnlyTransformer:
@@ -50,13 +50,22 @@ def frozen_norm(norm, x, part):
     return part
 
 
-def row_centred(scores, causal):
-    """Each query's scores minus their mean over its causal keys; 0 off the causal mask."""
+def row_centred(scores, causal, centre):
+    """``scores [b, i, j]``, each query's minus their mean over its causal keys (0 off the causal
+    mask), and with ``centre="sequences"`` then minus their mean over the sequences."""
     mean = scores.masked_fill(~causal, 0).sum(-1, keepdim=True) / causal.sum(-1, keepdim=True)
-    return (scores - mean).masked_fill(~causal, 0)
+    centred = (scores - mean).masked_fill(~causal, 0)
+    return centred - centred.mean(0, keepdim=True) if centre == "sequences" else centred
 
 
-def dense_shares(model, probe, rows: str) -> dict[str, dict]:
+def centred_write(write, weights, centre):
+    """``write [b, t, vocab]`` minus its mean over the sequences at each position, or its weighed mean."""
+    if centre == "sequences":
+        return write - write.mean(0, keepdim=True)
+    return write - (write * weights[:, None]).sum((0, 1)) / (weights.sum() * write.shape[0])
+
+
+def dense_shares(model, probe, rows: str, centre: str) -> dict[str, dict]:
     """The definition, term by term: every part's own queries, keys and values through the reader's
     norm frozen at the probe's scale, its own scores (or write), row-centred, and its covariance
     with the whole. ``{kind: {(layer, head): {part: share}}}`` with parts ``tokens``,
@@ -67,6 +76,11 @@ def dense_shares(model, probe, rows: str) -> dict[str, dict]:
         _, cache = model.run_with_cache(tokens, head_out=True)
     weights = row_weights(probe.n, probe.repeat_start, t, rows, tokens.device).double()
     found = {kind: {} for kind in "QKV"}
+    final = model.final_norm
+    gain = final.weight[:, None] if isinstance(final, (torch.nn.LayerNorm, torch.nn.RMSNorm)) else 1.0
+    unembedding = gain * model.W_U  # V is read in the logits, through the final norm frozen like the others
+    if isinstance(final, torch.nn.LayerNorm):  # what the final norm reads: x - mean(x)
+        unembedding = unembedding - unembedding.mean(0, keepdim=True)
     for l2, layer in enumerate(model.layers):
         x = cache["resid_pre"][l2]
         parts = {"tokens": model.W_E[tokens]}
@@ -94,26 +108,21 @@ def dense_shares(model, probe, rows: str) -> dict[str, dict]:
             causal = torch.ones(t, t, dtype=torch.bool).tril()
             e = q.shape[-1]
 
-            whole = row_centred(q @ k.mT / math.sqrt(e), causal) * weights[:, None].sqrt()
+            whole = row_centred(q @ k.mT / math.sqrt(e), causal, centre) * weights[:, None].sqrt()
             pattern = cache["pattern"][l2][:, h]
-            W_O = (
-                layer.W_O[h] - layer.W_O[h].mean(-1, keepdim=True)
-                if isinstance(norm, torch.nn.LayerNorm)
-                else layer.W_O[h]
-            )
-            write = pattern @ sum(read["V"].values()) @ W_O
-            mean_write = (write * weights[:, None]).sum((0, 1)) / (weights.sum() * b)
+            to_logits = layer.W_O[h] @ unembedding  # the head's direct path to the logits
+            write = pattern @ sum(read["V"].values()) @ to_logits
+            whole_write = centred_write(write, weights, centre)
             for kind in "QKV":
                 shares = {}
                 for name, part in read[kind].items():
                     if kind == "V":
-                        own = pattern @ part @ W_O
-                        own_mean = (own * weights[:, None]).sum((0, 1)) / (weights.sum() * b)
-                        numerator = ((own - own_mean) * (write - mean_write) * weights[:, None]).sum()
-                        denominator = ((write - mean_write).square() * weights[:, None]).sum()
+                        own = centred_write(pattern @ part @ to_logits, weights, centre)
+                        numerator = (own * whole_write * weights[:, None]).sum()
+                        denominator = (whole_write.square() * weights[:, None]).sum()
                     else:
                         scores = (part @ k.mT if kind == "Q" else q @ part.mT) / math.sqrt(e)
-                        numerator = (row_centred(scores, causal) * weights[:, None].sqrt() * whole).sum()
+                        numerator = (row_centred(scores, causal, centre) * weights[:, None].sqrt() * whole).sum()
                         denominator = whole.square().sum()
                     key = "biases" if name == "own bias" else name
                     shares[key] = shares.get(key, 0.0) + float(numerator / denominator)
@@ -124,10 +133,11 @@ def dense_shares(model, probe, rows: str) -> dict[str, dict]:
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
 @pytest.mark.parametrize("positions", ["standard", "shortformer"])
 @pytest.mark.parametrize("rows", ROWS)
-def test_every_share_equals_the_dense_definition_and_they_sum_to_one(normalization, positions, rows):
+@pytest.mark.parametrize("centre", CENTRES)
+def test_every_share_equals_the_dense_definition_and_they_sum_to_one(normalization, positions, rows, centre):
     model = three_layers(normalization, positions)
     probe = probe_for(model)
-    shares, dense = shares_of(model, probe, rows), dense_shares(model, probe, rows)
+    shares, dense = shares_of(model, probe, rows, centre), dense_shares(model, probe, rows, centre)
     for kind in "QKV":
         total = shares.total(kind)
         assert total[0].isnan().all()  # layer 0 reads no head: not scored
@@ -191,7 +201,7 @@ def test_under_layernorm_a_constant_added_to_a_writers_rows_changes_no_share():
 def test_the_snapshot_scores_the_share_beside_the_weight_measures():
     model = seed002_like("standard", False, "layernorm")
     probe = probe_for(model)
-    snap = take_snapshot(model, probe, ("frobenius", "share"), 50, share_rows="all")
+    snap = take_snapshot(model, probe, ("frobenius", "share"), 50, share=("all", "sequences"))
     direct = shares_of(model, probe, "all")
     for kind in "QKV":
         torch.testing.assert_close(snap.composition["share"][kind], direct.heads[kind], equal_nan=True)
