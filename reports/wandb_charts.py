@@ -9,8 +9,8 @@ a run from its CSV series, so that they exist in the offline run file and after 
 ``charts/circuit_K_by_measure``
     the circuit pair's K-composition under each measure ``m``, normalised to its chance level and
     its maximum, ``(K_m - b_m) / (1 - b_m)`` with ``b_m`` the measure's random baseline
-    (``comp/baseline/m``): 0 is chance, 1 is full composition; with the repeated-token loss over its
-    step-0 value, so the cliff shows on the same axis
+    (``comp/baseline/m``): 0 is chance, 1 is full composition (the data-aware share as it is: its
+    null is 0); with the repeated-token loss over its step-0 value, so the cliff shows on the same axis
 ``charts/validity_spearman_by_measure``
     each measure's (and matching's) Spearman correlation with the ablation's loss effect over pairs
     (``validity/loss_change/m/spearman``)
@@ -67,17 +67,18 @@ def phase_change_line(change: PhaseChange | None) -> dict[str, tuple[list[float]
 def circuit_composition_chart(series, change: PhaseChange | None) -> LineChart | None:
     lines = {}
     for measure in circuit_measures(series):
-        baseline = series.get(f"comp/baseline/{measure}")
-        if baseline is None:
-            continue
+        baseline = series.get(f"comp/baseline/{measure}")  # none for the data-aware share: its null is 0
         steps, values = series[f"circuit/K/{measure}"]
-        lines[measure] = (steps.tolist(), normalised_composition(values, float(baseline[1][-1])).tolist())
+        null = float(baseline[1][-1]) if baseline is not None else 0.0
+        lines[measure] = (steps.tolist(), normalised_composition(values, null).tolist())
     if not lines:
         return None
     steps, loss = series["loss/repeated"]
     lines[LOSS_LINE] = (steps.tolist(), (loss / loss[0]).tolist())
     lines.update(phase_change_line(change))
-    return LineChart("circuit pair's K-composition, (K - baseline) / (1 - baseline), by measure", lines)
+    return LineChart(
+        "circuit pair's K-composition, (K - baseline) / (1 - baseline), by measure (the share: raw)", lines
+    )
 
 
 def validity_chart(series, change: PhaseChange | None) -> LineChart | None:

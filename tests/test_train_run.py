@@ -120,7 +120,7 @@ def test_wandb_tells_the_story_first_and_loses_no_csv_key(short_run):
     scalars = [
         key for key in logged if not key.startswith(("images/", "validity/table/", "charts/"))
     ]  # not media or tables
-    assert len(scalars) == 356 + 3  # the tracker's keys (records/keys.py), train/loss, epoch, trainer/global_step
+    assert len(scalars) == 386 + 3  # the tracker's keys (records/keys.py), train/loss, epoch, trainer/global_step
     summary = wandb_records.summary(wandb_file(run_dir))
     repeated = series["loss/repeated"][1]
     assert summary["1_story/loss/repeated"] == pytest.approx({"min": repeated.min(), "last": repeated[-1]})
@@ -154,7 +154,7 @@ def test_comparison_charts_in_the_run_file_hold_the_csv_values(short_run):
     assert set(measures) <= set(composition)
     for measure in measures:
         steps, values = series[f"circuit/K/{measure}"]
-        baseline = series[f"comp/baseline/{measure}"][1][-1]
+        baseline = series[f"comp/baseline/{measure}"][1][-1] if measure != "share" else 0.0  # the share: no baseline
         expected = {float(s): (v - baseline) / (1 - baseline) for s, v in zip(steps, values)}
         assert composition[measure] == pytest.approx(expected), measure
     steps, loss = series["loss/repeated"]
