@@ -6,7 +6,7 @@ them (:meth:`Analysis.conclude`: a result, tables, figures, W&B summary values a
 columns). Everything else is written once, here:
 
 - the command line ``python -m analysis.KIND RUN_DIR [OVERRIDE ...] [--steps] [--every] [--name]
-  [--overwrite]`` (plus the analysis's own flags), over a run directory or every job of a sweep
+  [--overwrite] [--device]`` (plus the analysis's own flags), over a run directory or every job of a sweep
   directory, every job's request checked before any is measured (one line, exit 2);
 - the step loop: a line a step with the time spent and left, Ctrl-C kept;
 - the measurement cache (:class:`records.measurements.MeasuredSteps`): a stopped analysis continues
