@@ -82,11 +82,13 @@ def compose_config(steps: int, extra: list[str]) -> DictConfig:
     return cfg
 
 
-def run_bare(cfg: DictConfig, steps: int) -> float:
-    """Seconds for ``steps`` optimizer steps of a plain torch loop, after a few untimed warm-up steps."""
+def run_bare(cfg: DictConfig, steps: int, changes: dict | None = None) -> float:
+    """Seconds for ``steps`` optimizer steps of a plain torch loop, after a few untimed warm-up steps;
+    ``changes``: training-time interventions set on the model (``bench/interventions.py``)."""
     data, optim = cfg.data, cfg.optim
     torch.manual_seed(cfg.seed)
     model = AttentionOnlyTransformer(build_shape(cfg), init=str(cfg.model.init.value), init_std=cfg.model.init_std)
+    model.set_changes(changes or {})
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
     )

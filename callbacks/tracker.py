@@ -22,8 +22,8 @@ from data.probe import ProbeBatch
 from metrics.composition.baseline import cache_directory, random_baselines
 from metrics.composition.engine import composition_flops
 from metrics.composition.whitening import Whitening
-from metrics.snapshot import Snapshot, take_snapshot
-from records.keys import snapshot_metrics
+from metrics.snapshot import Snapshot, take_snapshot, without_interventions
+from records.keys import INTERVENTION_OFF, snapshot_metrics
 from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, snapshot_tensors
 from reports.plots import heatmap_image
@@ -248,6 +248,8 @@ class CompositionTracker(L.Callback):
             )
         logging_start = time.perf_counter()
         metrics = snapshot_metrics(snap, self.max_pair_keys, self.top_pairs, measures=self.measures)
+        if model.intervened:  # a training-time intervention is on: the same scores without it
+            metrics.update({INTERVENTION_OFF + k: v for k, v in without_interventions(model, self.probe).items()})
         self.last_keys = list(metrics)
         self.latest = (step, metrics)
         for logger in loggers:

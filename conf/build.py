@@ -21,17 +21,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from callbacks.divergence import DivergenceGuard
 from callbacks.final_report import PhaseChangeFigure
+from callbacks.interventions import Interventions
 from callbacks.llc_estimates import LLCEstimates
 from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines, loss_bar
 from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker
 from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
-from conf.validate import llc_calibration_warning
+from conf.validate import llc_calibration_warning, model_shape
 from data.datamodule import TokenDataModule, TokenSampler, make_sampler
-from data.probe import make_probe_batch
+from data.probe import ProbeBatch, make_probe_batch
 from metrics.dynamics.llc import SGLDSettings
 from metrics.dynamics.stages import StageSettings
+from models.interventions import plan_of
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 from records.csv_log import ResumableCSVLogger
@@ -88,18 +90,7 @@ def build_datamodule(cfg: DictConfig) -> TokenDataModule:
 
 
 def build_shape(cfg: DictConfig) -> TransformerShape:
-    model = cfg.model
-    return TransformerShape(
-        n_layers=model.n_layers,
-        n_heads=model.n_heads,
-        d_model=model.d_model,
-        d_head=model.d_head,
-        n_ctx=model.n_ctx,
-        d_vocab=model.d_vocab,
-        normalization=str(model.normalization.value),
-        positions=str(model.positions.value),
-        biases=model.biases,
-    )
+    return model_shape(cfg)
 
 
 def build_module(cfg: DictConfig) -> InductionLM:
@@ -163,10 +154,12 @@ WANDB_TAG_LENGTH = 64  # W&B refuses longer tags
 def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = None) -> WandbNaming:
     """A run's W&B group, name and tags, where ``logger.wandb`` leaves them unset: a sweep's jobs
     share the sweep directory as their group; a run is named by its command-line overrides, which
-    are also its tags (``seed=1``, ``model.n_heads=4``), besides the config's own tags."""
+    are also its tags (``seed=1``, ``model.n_heads=4``), besides the config's own tags and one per
+    training-time intervention (``intervention:ablate[L0H0] zero steps 0-end``)."""
     wandb_cfg = cfg.logger.wandb
     shown = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/", "logger.", "resume"))]
-    tags = tuple(dict.fromkeys([*wandb_cfg.tags, *(o[:WANDB_TAG_LENGTH] for o in shown)]))
+    kinds = [f"intervention:{i.label()}"[:WANDB_TAG_LENGTH] for i in plan_of(intervention_config(cfg))]
+    tags = tuple(dict.fromkeys([*wandb_cfg.tags, *kinds, *(o[:WANDB_TAG_LENGTH] for o in shown)]))
     swept = keys_swept_by(Path(sweep_dir)) if sweep_dir else set()
     named = [o for o in shown if o.lstrip("+~").split("=", 1)[0] in swept] or shown
     return WandbNaming(
@@ -174,6 +167,12 @@ def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = 
         name=wandb_cfg.name or (" ".join(named) or None),
         tags=tags,
     )
+
+
+def intervention_config(cfg: DictConfig) -> dict | None:
+    """The config's ``intervention`` as a dict (None where the config has none)."""
+    node = OmegaConf.select(cfg, "intervention")
+    return None if node is None else OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 
 
 SWEEP_SYNTAX = ("choice(", "range(", "interval(", "glob(", "tag(", "shuffle(", "sort(")
@@ -249,6 +248,8 @@ def build_callbacks(
         ),
         StopOnSignal(last),  # a Checkpoint too: Lightning runs both after the tracker
     ]
+    if plan := plan_of(intervention_config(cfg)):  # before the tracker: it sets the changes of the step measured
+        callbacks.append(Interventions(plan, build_probe(cfg), run_dir))
     tr = cfg.tracker
     tracker = build_tracker(cfg, run_dir) if tr.enabled else None
     if tracker is not None:
@@ -294,15 +295,19 @@ def build_trajectory(
 
 def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     """The tracker as ``cfg.tracker`` configures it (``run_dir`` None: no tensor store)."""
+    return CompositionTracker(build_probe(cfg), cfg.tracker, run_dir)
+
+
+def build_probe(cfg: DictConfig) -> ProbeBatch:
+    """The tracker's probe batch (also what chooses an intervention's heads by score)."""
     tracker = cfg.tracker
-    probe = make_probe_batch(
+    return make_probe_batch(
         tracker.probe_seed,
         tracker.probe_batch_size,
         tracker.probe_n,
         cfg.model.d_vocab - int(cfg.data.bos),
         cfg.data.bos,
     )
-    return CompositionTracker(probe, tracker, run_dir)
 
 
 def silence_known_warnings() -> None:

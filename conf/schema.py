@@ -13,6 +13,7 @@ from metrics.composition.baseline import BASELINE_SAMPLES
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW
 from metrics.ground_truth.ablation import ABLATION_KINDS
+from models.interventions import CIRCUITS, KEEPS, KINDS, REPLACEMENTS, TARGETS
 
 
 class Normalization(str, Enum):
@@ -281,6 +282,42 @@ class StagesConfig:
     min_support: float = 0.5  # a boundary is kept when at least this share of the resamples finds it again
 
 
+InterventionKind = Enum("InterventionKind", [(k, k) for k in KINDS], type=str)
+PatternTarget = Enum("PatternTarget", [(t, t) for t in TARGETS], type=str)
+AblationReplacement = Enum("AblationReplacement", [(r, r) for r in REPLACEMENTS], type=str)
+AblationKeep = Enum("AblationKeep", [(k, k) for k in KEEPS], type=str)
+FrozenCircuit = Enum("FrozenCircuit", [(c, c) for c in CIRCUITS], type=str)
+"""The intervention options' values: ``models/interventions.py`` says what each does."""
+
+
+@dataclass
+class InterventionSpec:
+    """One intervention during training (``models/interventions.py``, ``callbacks/interventions.py``):
+    each kind reads its own options, the rest are ignored."""
+
+    kind: InterventionKind = InterventionKind.none
+    # L0H1 (a head), L0 (every head of layer 0), top_prev_token / top_induction (the model's top head at from_step)
+    heads: list[str] = field(default_factory=list)
+    from_step: int = 0
+    until_step: int | None = None  # active while from_step <= step < until_step; None: to the end
+    target: PatternTarget = PatternTarget.prev_token  # clamp: the pattern imposed
+    strength: float = 1.0  # clamp: (1 - strength)·own pattern + strength·target
+    replacement: AblationReplacement = AblationReplacement.zero  # ablate: zero, the batch mean, another sequence's
+    keep: AblationKeep = (
+        AblationKeep.none
+    )  # ablate: none (the output), pattern (ablate values), values (ablate pattern)
+    circuit: FrozenCircuit = FrozenCircuit.both  # freeze: qk, ov or both
+    factor: float = 1.0  # temperature: the scores are multiplied by it
+    source: str | None = None  # graft: a run directory with trajectory/
+    source_step: int | None = None  # graft: its saved step to copy (None: its last)
+    frozen: bool = False  # graft: hold the grafted weights until until_step
+
+
+@dataclass
+class InterventionConfig(InterventionSpec):
+    also: list[InterventionSpec] = field(default_factory=list)  # more interventions at once
+
+
 @dataclass
 class Config:
     seed: int = 0
@@ -297,6 +334,7 @@ class Config:
     tracker: TrackerConfig = MISSING
     trajectory: TrajectoryConfig = field(default_factory=TrajectoryConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
+    intervention: InterventionConfig = MISSING
 
 
 def register_schemas() -> None:
@@ -309,5 +347,6 @@ def register_schemas() -> None:
         ("trainer", TrainerConfig),
         ("logger", LoggerConfig),
         ("tracker", TrackerConfig),
+        ("intervention", InterventionConfig),
     ]:
         store.store(group=group, name="schema", node=node)

@@ -13,10 +13,11 @@ from omegaconf import DictConfig, OmegaConf
 from metrics.composition.data_shares import CENTRES, ROWS
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.snapshot import MEASURES
+from models.interventions import HEAD_NAME, Intervention, plan_of
 from models.transformer import TransformerShape
 from records.keys import flatten
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
-from records.trajectory import HEADER_BYTES, TrajectoryPlan
+from records.trajectory import HEADER_BYTES, Trajectory, TrajectoryError, TrajectoryPlan
 
 
 class ConfigError(ValueError):
@@ -29,14 +30,21 @@ PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-tr
 
 WANDB_ENV_MODES = ("offline", "online", "disabled", "dryrun", "run", "shared")
 """What W&B takes from ``$WANDB_MODE`` (it validates the variable when a run starts, deep in it)."""
-RESUME_KEPT = ("seed", "model", "data", "optim", "tracker")  # what a resume may not change unless allowed
+RESUME_KEPT = (
+    "seed",
+    "model",
+    "data",
+    "optim",
+    "tracker",
+    "intervention",
+)  # what a resume may not change unless allowed
 
 
 def schema_defaults(sections: tuple[str, ...] = RESUME_KEPT) -> dict[str, object]:
     """The schema's default of every key of ``sections``, flat (``model.biases``: False)."""
-    from conf.schema import Config, DataConfig, ModelConfig, TrackerConfig
+    from conf.schema import Config, DataConfig, InterventionConfig, ModelConfig, TrackerConfig
 
-    nodes = {"model": ModelConfig, "data": DataConfig, "tracker": TrackerConfig}
+    nodes = {"model": ModelConfig, "data": DataConfig, "tracker": TrackerConfig, "intervention": InterventionConfig}
     root = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True, throw_on_missing=False)
     tree = {
         k: OmegaConf.to_container(OmegaConf.structured(nodes[k]), enum_to_str=True) if k in nodes else root.get(k)
@@ -246,7 +254,59 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.extend(trajectory_problems(cfg))
     if not problems:
         problems.extend(stages_problems(cfg.stages))
+    if not problems:
+        problems.extend(intervention_problems(cfg))
     return problems
+
+
+def model_shape(cfg: DictConfig) -> TransformerShape:
+    """The model's shape from ``cfg.model``."""
+    model = cfg.model
+    return TransformerShape(
+        n_layers=model.n_layers,
+        n_heads=model.n_heads,
+        d_model=model.d_model,
+        d_head=model.d_head,
+        n_ctx=model.n_ctx,
+        d_vocab=model.d_vocab,
+        normalization=str(model.normalization.value),
+        positions=str(model.positions.value),
+        biases=model.biases,
+    )
+
+
+def intervention_problems(cfg: DictConfig) -> list[str]:
+    """Each intervention's problems on this model (``models/interventions.py``) and, for a graft, its
+    source: a run with a trajectory holding the step, whose model has the grafted heads' shapes."""
+    plan = plan_of(OmegaConf.to_container(cfg.intervention, resolve=True, enum_to_str=True))
+    shape = model_shape(cfg)
+    problems = [p for intervention in plan for p in intervention.problems(shape, cfg.trainer.max_steps)]
+    if not problems:
+        problems.extend(p for i in plan if i.kind == "graft" and (p := graft_source_problem(i, shape)))
+    return problems
+
+
+def graft_source_problem(intervention: Intervention, shape: TransformerShape) -> str | None:
+    """Why ``intervention``'s source cannot give its heads' weights to a model of ``shape`` (None: it can)."""
+    where = f"intervention.source={intervention.source}"
+    try:
+        source = Trajectory(intervention.source)
+        step = intervention.source_step if intervention.source_step is not None else source.steps[-1]
+        source.check(step)
+    except (TrajectoryError, IndexError) as error:
+        return f"{where}: {error}"
+    other = source.shape
+    for key in ("d_model", "d_head", "normalization", "biases"):
+        if getattr(other, key) != getattr(shape, key):
+            return f"{where}: its model has {key}={getattr(other, key)}, this one {getattr(shape, key)}: the weights do not fit"
+    for name in intervention.heads:
+        match = HEAD_NAME.match(name)
+        layer, head = int(match[1]), int(match[2] or 0)
+        if layer >= other.n_layers or head >= other.n_heads:
+            return f"{where}: its model has no head {name} ({other.n_layers} layers of {other.n_heads} heads)"
+        if match[2] is None and other.n_heads != shape.n_heads:
+            return f"{where}: grafting layer {name} needs the same heads per layer ({other.n_heads} there, {shape.n_heads} here)"
+    return None
 
 
 def data_options_problems(data: DictConfig) -> list[str]:
@@ -297,18 +357,7 @@ def trajectory_problems(cfg: DictConfig) -> list[str]:
             problems.append(f"trajectory.{key}={t[key]} must be a finite number > 0")
     if problems:
         return problems
-    model = cfg.model
-    shape = TransformerShape(
-        model.n_layers,
-        model.n_heads,
-        model.d_model,
-        model.d_head,
-        model.n_ctx,
-        model.d_vocab,
-        str(model.normalization.value),
-        str(model.positions.value),
-        model.biases,
-    )
+    shape = model_shape(cfg)
     itemsize = 8 if cfg.trainer.precision in ("64", "64-true") else 4
     adaptive = cfg.tracker.enabled and t.trigger.value != "none"
     try:

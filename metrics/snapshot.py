@@ -145,9 +145,11 @@ def take_snapshot(
             logits, cache = model.run_with_cache(tokens, head_out=copying or ablate or shares)
         ablation = method = None
         if ablate and shape.n_layers > 1:
-            with timer.part("ablation"):
+            # the ground truth reads the weights as they are, without a training-time intervention
+            clean_run = None if model.intervened else (logits, cache)
+            with timer.part("ablation"), model.changes_off():
                 ablation, method = ablation_effects(
-                    model, probe, ablation_method, (logits, cache), max_chunk_bytes=max_chunk_bytes, kind=ablation_kind
+                    model, probe, ablation_method, clean_run, max_chunk_bytes=max_chunk_bytes, kind=ablation_kind
                 )
     finally:
         model.train(was_training)
@@ -223,3 +225,24 @@ def take_snapshot(
         whitenings=whitenings,
         seconds=timer.seconds,
     )
+
+
+@torch.inference_mode()
+def without_interventions(model: AttentionOnlyTransformer, probe: ProbeBatch) -> dict[str, float]:
+    """The repeated-token loss and the top previous-token and induction scores of ``model`` with its
+    training-time interventions off (does the model still need them?), on ``probe``."""
+    was_training = model.training
+    model.eval()
+    try:
+        with model.changes_off():
+            tokens = probe.tokens.to(model.W_E.device)
+            logits, cache = model.run_with_cache(tokens, head_out=False)
+    finally:
+        model.train(was_training)
+    patterns = torch.stack(cache["pattern"])  # (L, b, h, t, t)
+    losses = token_losses(logits.float(), tokens)
+    return {
+        "loss/repeated": repeated_loss(losses, probe.repeat_start, probe.n).item(),
+        "heads/prev_token/top": previous_token_score(patterns).max().item(),
+        "heads/induction/top": induction_score(patterns, probe.repeat_start, probe.n).max().item(),
+    }

@@ -9,6 +9,8 @@ the model is a product of the weight matrices below.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -16,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 from torch import Tensor, nn
+
+from models.interventions import HeadChange, attend
 
 Normalization = Literal["none", "layernorm", "rmsnorm"]
 Positions = Literal["standard", "shortformer"]
@@ -92,6 +96,9 @@ class AttentionLayer(nn.Module):
     ``pos [pos, d_model]`` (shortformer positions) is added to the normalized input of the queries
     and keys only, never to the values or the stream, as TransformerLens's ``shortformer`` does
     (``ln1(x) + pos``: the norm never sees the positions).
+
+    ``changes``: the interventions on this layer's heads now active (``models/interventions.py``),
+    set by :meth:`AttentionOnlyTransformer.set_changes`; without any, training takes the fused path.
     """
 
     def __init__(self, shape: TransformerShape) -> None:
@@ -104,6 +111,7 @@ class AttentionLayer(nn.Module):
         self.W_O = nn.Parameter(torch.randn(h, e, d) / math.sqrt(e * h))
         for name, size in (("b_Q", (h, e)), ("b_K", (h, e)), ("b_V", (h, e)), ("b_O", (d,))):
             self.register_parameter(name, nn.Parameter(torch.zeros(size)) if shape.biases else None)
+        self.changes: tuple[HeadChange, ...] = ()
 
     def project(self, x: Tensor, weight: Tensor, bias: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
         """``norm(x) (+ pos) [batch, pos, d_model] x [n_heads, d_model, d_head] (+ bias [n_heads, d_head])
@@ -135,12 +143,21 @@ class AttentionLayer(nn.Module):
             out = out + torch.cat(biases)[:, None]
         return out.chunk(len(weights), dim=1)  # n x (b, h, t, e)
 
-    def forward(self, x: Tensor, pos: Tensor | None = None) -> Tensor:
-        """Training path through ``scaled_dot_product_attention``: ``[b, t, d] -> [b, t, d]``."""
+    def forward(self, x: Tensor, pos: Tensor | None = None, tokens: Tensor | None = None) -> Tensor:
+        """Training path through ``scaled_dot_product_attention``: ``[b, t, d] -> [b, t, d]``; with
+        :attr:`changes`, through explicit patterns (:meth:`attend`; ``tokens [b, t]`` for a clamp's target)."""
+        if self.changes:
+            _, z = self.attend(*self.qkv(x, pos), tokens)
+            return x + self.write(z)
         q, k = self.project(x, self.W_Q, self.b_Q, pos), self.project(x, self.W_K, self.b_K, pos)  # (b, h, t, e)
         v = self.project(x, self.W_V, self.b_V)
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, h, t, e)
         return x + self.write(z)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``q, k, v [b, h, t, e]`` -> ``(pattern [b, h, t, t], z [b, h, t, e])`` with this layer's
+        :attr:`changes` applied: the hook points of every head, shared by training and the metrics."""
+        return attend(q, k, v, self.changes, tokens)
 
     def write(self, z: Tensor) -> Tensor:
         """Every head's output ``z [b, h, t, e]`` into the stream ``[b, t, d]`` (and ``b_O``)."""
@@ -230,15 +247,37 @@ class AttentionOnlyTransformer(nn.Module):
         """Logits ``[batch, pos, d_vocab]`` for ``tokens [batch, pos]`` (fast training path)."""
         x, pos = self.embed(tokens), self.positions(tokens.shape[-1])
         for layer in self.layers:
-            x = layer(x, pos)
+            x = layer(x, pos, tokens)
         return self.unembed(x)
+
+    def set_changes(self, by_layer: dict[int, Sequence[HeadChange]]) -> None:
+        """Make ``by_layer`` (layer index -> its heads' changes) the active interventions; {} for none."""
+        for index, layer in enumerate(self.layers):
+            layer.changes = tuple(by_layer.get(index, ()))
+
+    @property
+    def intervened(self) -> bool:
+        """Whether any forward-pass intervention is active."""
+        return any(layer.changes for layer in self.layers)
+
+    @contextmanager
+    def changes_off(self) -> Iterator[None]:
+        """The model without its active interventions, inside the block (they come back after it)."""
+        saved = [layer.changes for layer in self.layers]
+        self.set_changes({})
+        try:
+            yield
+        finally:
+            for layer, changes in zip(self.layers, saved):
+                layer.changes = changes
 
     def run_with_cache(self, tokens: Tensor, head_out: bool = True) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Logits plus what the metrics read, computed with explicit attention patterns.
 
         Returns ``(logits [b, t, d_vocab], cache)`` where ``cache["resid_pre"][l]`` is layer l's
         input ``[b, t, d_model]`` (the stream: without the positions under shortformer),
-        ``cache["pattern"][l]`` its attention ``[b, h, t, t]`` and, with ``head_out``,
+        ``cache["pattern"][l]`` its attention ``[b, h, t, t]`` (after the active interventions, the
+        one that mixed the values: :meth:`AttentionLayer.attend`) and, with ``head_out``,
         ``cache["head_out"][l]`` each head's write ``[b, h, t, d_model]`` (without ``b_O``). The
         stream itself adds the heads' writes as one GEMM over ``(head, d_head)``: without
         ``head_out`` the pass costs about a forward pass, with it (``h`` times the write's memory)
@@ -247,9 +286,7 @@ class AttentionOnlyTransformer(nn.Module):
         cache: dict[str, list[Tensor]] = {"resid_pre": [], "pattern": [], **({"head_out": []} if head_out else {})}
         x, pos = self.embed(tokens), self.positions(tokens.shape[-1])
         for layer in self.layers:
-            q, k, v = layer.qkv(x, pos)  # (b, h, t, e) each
-            pattern = causal_pattern(q, k)  # (b, h, t, t)
-            z = pattern @ v  # (b, h, t, e)
+            pattern, z = layer.attend(*layer.qkv(x, pos), tokens)  # (b, h, t, t), (b, h, t, e)
             cache["resid_pre"].append(x)
             cache["pattern"].append(pattern)
             if head_out:

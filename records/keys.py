@@ -94,6 +94,10 @@ HEAD_SCORES = {
 }
 """Key under ``heads/`` -> the Snapshot attribute holding that ``[L, H]`` score."""
 
+INTERVENTION_OFF = "intervention_off/"
+"""Prefix of the scores measured with a run's training-time interventions off (``loss/repeated``,
+``heads/prev_token/top``, ``heads/induction/top``), logged at the snapshots where one is on."""
+
 HEAD_LEVEL_EFFECTS = ("loss_change",)
 """Ablation effects whose writer- and reader-level agreement is logged (the validity table reads
 only these); 4 keys per scorer and effect, so the pattern effect's would cost 4(M + 1) more."""

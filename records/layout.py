@@ -25,6 +25,7 @@ PHASE_CHANGE_FIGURE = "phase_change.png"
 COMPOSITION_FIGURE = "composition.png"
 VALIDITY_TABLE, VALIDITY_FIGURE = "validity.csv", "validity.png"
 PAIR_CURVES_FIGURE = "pair_curves.png"
+INTERVENTION_RECORD = "intervention.json"  # a run's interventions, their heads as resolved and windows
 ANALYSIS_DIR = "analysis"
 
 INDEX_NAME = "index.json"  # trajectory/ and tensors/: what each step's file holds

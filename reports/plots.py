@@ -220,6 +220,8 @@ def training_curves(
     other_pairs_label: str = "other pairs, minus baseline",
     other_pairs_band: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     shares: dict[str, Series] | None = None,
+    interventions: list[tuple[int, int | None, str]] | None = None,
+    intervention_off: dict[str, Series] | None = None,
 ) -> Figure:
     """Stacked panels sharing the step axis, the phase change shaded on each: the losses, the head
     scores, the circuit pair's K-composition and, with ``shares``, what the circuit's reader's keys
@@ -227,7 +229,9 @@ def training_curves(
 
     ``other_pairs_minus_baseline``: grey curves, drawn as one collection (thousands stay cheap);
     ``other_pairs_band``: ``(steps, low, high)`` shaded behind them, e.g. the range over every pair
-    when only some are drawn."""
+    when only some are drawn. ``interventions``: ``(from_step, until_step or None, label)`` windows,
+    shaded on every panel; ``intervention_off``: the loss and top head scores measured with them off
+    (keys ``loss/repeated``, ``heads/prev_token/top``, ``heads/induction/top``), drawn dotted."""
     panels = 4 if shares else 3
     fig, axes = plt.subplots(panels, 1, figsize=(8, 3 * panels), sharex=True)
     ax_loss, ax_heads, ax_comp = axes[:3]
@@ -237,6 +241,14 @@ def training_curves(
     ax_loss.legend(loc="upper right")
     ax_heads.plot(*top_induction, label="top induction score", color="tab:red")
     ax_heads.plot(*top_prev_token, label="top previous-token score", color="tab:green")
+    off = intervention_off or {}
+    for key, ax, colour, label in (
+        ("loss/repeated", ax_loss, "tab:blue", "repeated tokens, intervention off"),
+        ("heads/induction/top", ax_heads, "tab:red", "top induction, intervention off"),
+        ("heads/prev_token/top", ax_heads, "tab:green", "top previous-token, intervention off"),
+    ):
+        if key in off:
+            ax.plot(*off[key], color=colour, ls=":", lw=1.4, label=label)
     ax_heads.set_ylabel("attention score")
     ax_heads.set_ylim(-0.02, 1.02)
     ax_heads.legend(loc="center right")
@@ -279,9 +291,23 @@ def training_curves(
         ax_share.set_ylabel("share of the reader's\nK scores on the probe")
         ax_share.legend(loc="upper left", fontsize=8)
     axes[-1].set_xlabel("training step")
+    last_step = float(loss_repeated[0][-1]) if len(loss_repeated[0]) else 0.0
     for ax in axes:
         mark_phase_change(ax, change)
+        for start, end, label in interventions or []:
+            ax.axvspan(
+                start,
+                last_step if end is None else end,
+                color="tab:orange",
+                alpha=0.12,
+                lw=0,
+                label=f"intervention: {label}" if ax is ax_loss else None,
+                zorder=0,
+            )
         ax.grid(alpha=0.3)
+    if interventions or off:
+        ax_loss.legend(loc="upper right", fontsize=7)
+        ax_heads.legend(loc="center right", fontsize=7)
     if change is None:
         ax_loss.set_title("no phase change: no sharp transition in the repeated-token loss", fontsize=9)
     else:

@@ -27,12 +27,13 @@ from lightning.pytorch.loggers import CSVLogger
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW, PhaseChange, detect_phase_change
 from metrics.snapshot import MEASURES
 from records.csv_log import write_rows
-from records.keys import scored_flat_indices
+from records.keys import INTERVENTION_OFF, scored_flat_indices
 from records.layout import (
     COMPOSITION_FIGURE,
     CSV_RELATIVE_PATH,
     HYDRA_CONFIG,
     HYDRA_DIR,
+    INTERVENTION_RECORD,
     PHASE_CHANGE_FIGURE,
     SUMMARY_NAME,
     TENSORS_DIR,
@@ -100,6 +101,7 @@ def summarize(series, window: int) -> dict[str, float]:
         "circuit/K/frobenius_minus_baseline",
         "circuit/K/frobenius_minus_baseline_rank",
         "circuit/K/share",
+        *(INTERVENTION_OFF + k for k in ("loss/repeated", "heads/prev_token/top", "heads/induction/top")),
     ):
         if key in series:
             summary[f"final/{key}"] = float(series[key][1][-1])
@@ -248,6 +250,12 @@ def render(run_dir: Path, window: int) -> RunReport:
             )
             if key in series
         },
+        interventions=intervention_windows(run_dir),
+        intervention_off={
+            key.removeprefix(INTERVENTION_OFF): value
+            for key, value in series.items()
+            if key.startswith(INTERVENTION_OFF)
+        },
     )
     figure_path = run_dir / PHASE_CHANGE_FIGURE
     fig.savefig(figure_path, dpi=110)
@@ -278,6 +286,7 @@ def render(run_dir: Path, window: int) -> RunReport:
                 ):  # a measure never first for good has no such step; older runs lack the head levels
                     summary[f"validity/{row['measure']}/{column}"] = row[column]
     summary.update(trajectory_summary(run_dir, series, change))
+    summary.update(intervention_summary(run_dir))
     (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     because = None
     if not rows:
@@ -288,6 +297,24 @@ def render(run_dir: Path, window: int) -> RunReport:
         )
     charts = comparison_charts(series, change)
     return RunReport(figure_path, summary, validity_path, rows or None, because, composition_path, charts)
+
+
+def read_intervention(run_dir: Path) -> dict:
+    """The run's ``intervention.json`` (callbacks/interventions.py), {} for a run without one."""
+    try:
+        return json.loads((run_dir / INTERVENTION_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def intervention_windows(run_dir: Path) -> list[tuple[int, int | None, str]]:
+    """``(from_step, until_step, label)`` of each of the run's interventions."""
+    return [(i["from_step"], i["until_step"], i["label"]) for i in read_intervention(run_dir).get("interventions", [])]
+
+
+def intervention_summary(run_dir: Path) -> dict[str, str]:
+    """``intervention``: what the run did to its heads while it trained (``none``), as resolved."""
+    return {"intervention": read_intervention(run_dir).get("description", "none")}
 
 
 def trajectory_summary(run_dir: Path, series, change: PhaseChange | None) -> dict[str, float]:
@@ -322,7 +349,9 @@ def print_report(report: RunReport) -> None:
     if report.composition_figure is not None:
         print(f"final composition: {report.composition_figure}")
     for key, value in report.summary.items():
-        if not key.startswith("validity/"):
+        if isinstance(value, str):
+            print(f"  {key:48s} {value}")
+        elif not key.startswith("validity/"):
             print(f"  {key:48s} {value:10.4f}")
     if report.validity_rows:
         print(f"\nwhich measure tells the truth (K-only path ablation; table {report.figure.parent / VALIDITY_TABLE}):")

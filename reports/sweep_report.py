@@ -144,6 +144,7 @@ def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]]
     for part in ("onset", "midpoint", "end"):
         job.values[f"phase_change_{part}"] = summary.get(f"phase_change/loss_{part}_step", math.nan)
     job.values["top_induction_score"] = summary.get("final/heads/induction/top", math.nan)
+    job.values["intervention"] = summary.get("intervention", "none")
     if "loss/repeated" in series:
         steps, values = series["loss/repeated"]
         job.loss_curve = (steps, values)
@@ -250,6 +251,7 @@ def _column_order(column: str) -> tuple[int, str]:
         "repeated_loss_end",
         "top_induction_score",
         "circuit_pair",
+        "intervention",
     )
     return (first.index(column), "") if column in first else (len(first) + (column.startswith("spearman_")), column)
 

@@ -47,26 +47,15 @@ from torch import Tensor, nn
 
 from data.probe import ProbeBatch
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
+from models.interventions import replacement_of
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 DEFAULT_MAX_CHUNK_BYTES = DEFAULT_CHUNK_BYTES  # the same budget as the composition engine's chunks
 AblationKind = Literal["per_position", "pooled", "resample"]
 """What replaces a writer's output: its batch mean at each position (the usual mean ablation), its
-mean over batch and positions, or its output on another probe sequence (:func:`replacement_of`)."""
+mean over batch and positions, or its output on another probe sequence
+(:func:`models.interventions.replacement_of`, which the training-time ablations use too)."""
 ABLATION_KINDS: tuple[AblationKind, ...] = get_args(AblationKind)
-
-
-def replacement_of(outputs: Tensor, kind: AblationKind = "per_position") -> Tensor:
-    """What replaces each head's output in an ablation of ``kind``: ``outputs [b, H, t, ·]`` ->
-    ``[1, H, t, ·]`` (per_position: the batch mean at each position), ``[1, H, 1, ·]`` (pooled: the
-    mean over batch and positions) or ``[b, H, t, ·]`` (resample: the next sequence's, cyclically)."""
-    if kind == "per_position":
-        return outputs.mean(dim=0, keepdim=True)
-    if kind == "pooled":
-        return outputs.mean(dim=(0, 2), keepdim=True)
-    if kind == "resample":
-        return outputs.roll(-1, dims=0)
-    raise ValueError(f"unknown ablation kind {kind!r}; choose one of {ABLATION_KINDS}")
 
 
 @dataclass(frozen=True)

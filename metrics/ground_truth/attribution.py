@@ -6,7 +6,7 @@ Discovery") replaces each patched forward pass by a linear approximation around 
 
 Ablating writer w from reader h2's keys moves h2's key input, and nothing else, by
 ``Δx_w = write'_w - write_w`` (``[b, t, d_model]``; ``write'`` the replacement of the ablation's
-kind, :func:`~metrics.ground_truth.ablation.replacement_of`). To first order the repeated-token
+kind, :func:`~models.interventions.replacement_of`). To first order the repeated-token
 loss then moves by::
 
     ΔL(w -> h2) ≈ Σ_{b,t} ⟨∂L/∂x_key^{h2}[b, t], write'_w[b, t] - write_w[b, t]⟩
@@ -49,8 +49,8 @@ from metrics.ground_truth.ablation import (
     ablation_cost,
     key_ablation_effects,
     key_pattern_changes,
-    replacement_of,
 )
+from models.interventions import replacement_of
 from models.transformer import AttentionOnlyTransformer, TransformerShape, causal_pattern
 
 AblationMethod = Literal["exact", "attribution", "auto"]
