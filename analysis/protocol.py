@@ -38,7 +38,7 @@ from typing import ClassVar
 import torch
 from omegaconf import OmegaConf
 
-from analysis.saved_run import AnalysisError, Request, checked_steps, new_request, run_config
+from analysis.saved_run import AnalysisError, Request, SavedInterventions, checked_steps, new_request, run_config
 from records.layout import (
     ANALYSIS_DIR,
     ANALYSIS_RECORD,
@@ -318,12 +318,19 @@ def measure_steps(analysis: Analysis, cache: MeasuredSteps | None) -> tuple[list
             f" ({cache.directory})",
             flush=True,
         )
+    interventions = SavedInterventions.of(trajectory)
+    if interventions.plan:
+        print(
+            f"{kind}: measuring the model as it trained, with its interventions on where they were: {interventions.description}"
+        )
     rows, tensors, spent, fresh = [], [], 0.0, 0
     for i, step in enumerate(steps):
         kept = cache.get(step) if cache is not None else None
         if kept is None:
             started = time.perf_counter()
-            row, step_tensors = analysis.measure(step, trajectory.model(step, request.torch_device))
+            model = trajectory.model(step, request.torch_device)
+            model.set_changes(interventions.changes_at(step))
+            row, step_tensors = analysis.measure(step, model)
             row = {"step": step, **row}
             if cache is not None:
                 cache.put(step, row, step_tensors)

@@ -6,6 +6,7 @@ its output directory ``RUN_DIR/analysis/NAME/``. :mod:`analysis.protocol` runs i
 from __future__ import annotations
 
 import copy
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conf.schema import Config
 from conf.validate import wandb_environment_problem
-from records.layout import ANALYSIS_DIR
+from models.interventions import HeadChange, Intervention, named_heads, plan_of
+from records.layout import ANALYSIS_DIR, INTERVENTION_RECORD
 from records.trajectory import Trajectory, describe_steps
 
 RETIRED_KEYS = ("stages.window", "stages.min_turn")
@@ -149,3 +151,37 @@ def device_problem(device: str) -> str | None:
 
 def first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+@dataclass(frozen=True)
+class SavedInterventions:
+    """A finished run's training-time interventions, to measure its saved weights as they trained:
+    its config's plan with the heads its ``intervention.json`` recorded (a chosen head as chosen)."""
+
+    plan: list[Intervention]
+    heads: list[list[tuple[int, int]]]
+    description: str = "none"
+
+    @classmethod
+    def of(cls, trajectory: Trajectory) -> SavedInterventions:
+        plan = plan_of(trajectory.config.get("intervention"))
+        try:
+            record = json.loads((trajectory.run_dir / INTERVENTION_RECORD).read_text())
+        except (OSError, ValueError):
+            record = {}
+        entries = record.get("interventions", [])
+        heads = [
+            [named_heads(name, trajectory.shape)[0] for name in (entries[n]["heads"] if n < len(entries) else [])]
+            for n in range(len(plan))
+        ]
+        return cls(plan, heads, record.get("description", "none"))
+
+    def changes_at(self, step: int) -> dict[int, list[HeadChange]]:
+        """The forward-pass changes that were active at ``step`` (freezes and grafts act on weights:
+        the saved weights already hold them)."""
+        by_layer: dict[int, list[HeadChange]] = {}
+        for intervention, heads in zip(self.plan, self.heads):
+            if intervention.active(step):
+                for layer, changes in intervention.changes(heads).items():
+                    by_layer.setdefault(layer, []).extend(changes)
+        return by_layer

@@ -7,6 +7,7 @@ to the CPU. Each part is timed, so a caller can say what a snapshot costs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from contextlib import contextmanager
@@ -145,11 +146,20 @@ def take_snapshot(
             logits, cache = model.run_with_cache(tokens, head_out=copying or ablate or shares)
         ablation = method = None
         if ablate and shape.n_layers > 1:
-            # the ground truth reads the weights as they are, without a training-time intervention
-            clean_run = None if model.intervened else (logits, cache)
-            with timer.part("ablation"), model.changes_off():
+            # with training-time interventions in layer 0 only, the ablation is exact on the model as it
+            # trains (it recomputes only the readers' layers, from this clean run); with one in a reader's
+            # layer it reads the weights without them (docs/measures.md, "Ground truth under interventions")
+            on_readers = any(layer.changes for layer in model.layers[1:])
+            if model.intervened and not on_readers:
+                ablation_method = "exact"  # attribution patching differentiates its own, unchanged, forward pass
+            with timer.part("ablation"), model.changes_off() if on_readers else contextlib.nullcontext():
                 ablation, method = ablation_effects(
-                    model, probe, ablation_method, clean_run, max_chunk_bytes=max_chunk_bytes, kind=ablation_kind
+                    model,
+                    probe,
+                    ablation_method,
+                    None if on_readers else (logits, cache),
+                    max_chunk_bytes=max_chunk_bytes,
+                    kind=ablation_kind,
                 )
     finally:
         model.train(was_training)

@@ -55,6 +55,8 @@ def measurements_dir(analysis_dir: Path) -> Path:
 
 SWEEP_CONFIG = "multirun.yaml"  # Hydra's, in the sweep directory: the sweep's overrides
 SWEEP_JOBS_TABLE, SWEEP_GROUPS_TABLE = "sweep_jobs.csv", "sweep_groups.csv"
+# a sweep with training-time interventions: each group's curves, and the training-time validity table
+SWEEP_INTERVENTIONS_FIGURE, SWEEP_TRAINING_VALIDITY = "sweep_interventions.png", "sweep_training_validity.csv"
 SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE = (
     "sweep_loss_curves.png",
     "sweep_midpoints.png",

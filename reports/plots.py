@@ -298,8 +298,9 @@ def training_curves(
             ax.axvspan(
                 start,
                 last_step if end is None else end,
-                color="tab:orange",
+                color="0.5",
                 alpha=0.12,
+                hatch="//",
                 lw=0,
                 label=f"intervention: {label}" if ax is ax_loss else None,
                 zorder=0,

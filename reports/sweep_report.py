@@ -51,13 +51,16 @@ from records.layout import (
     SWEEP_ALIGNED_FIGURE,
     SWEEP_CURVES_FIGURE,
     SWEEP_GROUPS_TABLE,
+    SWEEP_INTERVENTIONS_FIGURE,
     SWEEP_JOBS_TABLE,
     SWEEP_MIDPOINTS_FIGURE,
+    SWEEP_TRAINING_VALIDITY,
     TENSORS_DIR,
 )
 from records.status import FINISHED, read_status
 from records.tensor_store import read_tensor_store
 from records.wandb_log import STEP_KEY, tracker_key
+from reports import intervention_report
 from reports.plots import plt
 from reports.run_report import read_series
 
@@ -75,6 +78,7 @@ class Job:
     values: dict[str, float | str] = field(default_factory=dict)
     loss_curve: tuple[np.ndarray, np.ndarray] | None = None  # (steps, repeated-token loss)
     induction_curve: tuple[np.ndarray, np.ndarray] | None = None  # (steps, top induction score)
+    curves: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # intervention_report.CURVES
 
 
 def job_dirs(paths: list[Path]) -> list[Path]:
@@ -151,6 +155,8 @@ def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]]
         job.values["repeated_loss_start"], job.values["repeated_loss_end"] = float(values[0]), float(values[-1])
     if "heads/induction/top" in series:
         job.induction_curve = series["heads/induction/top"]
+    job.curves = {key: series[key] for key in intervention_report.CURVES if key in series}
+    job.values.update(intervention_report.circuit_values(series))
     for key in sorted(series):
         if key.startswith("circuit/K/") and not key.endswith(("_minus_baseline", "_rank")):
             job.values[f"K_{key.removeprefix('circuit/K/')}"] = float(series[key][1][-1])
@@ -416,6 +422,12 @@ class SweepReport:
     group_table: list[dict]
     analysis_columns: list[str] = field(default_factory=list)  # the analysis's own columns, in its order
     analysis_title: str = ""
+    training_validity: list[dict] = field(default_factory=list)  # with interventions: intervention_report
+
+    @property
+    def intervened(self) -> bool:
+        """Whether any job trained with an intervention."""
+        return any(job.values.get("intervention", "none") != "none" for job in self.jobs)
 
     @property
     def failed(self) -> list[Job]:
@@ -430,6 +442,7 @@ class SweepReport:
                 SWEEP_CURVES_FIGURE,
                 SWEEP_MIDPOINTS_FIGURE,
                 SWEEP_ALIGNED_FIGURE,
+                *((SWEEP_INTERVENTIONS_FIGURE, SWEEP_TRAINING_VALIDITY) if self.intervened else ()),
             )
         }
 
@@ -473,6 +486,10 @@ def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str |
     draw_loss_curves(jobs, colour_by, files[SWEEP_CURVES_FIGURE])
     draw_aligned(jobs, colour_by, files[SWEEP_ALIGNED_FIGURE])
     draw_midpoints(jobs, settings, files[SWEEP_MIDPOINTS_FIGURE])
+    if report.intervened:
+        intervention_report.draw_groups(jobs, settings, files[SWEEP_INTERVENTIONS_FIGURE])
+        report.training_validity = intervention_report.validity_rows(jobs, settings)
+        write_rows(files[SWEEP_TRAINING_VALIDITY], report.training_validity)
     return report
 
 
@@ -507,9 +524,15 @@ def print_sweep_report(report: SweepReport) -> None:
     print(f"\nover seeds ({report.files()[SWEEP_GROUPS_TABLE]}):")
     print(format_table(report.group_table, [c for c in group_columns if any(c in row for row in report.group_table)]))
     print_analysis(report)
-    print(
-        f"figures: {', '.join(str(report.files()[name]) for name in (SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE))}"
-    )
+    if report.training_validity:
+        print(
+            f"\ntraining-time validity: does each measure read circuit (above its null) where the circuit formed"
+            f" (its K-only ablation moves >= {intervention_report.CIRCUIT_PATTERN} of the reader's attention), and not where it did not?"
+            f" ({report.files()[SWEEP_TRAINING_VALIDITY]})"
+        )
+        print(format_table(report.training_validity, list(report.training_validity[0])))
+    figures = [name for name in report.files() if name.endswith(".png")]
+    print(f"figures: {', '.join(str(report.files()[name]) for name in figures)}")
     for job in report.failed:
         print(
             f"not finished: job {job.run_dir.name} ({' '.join(f'{k}={v}' for k, v in job.overrides.items())}): {job.status}"

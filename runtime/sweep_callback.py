@@ -11,7 +11,12 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from records.layout import SWEEP_ALIGNED_FIGURE, SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE
+from records.layout import (
+    SWEEP_ALIGNED_FIGURE,
+    SWEEP_CURVES_FIGURE,
+    SWEEP_INTERVENTIONS_FIGURE,
+    SWEEP_MIDPOINTS_FIGURE,
+)
 
 
 class SweepEndReport(Callback):
@@ -51,12 +56,21 @@ def log_to_wandb(config: DictConfig, report) -> None:
     )
     columns = list(dict.fromkeys(k for row in report.job_table for k in row))
     figures = {"loss_curves": SWEEP_CURVES_FIGURE, "midpoints": SWEEP_MIDPOINTS_FIGURE, "aligned": SWEEP_ALIGNED_FIGURE}
+    tables = {}
+    if report.intervened:
+        figures["interventions"] = SWEEP_INTERVENTIONS_FIGURE
+        rows = report.training_validity
+        if rows:
+            tables["sweep/training_validity"] = wandb.Table(
+                columns=list(rows[0]), data=[[str(row.get(c, "")) for c in rows[0]] for row in rows]
+            )
     logger.log_metrics(  # one row: the report has no step
         {
             "sweep/jobs": wandb.Table(
                 columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]
             ),
             **{f"sweep/{key}": wandb.Image(str(report.files()[name])) for key, name in figures.items()},
+            **tables,
             **sweep_plots(report.jobs, [key for key in report.swept if key not in SEED_KEYS]),
         }
     )

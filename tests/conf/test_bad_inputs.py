@@ -83,6 +83,42 @@ BAD_INPUTS = [
     (["tracker.probe_n=1"], "tracker.probe_n=1 must be >= 2"),
     (["tracker.smoothing_window=0"], "tracker.smoothing_window=0 must be >= 1"),
     (["tracker.chunk_mb=0"], "tracker.chunk_mb=0 must be >= 1"),
+    # interventions during training
+    (["intervention=ablate", "intervention.heads=[L5H9]"], "head 'L5H9' does not exist: the model has layers L0-L1"),
+    (["intervention=ablate", "intervention.heads=[head1]"], "head 'head1': write L<layer>H<head>"),
+    (["intervention=ablate", "intervention.heads=[]"], "name its heads"),
+    (["intervention=optogenetics"], "Could not find 'intervention/optogenetics'"),
+    (["intervention.kind=lesion"], "expected one of"),
+    (["intervention=clamp_prev_token", "intervention.target=next_token"], "expected one of"),
+    (["intervention=clamp_prev_token", "intervention.strength=1.5"], "strength=1.5 must be in [0, 1]"),
+    (["intervention=clamp_prev_token", "intervention.strength=-0.1"], "strength=-0.1 must be in [0, 1]"),
+    (
+        ["intervention=ablate", "intervention.from_step=600", "intervention.until_step=100"],
+        "from_step=600 > until_step=100",
+    ),
+    (["intervention=ablate", "intervention.from_step=5000"], "from_step=5000 is not before trainer.max_steps=1500"),
+    (["intervention=graft", "intervention.heads=[L0H1]"], "name the run to graft from"),
+    (
+        ["intervention=graft", "intervention.heads=[L0H1]", "intervention.source={notrun}"],
+        "has no trajectory/index.json",
+    ),
+    (
+        [
+            "intervention=graft",
+            "intervention.heads=[L0H1]",
+            "intervention.source={source}",
+            "intervention.source_step=7",
+        ],
+        "step 7 was not saved in",
+    ),
+    (
+        ["intervention=graft", "intervention.heads=[L0H1]", "intervention.source={source}", "model.d_head=8"],
+        "its model has d_head=16, this one 8: the weights do not fit",
+    ),
+    (
+        ["intervention=graft", "intervention.heads=[L0H3]", "intervention.source={source}", "model.n_heads=4"],
+        "its model has no head L0H3",
+    ),
     # checkpoints to resume from
     (["resume=/nonexistent/last.ckpt"], "no such checkpoint file or run directory"),
     (["resume={empty}"], "the file is empty"),
@@ -92,10 +128,28 @@ BAD_INPUTS = [
 ]
 
 
+def graft_source(tmp_path, kind: str) -> str:
+    """A run directory whose trajectory holds step 40 of the default model (``source``), or none (``notrun``)."""
+    from models.transformer import AttentionOnlyTransformer, TransformerShape
+    from records.trajectory import TrajectoryWriter
+
+    path = tmp_path / kind
+    path.mkdir(exist_ok=True)
+    if kind == "source":
+        shape = TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=16, n_ctx=33, d_vocab=257)
+        TrajectoryWriter(path / "trajectory", shape, {}).add(40, AttentionOnlyTransformer(shape).state_dict(), ["test"])
+    return str(path)
+
+
 def with_checkpoints(overrides: list[str], tmp_path) -> list[str]:
+    files = {"empty", "truncated", "foreign", "payload"}
     return [
         o.format(
-            **{k: checkpoint_file(tmp_path, k) for k in ("empty", "truncated", "foreign", "payload") if f"{{{k}}}" in o}
+            **{
+                k: checkpoint_file(tmp_path, k) if k in files else graft_source(tmp_path, k)
+                for k in (*files, "source", "notrun")
+                if f"{{{k}}}" in o
+            }
         )
         for o in overrides
     ]

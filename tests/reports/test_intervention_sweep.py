@@ -1,0 +1,85 @@
+"""A sweep over interventions as a user spells it (``train.py -m intervention=none,clamp_prev_token,ablate``):
+each job names its intervention, the sweep report groups by it with the training-time validity
+table and the groups' figure, and a re-scoring of the saved weights measures the model as it trained."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from reports.run_report import read_series
+from tests.helpers import REPO, TINY, module, train_env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("sweep") / "sweep"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "intervention=none,clamp_prev_token,ablate",
+            "seed=0",
+            f"hydra.sweep.dir={directory}",
+            *TINY,
+        ],
+        cwd=REPO,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return directory, result.stdout
+
+
+def test_each_job_names_its_intervention_and_measures_it_on_and_off(sweep):
+    directory, _ = sweep
+    summaries = [json.loads((directory / str(n) / "summary.json").read_text()) for n in range(3)]
+    assert [s["intervention"] for s in summaries] == [
+        "none",
+        "clamp_prev_token[L0H0] steps 0-end",
+        "ablate[L0H0,L0H1] zero steps 0-end",
+    ]
+    clamped = read_series(directory / "1" / "csv" / "metrics.csv")
+    assert set(clamped["heads/prev_token/top"][1]) == {1.0}  # L0H0 attends to the previous token exactly
+    assert clamped["intervention_off/heads/prev_token/top"][1].max() < 1.0  # its own pattern does not
+    assert "intervention_off/loss/repeated" not in read_series(directory / "0" / "csv" / "metrics.csv")
+    ablated = read_series(directory / "2" / "csv" / "metrics.csv")
+    assert set(ablated["circuit/K/share"][1]) == {0.0}  # the writer's output is zero: it shares nothing
+    config = (directory / "2" / ".hydra" / "config.yaml").read_text()
+    assert "kind: ablate" in config and "- L0" in config
+
+
+def test_the_sweep_report_groups_by_intervention_with_the_training_time_validity_table(sweep):
+    directory, printed = sweep
+    with open(directory / "sweep_groups.csv") as handle:
+        groups = list(csv.DictReader(handle))
+    assert [g["intervention"] for g in groups] == ["none", "clamp_prev_token", "ablate"]
+    with open(directory / "sweep_training_validity.csv") as handle:
+        table = list(csv.DictReader(handle))
+    assert [row["group"] for row in table] == ["none", "clamp_prev_token", "ablate", "agrees with the truth"]
+    assert table[2]["share"] == "0/1"  # an ablated writer: the data-aware share reads no circuit
+    assert "training-time validity" in printed and (directory / "sweep_interventions.png").stat().st_size > 10_000
+
+
+def test_a_rescoring_measures_the_saved_weights_with_the_interventions_they_trained_with(sweep):
+    directory, _ = sweep
+    run = directory / "1"
+    result = module("analysis.rescore", run, "--name", "again")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "with its interventions on where they were: clamp_prev_token[L0H0] steps 0-end" in result.stdout
+    trained, rescored = (read_series(d / "csv" / "metrics.csv") for d in (run, run / "analysis" / "again"))
+    for key in ("loss/repeated", "heads/prev_token/top", "intervention_off/loss/repeated"):
+        steps = dict(zip(*trained[key]))
+        both = [(step, value) for step, value in zip(*rescored[key]) if step in steps]
+        assert len(both) >= 3, key  # steps 0, 30, 60 at least
+        for step, value in both:
+            assert value == pytest.approx(steps[step], rel=1e-5), (key, step)
