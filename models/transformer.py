@@ -277,18 +277,25 @@ class AttentionOnlyTransformer(nn.Module):
         Returns ``(logits [b, t, d_vocab], cache)`` where ``cache["resid_pre"][l]`` is layer l's
         input ``[b, t, d_model]`` (the stream: without the positions under shortformer),
         ``cache["pattern"][l]`` its attention ``[b, h, t, t]`` (after the active interventions, the
-        one that mixed the values: :meth:`AttentionLayer.attend`) and, with ``head_out``,
+        one that mixed the values: :meth:`AttentionLayer.attend`), ``cache["z"][l]`` each head's
+        mixed values ``[b, h, t, d_head]`` (after an ablation, its replacement) and, with ``head_out``,
         ``cache["head_out"][l]`` each head's write ``[b, h, t, d_model]`` (without ``b_O``). The
         stream itself adds the heads' writes as one GEMM over ``(head, d_head)``: without
         ``head_out`` the pass costs about a forward pass, with it (``h`` times the write's memory)
         up to twice that.
         """
-        cache: dict[str, list[Tensor]] = {"resid_pre": [], "pattern": [], **({"head_out": []} if head_out else {})}
+        cache: dict[str, list[Tensor]] = {
+            "resid_pre": [],
+            "pattern": [],
+            "z": [],
+            **({"head_out": []} if head_out else {}),
+        }
         x, pos = self.embed(tokens), self.positions(tokens.shape[-1])
         for layer in self.layers:
             pattern, z = layer.attend(*layer.qkv(x, pos), tokens)  # (b, h, t, t), (b, h, t, e)
             cache["resid_pre"].append(x)
             cache["pattern"].append(pattern)
+            cache["z"].append(z)
             if head_out:
                 cache["head_out"].append(z @ layer.W_O[None])  # (b, h, t, d_model)
             x = x + layer.write(z)

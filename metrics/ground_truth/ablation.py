@@ -122,9 +122,8 @@ def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> 
     ``d_model``, ``d_head``, vocabulary; ``He = H·e``; ``W = l2·H`` writers before reader layer l2.
     Softmaxes, norms and other elementwise work are left out (lower order). Term by term:
 
-    - clean queries, keys and values of the reader layers: ``(L-1) · b·t·d·3He``; and without
-      normalization layer 0's values ``b·t·d·He`` and the writers' ``z = pattern @ v``:
-      ``(L-1) · b·H·t²·e``;
+    - clean queries, keys and values of the reader layers: ``(L-1) · b·t·d·3He`` (the writers'
+      ``z = pattern @ v`` come with the clean run);
     - per reader layer l2 = 1 .. L-1:
       - clean pattern ``b·H·t²·e``; ablated patterns ``W·b·H·t²·e``; ``Δz = Δpattern @ v``: the same;
       - ablated keys: ``W·e·d·He`` (``W_O^{h1} @ W_K``) + ``W·b·t·e·He`` without normalization,
@@ -156,8 +155,6 @@ def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> 
     full_layer = t * d * 3 * He + attention_and_output(t)
     last_layer = s * d * He + t * d * 2 * He + attention_and_output(s)
     macs = (L - 1) * b * t * d * 3 * He  # the readers' clean q, k, v
-    if linear:  # layer 0's values, then every writer layer's z
-        macs += b * t * d * He + (L - 1) * b * H * t * t * e
     for l2 in range(1, L):
         W, R, after = l2 * H, l2 * H * H * b, L - 1 - l2
         macs += (1 + 2 * W) * b * H * t * t * e
@@ -210,8 +207,11 @@ class _CleanRun:
         )
         z = None
         if _is_linear(model):  # the writers' pattern-weighted values, for their d_head-wide key change
-            v[0] = _project(model.layers[0], x[0], model.layers[0].W_V, model.layers[0].b_V)
-            z = [pattern @ v_l for pattern, v_l in zip(patterns[:-1], v[:-1])]
+            if "z" in cache:  # the forward pass's own (after a training-time ablation: its replacement)
+                z = list(cache["z"][:-1])
+            else:
+                v[0] = _project(model.layers[0], x[0], model.layers[0].W_V, model.layers[0].b_V)
+                z = [pattern @ v_l for pattern, v_l in zip(patterns[:-1], v[:-1])]
         final = x[-1] + cache["head_out"][-1].sum(dim=1)
         if model.layers[-1].b_O is not None:
             final = final + model.layers[-1].b_O

@@ -220,3 +220,23 @@ def test_seed_002s_library_options_equal_the_per_pair_loop(positions, biases, no
         torch.testing.assert_close(effects.pattern_change, patterns, rtol=1e-9, atol=1e-12, equal_nan=True)
         torch.testing.assert_close(effects.loss_change, losses, rtol=1e-9, atol=1e-12, equal_nan=True)
     assert (effects.loss_change[~effects.loss_change.isnan()].abs() > 1e-6).any()
+
+
+@pytest.mark.parametrize("normalization", ["none", "layernorm"])
+def test_with_training_time_interventions_in_layer_0_the_effects_are_those_of_the_model_as_it_trains(normalization):
+    """A clamped writer and a mean-ablated writer (models/interventions.py): the batched effects on the
+    intervened clean run equal the per-pair loop over that model; a zero-ablated writer moves nothing."""
+    from models.interventions import HeadChange
+
+    model = random_model(normalization, n_layers=3, n_heads=3)
+    probe = make_probe_batch(0, 6, 5, model.shape.d_vocab - 1)
+    model.set_changes(
+        {0: [HeadChange(0, "clamp", "prev_token", strength=0.7), HeadChange(1, "ablate", replacement="mean")]}
+    )
+    effects = key_ablation_effects(model, probe, model.run_with_cache(probe.tokens))
+    patterns, losses = per_pair_loop(model, probe)
+    torch.testing.assert_close(effects.pattern_change, patterns, rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(effects.loss_change, losses, rtol=1e-5, atol=1e-6, equal_nan=True)
+    model.set_changes({0: [HeadChange(2, "ablate")]})
+    zeroed = key_ablation_effects(model, probe, model.run_with_cache(probe.tokens))
+    assert torch.count_nonzero(zeroed.pattern_change[0, 2, 1:]) == 0
