@@ -239,6 +239,7 @@ def nearest(step: float, change: dict) -> dict | None:
 def draw(rows, heads, series, dynamics, boundaries, states, change, cfg, request) -> dict[str, object]:
     """``stages.png`` (every signal on one step axis) and ``essential_dynamics.png``, as figures."""
     from metrics.dynamics.phase_change import PhaseChange
+    from reports.run_report import intervention_windows
     from reports.stages_figure import essential_dynamics_figure, stages_figure
 
     steps = np.array([r["step"] for r in rows], dtype=float)
@@ -257,7 +258,15 @@ def draw(rows, heads, series, dynamics, boundaries, states, change, cfg, request
     title = f"{request.run_dir.name}: {cfg.model.n_layers}L × {cfg.model.n_heads}H, d_model {cfg.model.d_model}"
     return {
         STAGES_FIGURE: stages_figure(
-            llc, llc_std, smoothed, series, list(cfg.tracker.measures), boundaries, phase, title
+            llc,
+            llc_std,
+            smoothed,
+            series,
+            list(cfg.tracker.measures),
+            boundaries,
+            phase,
+            title,
+            intervention_windows(request.run_dir),
         ),
         ESSENTIAL_DYNAMICS_FIGURE: essential_dynamics_figure(
             dynamics, boundaries, f"{title}: essential dynamics (per-token losses)"

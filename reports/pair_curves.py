@@ -19,8 +19,8 @@ import numpy as np
 
 from records.layout import CSV_RELATIVE_PATH, PAIR_CURVES_FIGURE, TENSORS_DIR, run_label
 from records.tensor_store import read_tensor_store
-from reports.plots import plt
-from reports.run_report import read_series
+from reports.plots import mark_interventions, plt
+from reports.run_report import intervention_windows, read_series
 
 
 def pair_series(run_dir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[tuple[int, int, int, int]]]:
@@ -63,6 +63,11 @@ def draw(run_dir: Path, out: Path, max_step: int | None = None) -> dict[str, tup
     loss_ax.set_title("losses", fontsize=9)
     for ax in axes[-1, 1:]:
         ax.axis("off")
+    windows = intervention_windows(run_dir)
+    last = max_step or max((float(steps[-1]) for steps, _ in by_measure.values() if len(steps)), default=0.0)
+    for ax in axes.flat:
+        if ax.axison:
+            mark_interventions(ax, windows, last)
     fig.suptitle(f"{run_label(run_dir)}: every L<->L' pair's K-composition over training", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -205,6 +205,25 @@ def mark_phase_change(ax, change: PhaseChange | None) -> None:
     ax.axvline(change.midpoint_step, color="tab:orange", ls="--", lw=1)
 
 
+Window = tuple[int, "int | None", str]
+"""A training-time intervention's ``(from_step, until_step or None: to the end, label)``."""
+
+
+def mark_interventions(ax, windows: list[Window] | None, last_step: float, legend: bool = False) -> None:
+    """Each intervention's window, grey and hatched (the phase change is orange), labelled in the legend with ``legend``."""
+    for start, end, label in windows or []:
+        ax.axvspan(
+            start,
+            last_step if end is None else end,
+            color="0.5",
+            alpha=0.12,
+            hatch="//",
+            lw=0,
+            label=f"intervention: {label}" if legend else None,
+            zorder=0,
+        )
+
+
 def training_curves(
     loss_first: Series,
     loss_repeated: Series,
@@ -220,7 +239,7 @@ def training_curves(
     other_pairs_label: str = "other pairs, minus baseline",
     other_pairs_band: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     shares: dict[str, Series] | None = None,
-    interventions: list[tuple[int, int | None, str]] | None = None,
+    interventions: list[Window] | None = None,
     intervention_off: dict[str, Series] | None = None,
 ) -> Figure:
     """Stacked panels sharing the step axis, the phase change shaded on each: the losses, the head
@@ -294,17 +313,7 @@ def training_curves(
     last_step = float(loss_repeated[0][-1]) if len(loss_repeated[0]) else 0.0
     for ax in axes:
         mark_phase_change(ax, change)
-        for start, end, label in interventions or []:
-            ax.axvspan(
-                start,
-                last_step if end is None else end,
-                color="0.5",
-                alpha=0.12,
-                hatch="//",
-                lw=0,
-                label=f"intervention: {label}" if ax is ax_loss else None,
-                zorder=0,
-            )
+        mark_interventions(ax, interventions, last_step, legend=ax is ax_loss)
         ax.grid(alpha=0.3)
     if interventions or off:
         ax_loss.legend(loc="upper right", fontsize=7)

@@ -274,7 +274,12 @@ def render(run_dir: Path, window: int) -> RunReport:
     if rows:
         write_rows(run_dir / VALIDITY_TABLE, rows, validity.COLUMNS)
         fig = validity.validity_figure(
-            series, rows, change, f"which measure tells the truth: {run_label(run_dir)}", window
+            series,
+            rows,
+            change,
+            f"which measure tells the truth: {run_label(run_dir)}",
+            window,
+            intervention_windows(run_dir),
         )
         validity_path = run_dir / VALIDITY_FIGURE
         fig.savefig(validity_path, dpi=110)

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from metrics.dynamics.phase_change import PhaseChange
 from metrics.dynamics.stages import DYNAMICS_SOURCE, LLC_SOURCE, Boundary, EssentialDynamics
-from reports.plots import mark_phase_change, plt
+from reports.plots import Window, mark_interventions, mark_phase_change, plt
 
 Series = tuple[np.ndarray, np.ndarray]
 SOURCE_COLOURS = {LLC_SOURCE: "tab:red", DYNAMICS_SOURCE: "tab:blue"}
@@ -47,6 +47,7 @@ def stages_figure(
     boundaries: list[Boundary],
     change: PhaseChange | None,
     title: str,
+    interventions: list[Window] | None = None,
 ) -> Figure:
     """Five panels sharing the step axis: the LLC (``llc``: label -> (steps, λ̂), the model's first,
     each circuit head's after; the chains' spread as a band; ``smoothed``, the curve its boundaries
@@ -54,7 +55,7 @@ def stages_figure(
     circuit pair's K-composition under ``measures`` (each rescaled to [0, 1] over the run), its
     ablation loss change, and the top induction score. Boundaries are vertical lines coloured by
     source (red: LLC, blue: essential dynamics) with their intervals as bands; stages alternate
-    shading; the phase change (onset-end) is the orange band."""
+    shading; the phase change (onset-end) is the orange band; ``interventions``' windows are hatched."""
     fig, axes = plt.subplots(5, 1, figsize=(9, 12), sharex=True)
     ax_llc, ax_loss, ax_comp, ax_abl, ax_ind = axes
     for i, (label, (steps, values)) in enumerate(llc.items()):
@@ -104,6 +105,7 @@ def stages_figure(
     for ax in axes:
         shade_stages(ax, sorted({b.step for b in boundaries}), last)
         mark_phase_change(ax, change)
+        mark_interventions(ax, interventions, last)
         mark_boundaries(ax, boundaries)
         ax.grid(alpha=0.3)
     ax_ind.set_xlabel("training step")

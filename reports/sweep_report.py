@@ -531,7 +531,8 @@ def print_sweep_report(report: SweepReport) -> None:
             f" ({report.files()[SWEEP_TRAINING_VALIDITY]})"
         )
         print(format_table(report.training_validity, list(report.training_validity[0])))
-    figures = [name for name in report.files() if name.endswith(".png")]
+    figures = [SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE]
+    figures += [SWEEP_INTERVENTIONS_FIGURE] if report.intervened else []
     print(f"figures: {', '.join(str(report.files()[name]) for name in figures)}")
     for job in report.failed:
         print(

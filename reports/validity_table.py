@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from metrics.dynamics.phase_change import PhaseChange, smooth
 from metrics.ground_truth.validity import LEVELS, first_step_ranked_first_for_good
 from metrics.snapshot import MATCHING, MEASURES
-from reports.plots import mark_phase_change, plt
+from reports.plots import Window, mark_interventions, mark_phase_change, plt
 
 EFFECTS = {"loss_change": "repeated-token loss", "pattern_change": "attention pattern"}
 COLUMNS = [
@@ -160,7 +160,12 @@ def _cell(value, column: str) -> str:
 
 
 def validity_figure(
-    series, rows: list[dict[str, object]], change: PhaseChange | None, title: str, window: int
+    series,
+    rows: list[dict[str, object]],
+    change: PhaseChange | None,
+    title: str,
+    window: int,
+    interventions: list[Window] | None = None,
 ) -> Figure:
     """Top: for each measure, the span over which it ranks the ground-truth pair first for good (by
     the loss effect), against the phase change. Bottom: its Spearman correlation over training,
@@ -201,6 +206,7 @@ def validity_figure(
     ax_rho.legend(fontsize=7, ncol=2, loc="lower right")
     for ax in (ax_span, ax_rho):
         mark_phase_change(ax, change)
+        mark_interventions(ax, interventions, last_step)
         ax.grid(alpha=0.3, axis="x")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
