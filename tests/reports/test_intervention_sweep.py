@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from records import wandb_records
 from reports.run_report import read_series
 from tests.helpers import REPO, TINY, module, train_env
 
@@ -56,6 +57,11 @@ def test_each_job_names_its_intervention_and_measures_it_on_and_off(sweep):
     assert set(ablated["circuit/K/share"][1]) == {0.0}  # the writer's output is zero: it shares nothing
     config = (directory / "2" / ".hydra" / "config.yaml").read_text()
     assert "kind: ablate" in config and "- L0" in config
+    (run_file,) = (directory / "1").glob("wandb/offline-run-*/run-*.wandb")
+    (run,) = [r.run for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "run"]
+    assert "intervention:clamp_prev_token[L0H0] steps 0-end" in run.tags
+    assert wandb_records.config(run_file)["intervention"]["kind"] == "clamp"
+    assert wandb_records.summary(run_file)["intervention"] == summaries[1]["intervention"]
 
 
 def test_the_sweep_report_groups_by_intervention_with_the_training_time_validity_table(sweep):
