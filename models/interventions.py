@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
@@ -169,7 +169,6 @@ class Intervention:
     source: str | None = None
     source_step: int | None = None
     frozen: bool = False
-    options: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, node: dict) -> Intervention:

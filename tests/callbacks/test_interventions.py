@@ -40,9 +40,11 @@ class WeightRecorder(L.Callback):
         self.record(trainer, pl_module)
 
 
-def fit(plan: list[Intervention], max_steps: int = 30, weight_decay: float = 0.1, run_dir=None):
+def fit(plan: list[Intervention] | None, max_steps: int = 30, weight_decay: float = 0.1, run_dir=None):
+    """Train the small model with ``plan`` (None: without the interventions callback at all); every
+    step's weights, and the callback."""
     L.seed_everything(0, verbose=False)
-    interventions, recorder = Interventions(plan, PROBE, run_dir), WeightRecorder()
+    interventions, recorder = Interventions(plan or [], PROBE, run_dir), WeightRecorder()
     trainer = L.Trainer(
         max_steps=max_steps,
         accelerator="cpu",
@@ -50,12 +52,26 @@ def fit(plan: list[Intervention], max_steps: int = 30, weight_decay: float = 0.1
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        callbacks=[interventions, recorder],
+        callbacks=[interventions, recorder] if plan is not None else [recorder],
         gradient_clip_val=1.0,
     )
     module = InductionLM(SHAPE, lr=3e-3, weight_decay=weight_decay, betas=(0.9, 0.999), warmup_steps=5)
     trainer.fit(module, datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
     return recorder.steps, interventions
+
+
+def test_before_its_window_opens_training_is_bit_identical_to_training_without_interventions():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: bit-identical runs
+    try:
+        untouched, _ = fit(None, max_steps=12)
+        waiting, _ = fit([Intervention("clamp", ("L0H0",), from_step=8)], max_steps=12)
+    finally:
+        torch.set_num_threads(threads)
+    for step in range(9):  # the clamp acts from the update that makes step 9
+        for name, weight in untouched[step].items():
+            assert torch.equal(weight, waiting[step][name]), (step, name)
+    assert not torch.equal(untouched[12]["layers.0.W_V"], waiting[12]["layers.0.W_V"])
 
 
 @pytest.mark.parametrize("circuit, held, free", [("qk", ("W_Q", "W_K"), ("W_V", "W_O")), ("both", ("W_Q", "W_V"), ())])
