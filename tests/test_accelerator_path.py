@@ -7,6 +7,7 @@ and ``trainer=gpu`` on a Mac."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import lightning as L
@@ -156,6 +157,45 @@ def test_a_training_step_that_neither_measures_nor_saves_syncs_with_the_host_at_
     assert len(quiet) >= 10, sorted(quiet)
     worst = max(quiet.items(), key=lambda item: item[1][0])
     assert worst[1][0] <= 1, f"step {worst[0]}: {worst[1][0]} host syncs at {worst[1][1]}"
+
+
+def test_interventions_during_training_keep_every_tensor_where_it_belongs(trained_on_the_accelerator, tmp_path):
+    """Every kind at once (a clamp, an ablation keeping its pattern, a temperature, a chosen head's
+    ablation, a frozen circuit, a graft from the run above) on the simulated accelerator: no tensor
+    on the wrong side, and a step inside the windows that neither measures nor saves syncs at most once."""
+    from conf.build import build_datamodule, build_module, build_trainer
+
+    source, _, _ = trained_on_the_accelerator
+    also = (
+        "[{kind: ablate, heads: [L1H1], replacement: mean, keep: pattern, from_step: 3},"
+        " {kind: temperature, heads: [L1H0], factor: 0.5},"
+        " {kind: ablate, heads: [top_prev_token], replacement: resample, from_step: 12},"
+        " {kind: freeze, heads: [L1H0], circuit: ov, from_step: 6, until_step: 18},"
+        f" {{kind: graft, heads: [L0H1], source: '{source}', frozen: true, from_step: 2}}]"
+    )
+    cfg = composed(
+        *TINY,
+        "trainer.max_steps=24",
+        "trainer.log_every_n_steps=20",
+        "trainer.checkpoint_every_n_steps=1000",
+        "logger=csv",
+        "intervention=clamp_induction",
+        "intervention.heads=[L1H0]",
+        "intervention.strength=0.5",
+        f"+intervention.also={also}",
+    )
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    accelerator = SimulatedAccelerator()
+    trainer = build_trainer(cfg, tmp_path)
+    counter = StepSyncs(accelerator)
+    trainer.callbacks.insert(0, counter)
+    module, data = build_module(cfg), build_datamodule(cfg)
+    with accelerator:
+        trainer.fit(module, datamodule=data)
+    record = json.loads((tmp_path / "intervention.json").read_text())
+    assert len(record["interventions"]) == 6 and all(i["heads"] for i in record["interventions"])
+    quiet = [found for s, found in counter.by_step.items() if 13 <= s < 19 and (s + 1) % cfg.tracker.every_n_steps]
+    assert quiet and max(n for n, _ in quiet) <= 1, quiet
 
 
 def test_a_rescore_runs_on_the_models_device(trained_on_the_accelerator, capsys):
