@@ -278,7 +278,14 @@ def model_shape(cfg: DictConfig) -> TransformerShape:
 def intervention_problems(cfg: DictConfig) -> list[str]:
     """Each intervention's problems on this model (``models/interventions.py``) and, for a graft, its
     source: a run with a trajectory holding the step, whose model has the grafted heads' shapes."""
-    plan = plan_of(OmegaConf.to_container(cfg.intervention, resolve=True, enum_to_str=True))
+    node = OmegaConf.to_container(cfg.intervention, resolve=True, enum_to_str=True)
+    for entry, where in [(node, "intervention"), *((e, "intervention.also") for e in node.get("also") or [])]:
+        if str(entry.get("kind", "none")) == "none" and entry.get("heads"):
+            return [
+                f"{where}.heads={entry['heads']} is set but no intervention is chosen:"
+                " pick one (intervention=ablate, clamp_prev_token, ...; kind: ... in an also entry)"
+            ]
+    plan = plan_of(node)
     shape = model_shape(cfg)
     problems = [p for intervention in plan for p in intervention.problems(shape, cfg.trainer.max_steps)]
     if not problems:

@@ -87,6 +87,7 @@ BAD_INPUTS = [
     (["intervention=ablate", "intervention.heads=[L5H9]"], "head 'L5H9' does not exist: the model has layers L0-L1"),
     (["intervention=ablate", "intervention.heads=[head1]"], "head 'head1': write L<layer>H<head>"),
     (["intervention=ablate", "intervention.heads=[]"], "name its heads"),
+    (["intervention.heads=[L0H0]"], "intervention.heads=['L0H0'] is set but no intervention is chosen"),
     (["intervention=optogenetics"], "Could not find 'intervention/optogenetics'"),
     (["intervention.kind=lesion"], "expected one of"),
     (["intervention=clamp_prev_token", "intervention.target=next_token"], "expected one of"),
