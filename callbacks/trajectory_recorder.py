@@ -110,10 +110,13 @@ class TrajectoryRecorder(L.Callback):
         trigger: PhaseTrigger | None,
         tracker,
         look_back: int,
+        events: tuple[int, ...] = (),
     ) -> None:
+        """``events``: steps always kept, around the training-time interventions' window edges."""
         self.directory = Path(directory)
         self.config, self.run = config, run
         self.max_steps, self.log_steps, self.every_n_steps = max_steps, log_steps, every_n_steps
+        self.events = events
         self.budget = None if budget_mb is None else int(budget_mb * 2**20)  # None: follows the model
         self.trigger, self.tracker = trigger, tracker
         self.held: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=look_back if trigger else 0)
@@ -137,6 +140,7 @@ class TrajectoryRecorder(L.Callback):
             bytes_per_step,
             self.budget,
             adaptive=self.trigger is not None,
+            events=self.events,
         )
         in_place = (self.directory / INDEX_NAME).is_file()
         self.writer = TrajectoryWriter(self.directory, model.shape, self.config, self.run)
@@ -233,6 +237,8 @@ class TrajectoryRecorder(L.Callback):
     def plan_line(self) -> str:
         p = self.plan
         grids = [f"{p.log_steps} log-spaced"] + ([f"every {p.every_n_steps}"] if p.every_n_steps else [])
+        if self.events:
+            grids.append(f"{len(self.events)} around the interventions' windows")
         thinned = (
             " (thinned to fit the budget)"
             if (p.log_steps, p.every_n_steps) != (self.log_steps, self.every_n_steps)

@@ -28,12 +28,11 @@ from callbacks.progress import ProgressLines, loss_bar
 from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker
 from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
-from conf.validate import llc_calibration_warning, model_shape
+from conf.validate import intervention_plan, llc_calibration_warning, model_shape, trajectory_events
 from data.datamodule import TokenDataModule, TokenSampler, make_sampler
 from data.probe import ProbeBatch, make_probe_batch
 from metrics.dynamics.llc import SGLDSettings
 from metrics.dynamics.stages import StageSettings
-from models.interventions import plan_of
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 from records.csv_log import ResumableCSVLogger
@@ -158,7 +157,7 @@ def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = 
     training-time intervention (``intervention:ablate[L0H0] zero steps 0-end``)."""
     wandb_cfg = cfg.logger.wandb
     shown = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/", "logger.", "resume"))]
-    kinds = [f"intervention:{i.label()}"[:WANDB_TAG_LENGTH] for i in plan_of(intervention_config(cfg))]
+    kinds = [f"intervention:{i.label()}"[:WANDB_TAG_LENGTH] for i in intervention_plan(cfg)]
     tags = tuple(dict.fromkeys([*wandb_cfg.tags, *kinds, *(o[:WANDB_TAG_LENGTH] for o in shown)]))
     swept = keys_swept_by(Path(sweep_dir)) if sweep_dir else set()
     named = [o for o in shown if o.lstrip("+~").split("=", 1)[0] in swept] or shown
@@ -167,12 +166,6 @@ def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = 
         name=wandb_cfg.name or (" ".join(named) or None),
         tags=tags,
     )
-
-
-def intervention_config(cfg: DictConfig) -> dict | None:
-    """The config's ``intervention`` as a dict (None where the config has none)."""
-    node = OmegaConf.select(cfg, "intervention")
-    return None if node is None else OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 
 
 SWEEP_SYNTAX = ("choice(", "range(", "interval(", "glob(", "tag(", "shuffle(", "sort(")
@@ -248,7 +241,7 @@ def build_callbacks(
         ),
         StopOnSignal(last),  # a Checkpoint too: Lightning runs both after the tracker
     ]
-    if plan := plan_of(intervention_config(cfg)):  # before the tracker: it sets the changes of the step measured
+    if plan := intervention_plan(cfg):  # before the tracker: it sets the changes of the step measured
         callbacks.append(Interventions(plan, build_probe(cfg), run_dir))
     tr = cfg.tracker
     tracker = build_tracker(cfg, run_dir) if tr.enabled else None
@@ -290,6 +283,7 @@ def build_trajectory(
         trigger,
         tracker,
         trajectory.look_back,
+        trajectory_events(cfg),
     )
 
 

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from metrics.composition.data_shares import CENTRES, ROWS
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.snapshot import MEASURES
-from models.interventions import HEAD_NAME, Intervention, plan_of
+from models.interventions import HEAD_NAME, Intervention, event_steps, plan_of
 from models.transformer import TransformerShape
 from records.keys import flatten
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
@@ -275,6 +275,19 @@ def model_shape(cfg: DictConfig) -> TransformerShape:
     )
 
 
+def intervention_plan(cfg: DictConfig) -> list[Intervention]:
+    """The run's interventions, from its config's ``intervention`` (none where the config has none)."""
+    node = OmegaConf.select(cfg, "intervention")
+    return plan_of(None if node is None else OmegaConf.to_container(node, resolve=True, enum_to_str=True))
+
+
+def trajectory_events(cfg: DictConfig) -> tuple[int, ...]:
+    """The steps the weight trajectory keeps around each intervention's window edges
+    (:func:`models.interventions.event_steps`, at the tracker's period)."""
+    every = cfg.tracker.every_n_steps if cfg.tracker.enabled else 10
+    return event_steps(intervention_plan(cfg), cfg.trainer.max_steps, max(every, 1))
+
+
 def intervention_problems(cfg: DictConfig) -> list[str]:
     """Each intervention's problems on this model (``models/interventions.py``) and, for a graft, its
     source: a run with a trajectory holding the step, whose model has the grafted heads' shapes."""
@@ -285,7 +298,7 @@ def intervention_problems(cfg: DictConfig) -> list[str]:
                 f"{where}.heads={entry['heads']} is set but no intervention is chosen:"
                 " pick one (intervention=ablate, clamp_prev_token, ...; kind: ... in an also entry)"
             ]
-    plan = plan_of(node)
+    plan = intervention_plan(cfg)
     shape = model_shape(cfg)
     problems = [p for intervention in plan for p in intervention.problems(shape, cfg.trainer.max_steps)]
     if not problems:
@@ -375,6 +388,7 @@ def trajectory_problems(cfg: DictConfig) -> list[str]:
             shape.parameter_count * itemsize + HEADER_BYTES,
             None if t.budget_mb is None else int(t.budget_mb * 2**20),
             adaptive,
+            trajectory_events(cfg),
         )
     except ValueError as error:
         problems.append(f"trajectory.budget_mb={t.budget_mb}: {error}; raise it, or trajectory.enabled=false")

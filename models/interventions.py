@@ -301,3 +301,22 @@ def describe(plan: Sequence[Intervention], chosen: dict[int, list[str]] | None =
     if not plan:
         return "none"
     return "; ".join(i.label((chosen or {}).get(n)) for n, i in enumerate(plan))
+
+
+EVENT_STEPS = 10
+"""Tracker steps kept in the weight trajectory after an intervention starts or ends (and one before)."""
+
+
+def event_steps(plan: Sequence[Intervention], max_steps: int, every: int) -> tuple[int, ...]:
+    """The steps around each window's edges that the weight trajectory keeps: the tracker step
+    before a start (``from_step > 0``) or an end (``until_step``), the edge, and :data:`EVENT_STEPS`
+    tracker steps (``every``) after it, within ``[0, max_steps]``."""
+    steps: set[int] = set()
+    for intervention in plan:
+        for edge in (intervention.from_step or None, intervention.until_step):
+            if edge is not None:
+                steps.update(
+                    s for s in range(edge - every, edge + EVENT_STEPS * every + 1, every) if 0 <= s <= max_steps
+                )
+                steps.add(edge)
+    return tuple(sorted(steps))

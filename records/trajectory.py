@@ -34,10 +34,16 @@ HEADER_BYTES = 4096
 """A safetensors header, generously: its JSON names every tensor and its shape."""
 
 
-def sparse_steps(max_steps: int, log_steps: int, every_n_steps: int) -> dict[int, list[str]]:
+def sparse_steps(
+    max_steps: int, log_steps: int, every_n_steps: int, events: tuple[int, ...] = ()
+) -> dict[int, list[str]]:
     """``{step: reasons}``: step 0, ``log_steps`` log-spaced steps in [1, max_steps] (rounded, so
-    fewer when they collide near 1), every ``every_n_steps``-th step (0: none), and ``max_steps``."""
+    fewer when they collide near 1), every ``every_n_steps``-th step (0: none), ``events`` (the steps
+    around a training-time intervention's start and end) and ``max_steps``."""
     steps: dict[int, list[str]] = {0: ["log"], max_steps: ["final"]}
+    for step in events:
+        if 0 <= step <= max_steps:
+            steps.setdefault(step, []).append("intervention")
     if log_steps > 0:
         for i in range(log_steps):
             exponent = i / (log_steps - 1) if log_steps > 1 else 1.0
@@ -67,7 +73,7 @@ def default_budget(bytes_per_step: int) -> int:
 class TrajectoryPlan:
     """The sparse steps that fit ``budget`` bytes: the linear grid thinned first (its period doubled),
     then the log-spaced one (halved); with an adaptive trigger only half the budget goes to them.
-    ``budget`` None: :func:`default_budget` of ``bytes_per_step``."""
+    ``budget`` None: :func:`default_budget` of ``bytes_per_step``; ``events`` are never thinned."""
 
     steps: dict[int, list[str]]
     log_steps: int
@@ -84,10 +90,11 @@ class TrajectoryPlan:
         bytes_per_step: int,
         budget: int | None,
         adaptive: bool,
+        events: tuple[int, ...] = (),
     ) -> TrajectoryPlan:
         budget = default_budget(bytes_per_step) if budget is None else budget
         room = budget // 2 if adaptive else budget
-        fits = lambda: len(sparse_steps(max_steps, log_steps, every_n_steps)) * bytes_per_step <= room
+        fits = lambda: len(sparse_steps(max_steps, log_steps, every_n_steps, events)) * bytes_per_step <= room
         while not fits() and every_n_steps and every_n_steps < max_steps:
             every_n_steps *= 2
         if not fits():
@@ -99,7 +106,8 @@ class TrajectoryPlan:
                 f"a budget of {budget / 2**20:.3g} MB holds fewer than the first and last step"
                 f" ({bytes_per_step / 2**20:.2f} MB each{', half the budget kept for the phase change' * adaptive})"
             )
-        return cls(sparse_steps(max_steps, log_steps, every_n_steps), log_steps, every_n_steps, bytes_per_step, budget)
+        steps = sparse_steps(max_steps, log_steps, every_n_steps, events)
+        return cls(steps, log_steps, every_n_steps, bytes_per_step, budget)
 
 
 class TrajectoryError(ValueError):

@@ -133,3 +133,17 @@ def test_bad_trajectories_are_one_line_errors(tmp_path):
     (tmp_path / "trajectory" / "index.json").write_text("{")
     with pytest.raises(TrajectoryError, match="is not a trajectory index"):
         Trajectory(tmp_path)
+
+
+def test_the_steps_around_an_interventions_window_are_kept_and_never_thinned():
+    from models.interventions import Intervention, event_steps
+
+    plan = [Intervention("ablate", ("L0H0",), from_step=600), Intervention("clamp", ("L0H1",), until_step=95)]
+    events = event_steps(plan, max_steps=1000, every=10)
+    assert events == (85, 95, *range(105, 196, 10), *range(590, 701, 10))  # and 95 itself; from_step 0 is no edge
+    per_step = 1000
+    plan_steps = TrajectoryPlan.fit(
+        1000, 10, 50, per_step, budget=(len(events) + 8) * per_step, adaptive=False, events=events
+    )
+    assert plan_steps.every_n_steps == 0 and set(events) <= set(plan_steps.steps)  # the grids thinned, not the events
+    assert all("intervention" in plan_steps.steps[s] for s in events)
