@@ -7,10 +7,9 @@ to the CPU. Each part is timed, so a caller can say what a snapshot costs.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -152,7 +151,7 @@ def take_snapshot(
             on_readers = any(layer.changes for layer in model.layers[1:])
             if model.intervened and not on_readers:
                 ablation_method = "exact"  # attribution patching differentiates its own, unchanged, forward pass
-            with timer.part("ablation"), model.changes_off() if on_readers else contextlib.nullcontext():
+            with timer.part("ablation"), model.changes_off() if on_readers else nullcontext():
                 ablation, method = ablation_effects(
                     model,
                     probe,
