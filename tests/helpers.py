@@ -272,6 +272,23 @@ def run_train(args: list[str], tmp_path: Path, timeout: int = 300, env: dict[str
     return subprocess.run(command, cwd=REPO, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
 
 
+def run_tiny_sweep(directory: Path, *overrides: str) -> str:
+    """``python train.py -m OVERRIDES`` of the tiny run (:data:`TINY`) into ``directory``, W&B offline
+    as a user's default; asserts it succeeded and returns what it printed."""
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "train.py", "-m", *overrides, f"hydra.sweep.dir={directory}", *TINY],
+        cwd=REPO,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 def run_train_until(args: list[str], step: int, signum: int, env: dict[str, str] | None = None, timeout: int = 300):
     """Run ``python train.py ARGS`` and send it ``signum`` once it reports step ``step`` (a progress
     line every step). Returns (exit code, everything it printed)."""

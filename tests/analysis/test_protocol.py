@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ from analysis.protocol import Analysis, Conclusion, main
 from metrics.dynamics.stages import Boundary
 from records import wandb_records
 from records.trajectory import Trajectory
-from tests.helpers import REPO, TINY, module, train_env
+from tests.helpers import module, run_tiny_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -26,15 +24,7 @@ pytestmark = pytest.mark.slow
 def sweep(tmp_path_factory):
     """Two seeds of the tiny run, W&B offline as a user's default."""
     directory = tmp_path_factory.mktemp("sweep") / "sweep"
-    result = subprocess.run(
-        [sys.executable, "train.py", "-m", "seed=0,1", f"hydra.sweep.dir={directory}", *TINY],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_tiny_sweep(directory, "seed=0,1")
     return directory
 
 

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
 
 from records import wandb_records
 from reports.run_report import read_series
-from tests.helpers import REPO, TINY, module, train_env
+from tests.helpers import module, run_tiny_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -21,24 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     directory = tmp_path_factory.mktemp("sweep") / "sweep"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "intervention=none,clamp_prev_token,ablate",
-            "seed=0",
-            f"hydra.sweep.dir={directory}",
-            *TINY,
-        ],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return directory, result.stdout
+    return directory, run_tiny_sweep(directory, "intervention=none,clamp_prev_token,ablate", "seed=0")
 
 
 def test_each_job_names_its_intervention_and_measures_it_on_and_off(sweep):
