@@ -277,8 +277,10 @@ class AttentionOnlyTransformer(nn.Module):
         Returns ``(logits [b, t, d_vocab], cache)`` where ``cache["resid_pre"][l]`` is layer l's
         input ``[b, t, d_model]`` (the stream: without the positions under shortformer),
         ``cache["pattern"][l]`` its attention ``[b, h, t, t]`` (after the active interventions, the
-        one that mixed the values: :meth:`AttentionLayer.attend`), ``cache["z"][l]`` each head's
-        mixed values ``[b, h, t, d_head]`` (after an ablation, its replacement) and, with ``head_out``,
+        one that mixed the values: :meth:`AttentionLayer.attend`), ``cache["q"][l]``, ``cache["k"][l]``,
+        ``cache["v"][l]`` its queries, keys and values ``[b, h, t, d_head]`` (before any intervention),
+        ``cache["z"][l]`` each head's mixed values ``[b, h, t, d_head]`` (after an ablation, its
+        replacement) and, with ``head_out``,
         ``cache["head_out"][l]`` each head's write ``[b, h, t, d_model]`` (without ``b_O``). The
         stream itself adds the heads' writes as one GEMM over ``(head, d_head)``: without
         ``head_out`` the pass costs about a forward pass, with it (``h`` times the write's memory)
@@ -287,12 +289,18 @@ class AttentionOnlyTransformer(nn.Module):
         cache: dict[str, list[Tensor]] = {
             "resid_pre": [],
             "pattern": [],
+            "q": [],
+            "k": [],
+            "v": [],
             "z": [],
             **({"head_out": []} if head_out else {}),
         }
         x, pos = self.embed(tokens), self.positions(tokens.shape[-1])
         for layer in self.layers:
-            pattern, z = layer.attend(*layer.qkv(x, pos), tokens)  # (b, h, t, t), (b, h, t, e)
+            q, k, v = layer.qkv(x, pos)  # (b, h, t, e) each
+            pattern, z = layer.attend(q, k, v, tokens)  # (b, h, t, t), (b, h, t, e)
+            for name, value in (("q", q), ("k", k), ("v", v)):
+                cache[name].append(value)
             cache["resid_pre"].append(x)
             cache["pattern"].append(pattern)
             cache["z"].append(z)

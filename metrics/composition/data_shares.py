@@ -142,13 +142,18 @@ def data_shares(
     fixed = [model.W_E[tokens], *([model.W_pos[:t].expand(b, t, -1)] if in_stream else [])]
     fixed += [bias.expand(b, t, -1) for bias in b_O]
     writes = [cache["head_out"][l1].transpose(0, 1) for l1 in range(L - 1)]  # (h, b, t, d) each
-    parts = torch.cat([part.to(dtype).reshape(-1, b * t * model.shape.d_model) for part in fixed + writes])
     n_fixed, first_bias = len(fixed), 1 + in_stream
+    parts = torch.empty(n_fixed + (L - 1) * H, b * t * model.shape.d_model, dtype=dtype, device=device)
+    for row, part in enumerate(fixed):  # each part copied once, straight into its row(s)
+        parts[row].view(b, t, -1).copy_(part)
+    for l1, write in enumerate(writes):
+        parts[n_fixed + l1 * H : n_fixed + (l1 + 1) * H].view(H, b, t, -1).copy_(write)
     unembedding = fold_norm(model.final_norm, model.W_U, dtype)  # (d, vocab): C diag(g) W_U
     for l2 in range(1, L):
         layer = model.layers[l2]
         x = cache["resid_pre"][l2].to(dtype)
-        q, k, v = (part.to(dtype) for part in layer.qkv(x, added))  # (b, h, t, e)
+        qkv = (cache[n][l2] for n in "qkv") if "q" in cache else layer.qkv(x, added)  # the forward pass's
+        q, k, v = (part.to(dtype) for part in qkv)  # (b, h, t, e)
         to_logits = layer.W_O.to(dtype) @ unembedding  # (h, e, vocab): the head's direct path to the logits
         fields, denominators = direction_fields(
             q, k, v, cache["pattern"][l2].to(dtype), to_logits, w, causal, centre == "sequences"

@@ -122,8 +122,8 @@ def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> 
     ``d_model``, ``d_head``, vocabulary; ``He = H·e``; ``W = l2·H`` writers before reader layer l2.
     Softmaxes, norms and other elementwise work are left out (lower order). Term by term:
 
-    - clean queries, keys and values of the reader layers: ``(L-1) · b·t·d·3He`` (the writers'
-      ``z = pattern @ v`` come with the clean run);
+    - nothing for the clean run: its queries, keys and values and the writers' ``z = pattern @ v``
+      come with it (``run_with_cache``);
     - per reader layer l2 = 1 .. L-1:
       - clean pattern ``b·H·t²·e``; ablated patterns ``W·b·H·t²·e``; ``Δz = Δpattern @ v``: the same;
       - ablated keys: ``W·e·d·He`` (``W_O^{h1} @ W_K``) + ``W·b·t·e·He`` without normalization,
@@ -154,7 +154,7 @@ def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> 
 
     full_layer = t * d * 3 * He + attention_and_output(t)
     last_layer = s * d * He + t * d * 2 * He + attention_and_output(s)
-    macs = (L - 1) * b * t * d * 3 * He  # the readers' clean q, k, v
+    macs = 0  # the clean run's q, k, v and z come with it
     for l2 in range(1, L):
         W, R, after = l2 * H, l2 * H * H * b, L - 1 - l2
         macs += (1 + 2 * W) * b * H * t * t * e
@@ -201,10 +201,12 @@ class _CleanRun:
         logits, cache = clean_run
         x, patterns = cache["resid_pre"], cache["pattern"]
         pos = model.positions(x[0].shape[1])
-        # the cache keeps no q, k, v: recomputing the readers' costs one forward pass's projections
-        q, k, v = map(
-            list, zip((None, None, None), *(_qkv(layer, x_l, pos) for layer, x_l in zip(model.layers[1:], x[1:])))
-        )
+        if "q" in cache:  # the forward pass's own
+            q, k, v = ([None, *cache[name][1:]] for name in "qkv")
+        else:  # recomputing the readers' costs one forward pass's projections
+            q, k, v = map(
+                list, zip((None, None, None), *(_qkv(layer, x_l, pos) for layer, x_l in zip(model.layers[1:], x[1:])))
+            )
         z = None
         if _is_linear(model):  # the writers' pattern-weighted values, for their d_head-wide key change
             if "z" in cache:  # the forward pass's own (after a training-time ablation: its replacement)
