@@ -6,9 +6,9 @@
 Both are timed inside ``take_snapshot`` as the tracker runs them (its own timer: the ``composition``
 part, float32, the tracker's probe batch of 16 sequences of 33 tokens), on one random model, the
 two interleaved (Frobenius, share, Frobenius, share, ...) after one untimed round of each, on the
-threads torch has (``--threads`` to set them). The share needs the heads' writes in the probe pass
-(``head_out``), which a Frobenius-only snapshot skips: the probe part is reported for both.
-Prints the medians and the ratio; exits 1 when the share costs more than Frobenius.
+threads torch has (``--threads`` to set them). The probe pass is the same for both (the share forms
+the heads' writes itself, a few positions at a time) and is reported beside them. Prints the
+medians and the ratio; exits 1 when the share costs more than Frobenius.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def take_snapshot(
         tokens = probe.tokens.to(model.W_E.device)
         with timer.part("probe"):
             # the heads' writes only for the parts that read them
-            logits, cache = model.run_with_cache(tokens, head_out=copying or ablate or shares)
+            logits, cache = model.run_with_cache(tokens, head_out=copying or ablate)
         ablation = method = None
         if ablate and shape.n_layers > 1:
             # with training-time interventions in layer 0 only, the ablation is exact on the model as it

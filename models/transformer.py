@@ -305,6 +305,6 @@ class AttentionOnlyTransformer(nn.Module):
             cache["pattern"].append(pattern)
             cache["z"].append(z)
             if head_out:
-                cache["head_out"].append(z @ layer.W_O[None])  # (b, h, t, d_model)
+                cache["head_out"].append(einsum(z, layer.W_O, "b h t e, h e d -> b h t d"))
             x = x + layer.write(z)
         return self.unembed(x), cache

@@ -143,7 +143,7 @@ def pair_scores(model: AttentionOnlyTransformer, measures: tuple[str, ...], toke
     """Every scored pair and kind of each measure, flattened, plus the QK matching score of every pair
     and the copying score of every head."""
     circuits = head_circuits(model)
-    cache = model.run_with_cache(tokens, head_out=SHARE in measures)[1]
+    cache = model.run_with_cache(tokens, head_out=False)[1]
     flat = lambda t: t[~t.isnan()]
     weighed = tuple(m for m in measures if m in COMPOSITION_MEASURES)
     by_measure = composition_of(model, weighed, circuits, cache["resid_pre"])

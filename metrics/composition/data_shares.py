@@ -38,9 +38,13 @@ negative (the part works against the rest) or above 1.
 ``Σ_ij s̃^c_ij s̃_ij = Σ_j x^c_j · R_j`` with ``R_j = W̃_K g_j / σ_j`` and ``g_j = Σ_i s̃_ij q_i / √e``:
 one direction field ``R [b, h, t, d_model]`` per reader head and kind, and each part's numerator is
 one product with it (likewise ``h_i = Σ_j s̃_ij k_j`` for Q, and ``u_j = Σ_i A_ij (ℓ_i − ℓ̄)`` for
-V); all parts of a reader layer are one GEMM. Per reader layer ``O(b t d_model e H + b t d_model (L H) H)``,
-no per-part scores. Written here because TransformerLens's ``decompose_resid`` and
-``stack_head_results`` give the parts but no share of a reader's scores.
+V). The parts alike in every sequence (positions, ``b_O``) meet the fields' sums; the others (the
+tokens, every head's write ``z W_O``) are formed a few positions at a time, in one sweep that
+meets each block with every reader layer's fields there, two GEMMs a layer (:func:`part_products`):
+no buffer of every part over the whole probe. Per reader layer ``O(b t d_model e H + b t d_model (L H) H)``,
+no per-part scores; the queries' fields are zero on the rows that do not weigh and are skipped
+there. Written here because TransformerLens's ``decompose_resid`` and ``stack_head_results`` give
+the parts but no share of a reader's scores.
 """
 
 from __future__ import annotations
@@ -119,7 +123,8 @@ def data_shares(
     centre: str = "sequences",
 ) -> DataShares:
     """The shares of every part in every reader head's queries, keys and values on ``tokens [b, t]``,
-    from ``cache`` (``model.run_with_cache(tokens, head_out=True)``); ``weights [t]``
+    from ``cache`` (``model.run_with_cache(tokens)``: its streams, patterns, queries, keys, values and
+    mixed values ``z``; the heads' writes are formed here, ``z W_O``); ``weights [t]``
     (:func:`row_weights`) say which rows (Q, K) or writes (V) weigh; ``centre`` (:data:`CENTRES`)
     what else the scores are centred over. Readers in layer 0 have no earlier head and are not
     scored (NaN). On the model's device, in the cache's dtype."""
@@ -127,28 +132,18 @@ def data_shares(
         raise ValueError(f"centre must be one of {CENTRES}, got {centre!r}")
     L, H = model.shape.n_layers, model.shape.n_heads
     dtype, device = cache["resid_pre"][0].dtype, tokens.device
-    t = tokens.shape[-1]
+    b, t = tokens.shape
     nan = lambda *shape: torch.full(shape, math.nan, dtype=dtype, device=device)
     heads = {kind: nan(L, H, L, H) for kind in COMPOSITION_KINDS}
     tokens_share, positions_share, biases_share = ({kind: nan(L, H) for kind in COMPOSITION_KINDS} for _ in range(3))
-    b = tokens.shape[0]
     in_stream = not model.shortformer
     added = model.positions(t)  # (t, d) shortformer positions: into queries and keys, after the norm
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
     w = weights.to(dtype)
-    b_O = [layer.b_O for layer in model.layers[:-1] if layer.b_O is not None]
-    # every part of the stream, flattened over (b, t, d), one row each: the tokens, the positions, each
-    # layer's b_O, then every head's write layer by layer; a reader layer's numerators are one GEMM
-    fixed = [model.W_E[tokens], *([model.W_pos[:t].expand(b, t, -1)] if in_stream else [])]
-    fixed += [bias.expand(b, t, -1) for bias in b_O]
-    writes = [cache["head_out"][l1].transpose(0, 1) for l1 in range(L - 1)]  # (h, b, t, d) each
-    n_fixed, first_bias = len(fixed), 1 + in_stream
-    parts = torch.empty(n_fixed + (L - 1) * H, b * t * model.shape.d_model, dtype=dtype, device=device)
-    for row, part in enumerate(fixed):  # each part copied once, straight into its row(s)
-        parts[row].view(b, t, -1).copy_(part)
-    for l1, write in enumerate(writes):
-        parts[n_fixed + l1 * H : n_fixed + (l1 + 1) * H].view(H, b, t, -1).copy_(write)
+    with_b_O = L > 1 and model.layers[0].b_O is not None
+    b_O = torch.stack([layer.b_O for layer in model.layers[:-1]]).to(dtype) if with_b_O else None
     unembedding = fold_norm(model.final_norm, model.W_U, dtype)  # (d, vocab): C diag(g) W_U
+    readers = []
     for l2 in range(1, L):
         layer = model.layers[l2]
         x = cache["resid_pre"][l2].to(dtype)
@@ -158,25 +153,100 @@ def data_shares(
         fields, denominators = direction_fields(
             q, k, v, cache["pattern"][l2].to(dtype), to_logits, w, causal, centre == "sequences"
         )
-        reads = torch.stack([fold_norm(layer.norm, W, dtype) for W in (layer.W_Q, layer.W_K, layer.W_V)])
-        scaled = fields * norm_scale(layer.norm, x)[:, None]  # (3, b, h, t, e): the norm's frozen 1/σ
-        by_head = scaled.transpose(1, 2).reshape(3, H, b * t, -1)  # (3, h, b t, e)
-        R = (by_head @ reads.mT).view(3 * H, -1)  # (3 h, b t d): a row per (kind, reader), one GEMM each
-        numerators = (R @ parts[: n_fixed + l2 * H].T).view(3, H, -1) / denominators[:, :, None]
-        by_writer = numerators[:, :, n_fixed:].view(3, H, l2, H)
-        biases = numerators[:, :, first_bias : first_bias + min(l2, len(b_O))].sum(-1)
+        reads = (fold_norm(layer.norm, W, dtype).mT for W in (layer.W_Q, layer.W_K, layer.W_V))
+        across = torch.stack(list(reads)).flatten(0, 1)  # (3 h, e, d): W̃ᵀ per (kind, reader)
+        by_reader = fields.new_empty(3, H, t, b, fields.shape[-1])  # position-major, like the parts
+        scale = norm_scale(layer.norm, x).transpose(0, 1)  # (t, b, 1): the norm's frozen 1/σ
+        torch.mul(fields.permute(0, 2, 3, 1, 4), scale, out=by_reader)
+        by_reader = by_reader.flatten(0, 1)  # (3 h, t, b, e)
+        readers.append(ReaderFields(fields, denominators, by_reader, across))
+    products = part_products(model, tokens, cache, readers, queries_read=w != 0)
+    for l2, reader, numerators in zip(range(1, L), readers, products):
+        layer, denominators = model.layers[l2], reader.denominators
+        numerators = numerators.view(3, H, -1) / denominators[:, :, None]
+        # the parts alike in every sequence (positions) or everywhere (b_O) meet the fields' sums
+        summed = reader.by_reader.sum(2)  # (3 h, t, e): Σ_b F
+        biases = torch.zeros(3, H, dtype=dtype, device=device)
+        if b_O is not None:
+            read = (b_O[:l2] @ reader.across.mT).sum(1)  # (3 h, e): every earlier b_O, read by each reader
+            biases += (read * summed.sum(1)).sum(-1).view(3, H) / denominators
         if layer.b_Q is not None:  # the reader's own b_Q is a part of its queries (b_K, b_V: 0 exactly)
-            biases[0] += torch.einsum("he,bhte->h", layer.b_Q.to(dtype), fields[0]) / denominators[0]
-        positions = numerators[:, :, 1] if in_stream else torch.zeros_like(biases)
+            biases[0] += torch.einsum("he,bhte->h", layer.b_Q.to(dtype), reader.fields[0]) / denominators[0]
+        positions = torch.zeros_like(biases)
+        if in_stream:
+            read = model.W_pos[:t].to(dtype) @ reader.across.mT  # (3 h, t, e): the positions, read by each reader
+            positions += (read * summed).sum((1, 2)).view(3, H) / denominators
         if added is not None:  # shortformer: W_pos W into the queries and keys, after the norm, unscaled
             raw = torch.stack([layer.W_Q, layer.W_K]).to(dtype)
-            positions[:2] = torch.einsum("td,khde,kbhte->kh", added.to(dtype), raw, fields[:2]) / denominators[:2]
+            fields = reader.fields[:2]
+            positions[:2] = torch.einsum("td,khde,kbhte->kh", added.to(dtype), raw, fields) / denominators[:2]
+        by_writer = numerators[:, :, 1:].view(3, H, l2, H)
         for i, kind in enumerate(COMPOSITION_KINDS):
             heads[kind][:l2, :, l2, :] = by_writer[i].permute(1, 2, 0)  # (writer layer, writer, reader)
             tokens_share[kind][l2] = numerators[i, :, 0]
             positions_share[kind][l2] = positions[i]
             biases_share[kind][l2] = biases[i]
     return DataShares(heads, tokens_share, positions_share, biases_share)
+
+
+@dataclass(frozen=True)
+class ReaderFields:
+    """One reader layer's reading side: ``fields [3, b, h, t, e]`` and ``denominators [3, h]``
+    (:func:`direction_fields`), the fields through the frozen norm scale, position-major,
+    ``by_reader [3 h, t, b, e]``, and the folded reading weights ``across [3 h, e, d]`` (``W̃ᵀ``), so
+    that reader r's direction field in the stream at position (t, b) is ``by_reader[r, t, b] @ across[r]``."""
+
+    fields: Tensor
+    denominators: Tensor
+    by_reader: Tensor
+    across: Tensor
+
+
+PRODUCT_BLOCK = 1 << 21
+"""Elements of one reader layer's direction fields in the stream formed at once (8 MiB in float32):
+the fields and the parts are formed a few positions at a time and met at once, so that no buffer
+of every part's write over the whole probe is ever held."""
+
+
+def part_products(
+    model: AttentionOnlyTransformer,
+    tokens: Tensor,
+    cache: dict[str, list[Tensor]],
+    readers: list[ReaderFields],
+    queries_read: Tensor,
+) -> list[Tensor]:
+    """Per reader layer ``l2 = 1 .. L-1``, ``[3 h, 1 + l2 h]``: every reader's direction field in
+    the stream (``R = F W̃ᵀ``) dotted with each part that varies with the sequence, summed over the
+    probe, ``Σ_{t, b} R[r, t, b] · x^c[t, b]``; the parts are the tokens ``W_E[tok]`` and every
+    earlier head's write ``z W_O``. One sweep over blocks of positions: a block's parts (every
+    head's write there, a batched GEMM), then per reader layer its fields there and their products
+    with the parts (two GEMMs). The queries' fields are zero where ``queries_read [t]`` is False
+    and are skipped there."""
+    L, H, d = model.shape.n_layers, model.shape.n_heads, model.shape.d_model
+    b, t = tokens.shape
+    dtype = readers[0].by_reader.dtype if readers else cache["resid_pre"][0].dtype
+    n_parts = 1 + (L - 1) * H
+    embedded = model.W_E.to(dtype)[tokens.T]  # (t, b, d)
+    mixed = [cache["z"][l1].to(dtype).permute(1, 2, 0, 3) for l1 in range(L - 1)]  # (h, t, b, e) each
+    writing = [model.layers[l1].W_O.to(dtype) for l1 in range(L - 1)]  # (h, e, d) each
+    products = [torch.zeros(3 * H, 1 + l2 * H, dtype=dtype, device=tokens.device) for l2 in range(1, L)]
+    per_block = max(1, PRODUCT_BLOCK // (3 * H * b * d))  # positions a block
+    changes = (torch.nonzero(queries_read[1:] != queries_read[:-1]).flatten() + 1).tolist()
+    for run_start, run_end in zip([0, *changes], [*changes, t]):
+        first = 0 if bool(queries_read[run_start]) else H  # readers from this one on: Q's are 0 here
+        for start in range(run_start, run_end, per_block):
+            end = min(start + per_block, run_end)
+            n = (end - start) * b
+            parts = torch.empty(n_parts, n, d, dtype=dtype, device=tokens.device)
+            parts[0].copy_(embedded[start:end].reshape(n, d))
+            for l1 in range(L - 1):
+                z = mixed[l1][:, start:end].reshape(H, n, -1)
+                torch.bmm(z, writing[l1], out=parts[1 + l1 * H : 1 + (l1 + 1) * H])
+            flat = parts.view(n_parts, -1)
+            for l2, (reader, product) in enumerate(zip(readers, products), start=1):
+                field = reader.by_reader[first:, start:end].reshape(3 * H - first, n, -1) @ reader.across[first:]
+                product[first:].addmm_(field.view(3 * H - first, -1), flat[: 1 + l2 * H].T)
+    return products
 
 
 def direction_fields(q, k, v, pattern, to_logits, w, causal, over_sequences: bool) -> tuple[Tensor, Tensor]:

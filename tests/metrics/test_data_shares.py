@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+import metrics.composition.data_shares as data_shares_module
 from data.probe import make_probe_batch
 from metrics.composition.data_shares import CENTRES, ROWS, data_shares, row_weights
 from metrics.snapshot import take_snapshot
@@ -152,6 +153,20 @@ def test_every_share_equals_the_dense_definition_and_they_sum_to_one(normalizati
                     got = getattr(shares, part)[kind][l2, h2]
                 assert float(got) == pytest.approx(expected, rel=1e-9, abs=1e-12), (kind, l2, h2, part)
             assert sum(parts.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_the_shares_do_not_depend_on_how_many_positions_are_swept_at_once(monkeypatch, rows):
+    """The sweep over blocks of positions (one position a block here, the queries skipped where they
+    are not weighed) adds up to the same products as one block of all of them."""
+    model = three_layers("layernorm", "standard")
+    probe = probe_for(model)
+    whole = shares_of(model, probe, rows)
+    monkeypatch.setattr(data_shares_module, "PRODUCT_BLOCK", 1)
+    blocked = shares_of(model, probe, rows)
+    for kind in "QKV":
+        torch.testing.assert_close(blocked.heads[kind], whole.heads[kind], rtol=0, atol=1e-12, equal_nan=True)
+        torch.testing.assert_close(blocked.tokens[kind], whole.tokens[kind], rtol=0, atol=1e-12, equal_nan=True)
 
 
 def test_a_reader_whose_keys_read_only_the_writer_gives_it_all_of_its_k_share():
