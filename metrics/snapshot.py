@@ -169,16 +169,21 @@ def take_snapshot(
         duplicate = duplicate_token_score(patterns, probe.repeat_start, probe.n).cpu()
         losses = token_losses(logits.float(), tokens)
     with timer.part("composition"):
-        circuits = head_circuits(model, dtype)
         whitenings = dict(whitenings or {})
         weighed = tuple(m for m in measures if m in COMPOSITION_MEASURES)
-        composition = composition_of(
-            model,
-            weighed,
-            circuits,
-            residual=cache["resid_pre"],
-            whitenings=whitenings,
-            max_chunk_bytes=max_chunk_bytes,
+        # the weights' circuits: what the weight measures, the matching and the copying scores read (the share does not)
+        circuits = head_circuits(model, dtype) if weighed or matching or copying else None
+        composition = (
+            composition_of(
+                model,
+                weighed,
+                circuits,
+                residual=cache["resid_pre"],
+                whitenings=whitenings,
+                max_chunk_bytes=max_chunk_bytes,
+            )
+            if weighed
+            else {}
         )
         share_parts = None
         if shares:

@@ -202,8 +202,8 @@ class ReaderFields:
     across: Tensor
 
 
-PRODUCT_BLOCK = 1 << 21
-"""Elements of one reader layer's direction fields in the stream formed at once (8 MiB in float32):
+PRODUCT_BLOCK = 1 << 20
+"""Elements of one reader layer's direction fields in the stream formed at once (4 MiB in float32):
 the fields and the parts are formed a few positions at a time and met at once, so that no buffer
 of every part's write over the whole probe is ever held."""
 
@@ -222,26 +222,29 @@ def part_products(
     head's write there, a batched GEMM), then per reader layer its fields there and their products
     with the parts (two GEMMs). The queries' fields are zero where ``queries_read [t]`` is False
     and are skipped there."""
+    if not readers:
+        return []
     L, H, d = model.shape.n_layers, model.shape.n_heads, model.shape.d_model
     b, t = tokens.shape
-    dtype = readers[0].by_reader.dtype if readers else cache["resid_pre"][0].dtype
+    dtype = readers[0].by_reader.dtype
     n_parts = 1 + (L - 1) * H
     embedded = model.W_E.to(dtype)[tokens.T]  # (t, b, d)
-    mixed = [cache["z"][l1].to(dtype).permute(1, 2, 0, 3) for l1 in range(L - 1)]  # (h, t, b, e) each
-    writing = [model.layers[l1].W_O.to(dtype) for l1 in range(L - 1)]  # (h, e, d) each
-    products = [torch.zeros(3 * H, 1 + l2 * H, dtype=dtype, device=tokens.device) for l2 in range(1, L)]
+    device = tokens.device
+    # every head that writes for a later layer, in part order: mixed values and output weights
+    mixed = torch.stack([cache["z"][l1].to(dtype).permute(1, 2, 0, 3) for l1 in range(L - 1)]).flatten(0, 1)
+    writing = torch.stack([model.layers[l1].W_O.to(dtype) for l1 in range(L - 1)]).flatten(0, 1)  # (parts-1, e, d)
+    products = [torch.zeros(3 * H, 1 + l2 * H, dtype=dtype, device=device) for l2 in range(1, L)]
     per_block = max(1, PRODUCT_BLOCK // (3 * H * b * d))  # positions a block
+    buffer = torch.empty(n_parts * min(per_block, t) * b * d, dtype=dtype, device=device)  # one block's parts
     changes = (torch.nonzero(queries_read[1:] != queries_read[:-1]).flatten() + 1).tolist()
     for run_start, run_end in zip([0, *changes], [*changes, t]):
         first = 0 if bool(queries_read[run_start]) else H  # readers from this one on: Q's are 0 here
         for start in range(run_start, run_end, per_block):
             end = min(start + per_block, run_end)
             n = (end - start) * b
-            parts = torch.empty(n_parts, n, d, dtype=dtype, device=tokens.device)
+            parts = buffer[: n_parts * n * d].view(n_parts, n, d)
             parts[0].copy_(embedded[start:end].reshape(n, d))
-            for l1 in range(L - 1):
-                z = mixed[l1][:, start:end].reshape(H, n, -1)
-                torch.bmm(z, writing[l1], out=parts[1 + l1 * H : 1 + (l1 + 1) * H])
+            torch.bmm(mixed[:, start:end].reshape(n_parts - 1, n, -1), writing, out=parts[1:])
             flat = parts.view(n_parts, -1)
             for l2, (reader, product) in enumerate(zip(readers, products), start=1):
                 field = reader.by_reader[first:, start:end].reshape(3 * H - first, n, -1) @ reader.across[first:]
