@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from records.layout import HYDRA_DIR, SUMMARY_NAME, TENSORS_DIR
+from records.layout import HYDRA_DIR, HYDRA_OVERRIDES, SUMMARY_NAME, TENSORS_DIR
 from records.tensor_store import TensorStore
 from reports.rise import TRUTH, main, rise_table
 
@@ -25,7 +25,7 @@ def write_run(run_dir, curves: dict[str, np.ndarray], phase_change: dict[str, fl
     """A run directory holding ``curves`` as the circuit pair's series (every other pair a constant
     0.05, the loss effect largest on the circuit) and ``phase_change`` in its summary."""
     (run_dir / HYDRA_DIR).mkdir(parents=True)
-    (run_dir / HYDRA_DIR / "overrides.yaml").write_text("[]\n")
+    (run_dir / HYDRA_DIR / HYDRA_OVERRIDES).write_text("[]\n")
     summary = {f"phase_change/loss_{k}_step": v for k, v in (phase_change or {}).items()}
     (run_dir / SUMMARY_NAME).write_text(json.dumps(summary))
     with TensorStore(run_dir / TENSORS_DIR) as store:
