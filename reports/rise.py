@@ -23,6 +23,9 @@ rise reaches 0.5 minus the ablation's (negative: the measure rises first); ``gap
 ``|r_measure − r_ablation|`` at the ablation's steps from ``onset − w`` to ``end + w``, ``w = end −
 onset``. Several runs: each run's table, then the mean ± sd over the runs. The phase change is the
 run's (its ``summary.json``; with ``--analysis``, the one the re-score found in its own series).
+A training run measures the ablation every 100 steps by default, so its truth is coarse through the
+phase change; ``python -m analysis.rescore RUN_DIR --name NAME`` measures it at every saved step
+(``trajectory/``, densest there), and ``--analysis NAME`` reads that.
 """
 
 from __future__ import annotations
@@ -126,7 +129,8 @@ def rise_table(source: Path, effect: str = "pattern_change", kind: str = "K") ->
             steps, values = store[name]
             rows[name.removeprefix(f"comp/{kind}/")] = rise_row(steps, values[index], truth, change)
     label = "L{}H{}->L{}H{}".format(*pair)
-    return f"{label}, onset {change['onset']:.0f}, midpoint {change['midpoint']:.0f}, end {change['end']:.0f}", rows
+    when = f"onset {change['onset']:.0f}, midpoint {change['midpoint']:.0f}, end {change['end']:.0f}"
+    return f"{label}, {when}; the ablation at {len(truth_steps)} steps", rows
 
 
 STEP_COLUMNS = ("half_minus_truth",)

@@ -55,7 +55,7 @@ def known_run(tmp_path):
 
 def test_a_measure_on_the_truths_own_curve_reads_no_gap_and_one_rising_earlier_leads_by_its_shift(known_run):
     label, rows = rise_table(known_run)
-    assert label.startswith("L0H1->L1H0")
+    assert label.startswith("L0H1->L1H0") and label.endswith(f"the ablation at {len(STEPS)} steps")
     assert list(rows)[0] == TRUTH
     same, earlier, truth = rows["same_curve"], rows["earlier"], rows[TRUTH]
     assert same["gap"] == pytest.approx(0.0, abs=1e-6)
