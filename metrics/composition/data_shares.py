@@ -125,7 +125,8 @@ def data_shares(
     """The shares of every part in every reader head's queries, keys and values on ``tokens [b, t]``,
     from ``cache`` (``model.run_with_cache(tokens)``: its streams, patterns, queries, keys, values and
     mixed values ``z``; the heads' writes are formed here, ``z W_O``); ``weights [t]``
-    (:func:`row_weights`) say which rows (Q, K) or writes (V) weigh; ``centre`` (:data:`CENTRES`)
+    (:func:`row_weights`), or ``[b, t]`` where the sequences differ, say which rows (Q, K) or writes
+    (V) weigh; ``centre`` (:data:`CENTRES`)
     what else the scores are centred over. Readers in layer 0 have no earlier head and are not
     scored (NaN). On the model's device, in the cache's dtype."""
     if centre not in CENTRES:
@@ -139,7 +140,7 @@ def data_shares(
     in_stream = not model.shortformer
     added = model.positions(t)  # (t, d) shortformer positions: into queries and keys, after the norm
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    w = weights.to(dtype)
+    w = weights.to(dtype).expand(b, t)[:, None, :, None]  # (b, 1, t, 1): over (sequence, head, row, ·)
     with_b_O = L > 1 and model.layers[0].b_O is not None
     b_O = torch.stack([layer.b_O for layer in model.layers[:-1]]).to(dtype) if with_b_O else None
     unembedding = fold_norm(model.final_norm, model.W_U, dtype)  # (d, vocab): C diag(g) W_U
@@ -160,7 +161,7 @@ def data_shares(
         torch.mul(fields.permute(0, 2, 3, 1, 4), scale, out=by_reader)
         by_reader = by_reader.flatten(0, 1)  # (3 h, t, b, e)
         readers.append(ReaderFields(fields, denominators, by_reader, across))
-    products = part_products(model, tokens, cache, readers, queries_read=w != 0)
+    products = part_products(model, tokens, cache, readers, queries_read=(weights != 0).expand(b, t).any(0))
     for l2, reader, numerators in zip(range(1, L), readers, products):
         layer, denominators = model.layers[l2], reader.denominators
         numerators = numerators.view(3, H, -1) / denominators[:, :, None]
@@ -256,7 +257,7 @@ def direction_fields(q, k, v, pattern, to_logits, w, causal, over_sequences: boo
     """``(fields [3, b, h, t, e], denominators [3, h])`` for Q, K and V: the reading side's direction
     at each position (what a part's ``x^c W̃ / σ`` is dotted with) and each share's denominator.
     ``q, k, v [b, h, t, e]``, ``pattern [b, h, t, t]``, ``to_logits [h, e, vocab]``: the reader's
-    ``W_O`` through the folded unembedding, the metric of V; ``w [t]`` the weighed positions;
+    ``W_O`` through the folded unembedding, the metric of V; ``w [b, 1, t, 1]`` the weighed positions;
     ``over_sequences``: the scores (V: the writes) also centred over the sequences. Both centrings
     are orthogonal projections, so a part's numerator is its raw term's product with the centred
     whole. V in ``d_head`` space: the direct logits are ``z_i M`` with ``M = W_O W̃_U``, so only
@@ -267,15 +268,19 @@ def direction_fields(q, k, v, pattern, to_logits, w, causal, over_sequences: boo
     centred = (scores - scores.sum(-1, keepdim=True) / counts).masked_fill(~causal, 0.0)
     if over_sequences:
         centred = centred - centred.mean(0, keepdim=True)
-    weighed = centred * w[:, None]  # rows that weigh
+    weighed = centred * w  # rows that weigh
+    if over_sequences:  # back in the centring's range where the rows differ between sequences (else a no-op)
+        weighed = weighed - weighed.mean(0, keepdim=True)
     scores_denominator = (weighed * centred).sum((0, 2, 3))
     z = pattern @ v  # (b, h, t, e): each head's mix of values; its direct logits are z M
     if over_sequences:  # minus each position's mean over the sequences
         z = z - z.mean(0, keepdim=True)
     else:  # minus the weighed mean over positions and sequences
-        z = z - (z * w[:, None]).sum((0, 2), keepdim=True) / (w.sum() * z.shape[0])
+        z = z - (z * w).sum((0, 2), keepdim=True) / w.sum()
     gram = to_logits @ to_logits.mT  # (h, e, e): M Mᵀ
-    written = (z @ gram) * w[:, None]  # (b, h, t, e): M (ℓ_i − ℓ̄), where positions weigh
+    written = (z @ gram) * w  # (b, h, t, e): M (ℓ_i − ℓ̄), where positions weigh
+    if over_sequences:
+        written = written - written.mean(0, keepdim=True)
     fields = torch.stack(
         [
             weighed @ k / math.sqrt(e),  # Q: h_i = Σ_j s̃_ij k_j / √e

@@ -63,19 +63,22 @@ def centred_write(write, weights, centre):
     """``write [b, t, vocab]`` minus its mean over the sequences at each position, or its weighed mean."""
     if centre == "sequences":
         return write - write.mean(0, keepdim=True)
-    return write - (write * weights[:, None]).sum((0, 1)) / (weights.sum() * write.shape[0])
+    weights = weights.expand(write.shape[:2])[..., None]
+    return write - (write * weights).sum((0, 1)) / weights.sum()
 
 
-def dense_shares(model, probe, rows: str, centre: str) -> dict[str, dict]:
+def dense_shares(model, probe, rows: str, centre: str, weights=None) -> dict[str, dict]:
     """The definition, term by term: every part's own queries, keys and values through the reader's
     norm frozen at the probe's scale, its own scores (or write), row-centred, and its covariance
     with the whole. ``{kind: {(layer, head): {part: share}}}`` with parts ``tokens``,
-    ``positions``, ``biases`` and ``(l1, h1)``."""
+    ``positions``, ``biases`` and ``(l1, h1)``. ``weights [b, t]``, if given, replace ``rows``."""
     tokens = probe.tokens
     b, t = tokens.shape
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, head_out=True)
-    weights = row_weights(probe.n, probe.repeat_start, t, rows, tokens.device).double()
+    if weights is None:
+        weights = row_weights(probe.n, probe.repeat_start, t, rows, tokens.device)
+    weights = weights.double()
     found = {kind: {} for kind in "QKV"}
     final = model.final_norm
     gain = final.weight[:, None] if isinstance(final, (torch.nn.LayerNorm, torch.nn.RMSNorm)) else 1.0
@@ -109,7 +112,7 @@ def dense_shares(model, probe, rows: str, centre: str) -> dict[str, dict]:
             causal = torch.ones(t, t, dtype=torch.bool).tril()
             e = q.shape[-1]
 
-            whole = row_centred(q @ k.mT / math.sqrt(e), causal, centre) * weights[:, None].sqrt()
+            whole = row_centred(q @ k.mT / math.sqrt(e), causal, centre) * weights[..., None].sqrt()
             pattern = cache["pattern"][l2][:, h]
             to_logits = layer.W_O[h] @ unembedding  # the head's direct path to the logits
             write = pattern @ sum(read["V"].values()) @ to_logits
@@ -119,11 +122,11 @@ def dense_shares(model, probe, rows: str, centre: str) -> dict[str, dict]:
                 for name, part in read[kind].items():
                     if kind == "V":
                         own = centred_write(pattern @ part @ to_logits, weights, centre)
-                        numerator = (own * whole_write * weights[:, None]).sum()
-                        denominator = (whole_write.square() * weights[:, None]).sum()
+                        numerator = (own * whole_write * weights[..., None]).sum()
+                        denominator = (whole_write.square() * weights[..., None]).sum()
                     else:
                         scores = (part @ k.mT if kind == "Q" else q @ part.mT) / math.sqrt(e)
-                        numerator = (row_centred(scores, causal, centre) * weights[:, None].sqrt() * whole).sum()
+                        numerator = (row_centred(scores, causal, centre) * weights[..., None].sqrt() * whole).sum()
                         denominator = whole.square().sum()
                     key = "biases" if name == "own bias" else name
                     shares[key] = shares.get(key, 0.0) + float(numerator / denominator)
@@ -138,7 +141,31 @@ def dense_shares(model, probe, rows: str, centre: str) -> dict[str, dict]:
 def test_every_share_equals_the_dense_definition_and_they_sum_to_one(normalization, positions, rows, centre):
     model = three_layers(normalization, positions)
     probe = probe_for(model)
-    shares, dense = shares_of(model, probe, rows, centre), dense_shares(model, probe, rows, centre)
+    assert_equal_to_dense(shares_of(model, probe, rows, centre), dense_shares(model, probe, rows, centre))
+
+
+@pytest.mark.parametrize("positions", ["standard", "shortformer"])
+@pytest.mark.parametrize("centre", CENTRES)
+def test_rows_that_weigh_may_differ_between_the_sequences(positions, centre):
+    """``weights [b, t]``: each sequence its own rows (a probe whose copies start at different
+    positions); the product still equals the definition."""
+    model = three_layers("layernorm", positions)
+    probe = probe_for(model)
+    weights = (torch.rand(probe.tokens.shape, generator=torch.Generator().manual_seed(3)) < 0.4).double()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(probe.tokens)
+    shares = data_shares(model, probe.tokens, cache, weights, centre)
+    assert_equal_to_dense(shares, dense_shares(model, probe, "all", centre, weights))
+    same = row_weights(probe.n, probe.repeat_start, probe.tokens.shape[-1], "repeated", "cpu")
+    alike = data_shares(model, probe.tokens, cache, same.expand(probe.tokens.shape), centre)
+    for kind in "QKV":  # the same rows in every sequence, given as [b, t]: the [t] answer
+        torch.testing.assert_close(
+            alike.heads[kind], shares_of(model, probe, "repeated", centre).heads[kind], equal_nan=True
+        )
+
+
+def assert_equal_to_dense(shares, dense):
+    """Every part's share equals the term-by-term definition, and each reader's parts sum to 1."""
     for kind in "QKV":
         total = shares.total(kind)
         assert total[0].isnan().all()  # layer 0 reads no head: not scored
