@@ -182,7 +182,8 @@ class TrackerConfig:
     )
     # those of `measures` scored at every snapshot
     dense_measures: list[str] = field(default_factory=lambda: ["frobenius", "share"])
-    # the probe positions the data-aware share weighs: repeated (the second copy, where induction works) or all
+    # the probe positions the data-aware share weighs: repeated (the second copy, where induction works), all, or
+    # induction (the second copy's queries, each with its induction target key only)
     share_rows: str = "repeated"
     # besides each query's mean, the share's scores are centred over the probe's sequences (sequences) or not (none)
     share_centre: str = "sequences"

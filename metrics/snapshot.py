@@ -18,7 +18,14 @@ from torch import Tensor
 from data.probe import ProbeBatch
 from metrics.composition.baseline import BASELINE_SAMPLES, Baseline, random_baselines
 from metrics.composition.circuits import head_circuits
-from metrics.composition.data_shares import DATA_MEASURES, SHARE, DataShares, data_shares, row_weights
+from metrics.composition.data_shares import (
+    DATA_MEASURES,
+    SHARE,
+    DataShares,
+    data_shares,
+    induction_keys,
+    row_weights,
+)
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from metrics.composition.measures import COMPOSITION_MEASURES
 from metrics.composition.scores import composition_of
@@ -188,8 +195,10 @@ def take_snapshot(
         share_parts = None
         if shares:
             rows, centre = share
-            weights = row_weights(probe.n, probe.repeat_start, tokens.shape[-1], rows, tokens.device)
-            share_parts = data_shares(model, tokens, cache, weights, centre).to("cpu")
+            t = tokens.shape[-1]
+            weights = row_weights(probe.n, probe.repeat_start, t, rows, tokens.device)
+            keys = induction_keys(probe.n, probe.repeat_start, t, tokens.device) if rows == "induction" else None
+            share_parts = data_shares(model, tokens, cache, weights, centre, keys).to("cpu")
             composition[SHARE] = share_parts.heads
         composition = {
             m: {kind: scores.cpu() for kind, scores in composition[m].items()} for m in measures if m in composition

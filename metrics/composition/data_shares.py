@@ -22,7 +22,9 @@ so each row is centred over its causal keys, ``s̃_ij = s_ij − mean_{j'≤i} s
 ``(i, j)``, which takes out the pattern every sequence gets alike whatever its tokens (a
 position-driven one), so that what is shared is the content-dependent part of the attention. The
 share is ``Cov(s̃^c, s̃) / Var(s̃) = Σ s̃^c_ij s̃_ij / Σ s̃²_ij`` over the causal pairs of the weighed
-rows (``rows``) of every probe sequence. **Q share**: the queries split, the keys fixed. **V share**:
+rows (``rows``) of every probe sequence, or (``induction``) over each second-copy query's pair with
+its induction target only, the key after its token's first occurrence: the part's share of the
+match's advantage over the row. **Q share**: the queries split, the keys fixed. **V share**:
 the reader's direct contribution to the logits, ``ℓ_i = Σ_j A_ij v_j W_O W̃_U`` (``W̃_U`` the
 unembedding with the final norm folded in, frozen like the others), with its values split, over
 the weighed positions (centred over the sequences at each position, or over all):
@@ -62,9 +64,10 @@ from models.transformer import AttentionOnlyTransformer
 SHARE = "share"
 """The data-aware measure's name, beside the weight-based ones (``tracker.measures``)."""
 DATA_MEASURES = (SHARE,)
-ROWS = ("all", "repeated")
-"""Which of the probe's positions weigh: every one, or the queries (for V: the writes) in the
-repeated half, where induction is what the probe asks for."""
+ROWS = ("all", "repeated", "induction")
+"""Which of the probe's positions weigh: every one, the queries (for V: the writes) in the
+repeated half, where induction is what the probe asks for, or (Q, K) only each of those queries'
+induction pair, with the key after its token's first occurrence (V: the repeated half's writes)."""
 CENTRES = ("sequences", "none")
 """What else is taken out of the scores (and writes) besides each query's mean: ``sequences``, their
 mean over the probe's sequences at each (query, key) position (for V: at each position), the part
@@ -106,12 +109,21 @@ def norm_scale(norm: torch.nn.Module, x: Tensor) -> Tensor:
 def row_weights(probe_n: int, repeat_start: int, t: int, rows: str, device) -> Tensor:
     """``[t]`` float: 1 for the positions that weigh (``ROWS``), else 0."""
     weights = torch.ones(t, device=device)
-    if rows == "repeated":
+    if rows in ("repeated", "induction"):
         weights.zero_()
         weights[repeat_start : repeat_start + probe_n] = 1.0
     elif rows != "all":
         raise ValueError(f"rows must be one of {ROWS}, got {rows!r}")
     return weights
+
+
+def induction_keys(probe_n: int, repeat_start: int, t: int, device) -> Tensor:
+    """``[t, t]`` float: 1 at each second-copy query's induction pair ``(i, i − n + 1)``, the key
+    after the first occurrence of query i's token, else 0 (``rows="induction"``)."""
+    keys = torch.zeros(t, t, device=device)
+    queries = torch.arange(repeat_start, min(repeat_start + probe_n, t), device=device)
+    keys[queries, queries - probe_n + 1] = 1.0
+    return keys
 
 
 @torch.no_grad()
@@ -121,13 +133,15 @@ def data_shares(
     cache: dict[str, list[Tensor]],
     weights: Tensor,
     centre: str = "sequences",
+    keys: Tensor | None = None,
 ) -> DataShares:
     """The shares of every part in every reader head's queries, keys and values on ``tokens [b, t]``,
     from ``cache`` (``model.run_with_cache(tokens)``: its streams, patterns, queries, keys, values and
     mixed values ``z``; the heads' writes are formed here, ``z W_O``); ``weights [t]``
     (:func:`row_weights`), or ``[b, t]`` where the sequences differ, say which rows (Q, K) or writes
-    (V) weigh; ``centre`` (:data:`CENTRES`)
-    what else the scores are centred over. Readers in layer 0 have no earlier head and are not
+    (V) weigh; ``keys [t, t]`` (:func:`induction_keys`), if given, which of a weighed row's
+    keys weigh (Q, K; None: every causal key); ``centre`` (:data:`CENTRES`) what else the scores are
+    centred over. Readers in layer 0 have no earlier head and are not
     scored (NaN). On the model's device, in the cache's dtype."""
     if centre not in CENTRES:
         raise ValueError(f"centre must be one of {CENTRES}, got {centre!r}")
@@ -141,6 +155,7 @@ def data_shares(
     added = model.positions(t)  # (t, d) shortformer positions: into queries and keys, after the norm
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
     w = weights.to(dtype).expand(b, t)[:, None, :, None]  # (b, 1, t, 1): over (sequence, head, row, ·)
+    pairs = None if keys is None else keys.to(dtype) * causal  # (t, t): the weighed keys of a row
     with_b_O = L > 1 and model.layers[0].b_O is not None
     b_O = torch.stack([layer.b_O for layer in model.layers[:-1]]).to(dtype) if with_b_O else None
     unembedding = fold_norm(model.final_norm, model.W_U, dtype)  # (d, vocab): C diag(g) W_U
@@ -152,7 +167,7 @@ def data_shares(
         q, k, v = (part.to(dtype) for part in qkv)  # (b, h, t, e)
         to_logits = layer.W_O.to(dtype) @ unembedding  # (h, e, vocab): the head's direct path to the logits
         fields, denominators = direction_fields(
-            q, k, v, cache["pattern"][l2].to(dtype), to_logits, w, causal, centre == "sequences"
+            q, k, v, cache["pattern"][l2].to(dtype), to_logits, w, causal, centre == "sequences", pairs
         )
         reads = (fold_norm(layer.norm, W, dtype).mT for W in (layer.W_Q, layer.W_K, layer.W_V))
         across = torch.stack(list(reads)).flatten(0, 1)  # (3 h, e, d): W̃ᵀ per (kind, reader)
@@ -253,14 +268,17 @@ def part_products(
     return products
 
 
-def direction_fields(q, k, v, pattern, to_logits, w, causal, over_sequences: bool) -> tuple[Tensor, Tensor]:
+def direction_fields(
+    q, k, v, pattern, to_logits, w, causal, over_sequences: bool, pairs: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """``(fields [3, b, h, t, e], denominators [3, h])`` for Q, K and V: the reading side's direction
     at each position (what a part's ``x^c W̃ / σ`` is dotted with) and each share's denominator.
     ``q, k, v [b, h, t, e]``, ``pattern [b, h, t, t]``, ``to_logits [h, e, vocab]``: the reader's
     ``W_O`` through the folded unembedding, the metric of V; ``w [b, 1, t, 1]`` the weighed positions;
-    ``over_sequences``: the scores (V: the writes) also centred over the sequences. Both centrings
-    are orthogonal projections, so a part's numerator is its raw term's product with the centred
-    whole. V in ``d_head`` space: the direct logits are ``z_i M`` with ``M = W_O W̃_U``, so only
+    ``over_sequences``: the scores (V: the writes) also centred over the sequences; ``pairs [t, t]``
+    which keys of a weighed row weigh (Q, K; None: all). Both centrings are orthogonal projections
+    ``P``, so a part's numerator ``Σ (P s^c) ⊙ W ⊙ (P s)`` is its raw term's product with
+    ``P(W ⊙ P s)``, ``W`` the weights. V in ``d_head`` space: the direct logits are ``z_i M`` with ``M = W_O W̃_U``, so only
     ``M Mᵀ [e, e]`` meets the vocabulary."""
     e = q.shape[-1]
     scores = (q @ k.mT / math.sqrt(e)).masked_fill(~causal, 0.0)  # (b, h, i, j)
@@ -269,9 +287,14 @@ def direction_fields(q, k, v, pattern, to_logits, w, causal, over_sequences: boo
     if over_sequences:
         centred = centred - centred.mean(0, keepdim=True)
     weighed = centred * w  # rows that weigh
+    if pairs is not None:  # only some keys of a row weigh: back in the row centring's range
+        weighed = weighed * pairs
+        scores_denominator = (weighed * centred).sum((0, 2, 3))
+        weighed = (weighed - weighed.sum(-1, keepdim=True) / counts).masked_fill(~causal, 0.0)
+    else:
+        scores_denominator = (weighed * centred).sum((0, 2, 3))
     if over_sequences:  # back in the centring's range where the rows differ between sequences (else a no-op)
         weighed = weighed - weighed.mean(0, keepdim=True)
-    scores_denominator = (weighed * centred).sum((0, 2, 3))
     z = pattern @ v  # (b, h, t, e): each head's mix of values; its direct logits are z M
     if over_sequences:  # minus each position's mean over the sequences
         z = z - z.mean(0, keepdim=True)

@@ -78,7 +78,7 @@ BAD_INPUTS = [
     (["tracker.every_n_steps=0"], "tracker.every_n_steps=0 must be >= 1"),
     (["tracker.ablation.every_n_steps=15"], "must be a multiple of"),
     (["tracker.measures=[nope]"], "tracker.measures has unknown ['nope']"),
-    (["tracker.share_rows=first"], "tracker.share_rows='first' must be one of ('all', 'repeated')"),
+    (["tracker.share_rows=first"], "tracker.share_rows='first' must be one of ('all', 'repeated', 'induction')"),
     (["tracker.share_centre=tokens"], "tracker.share_centre='tokens' must be one of ('sequences', 'none')"),
     (["tracker.probe_n=1"], "tracker.probe_n=1 must be >= 2"),
     (["tracker.smoothing_window=0"], "tracker.smoothing_window=0 must be >= 1"),

@@ -11,7 +11,7 @@ import torch
 
 import metrics.composition.data_shares as data_shares_module
 from data.probe import make_probe_batch
-from metrics.composition.data_shares import CENTRES, ROWS, data_shares, row_weights
+from metrics.composition.data_shares import CENTRES, ROWS, data_shares, induction_keys, row_weights
 from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests.helpers import induction_circuit_model, seed002_like
@@ -25,8 +25,10 @@ def probe_for(model, batch: int = 4, seed: int = 0):
 def shares_of(model, probe, rows: str = "all", centre: str = "sequences"):
     with torch.no_grad():
         _, cache = model.run_with_cache(probe.tokens, head_out=True)
-    weights = row_weights(probe.n, probe.repeat_start, probe.tokens.shape[-1], rows, probe.tokens.device)
-    return data_shares(model, probe.tokens, cache, weights, centre)
+    t = probe.tokens.shape[-1]
+    weights = row_weights(probe.n, probe.repeat_start, t, rows, probe.tokens.device)
+    keys = induction_keys(probe.n, probe.repeat_start, t, probe.tokens.device) if rows == "induction" else None
+    return data_shares(model, probe.tokens, cache, weights, centre, keys)
 
 
 def three_layers(normalization: str, positions: str, seed: int = 0) -> AttentionOnlyTransformer:
@@ -79,6 +81,11 @@ def dense_shares(model, probe, rows: str, centre: str, weights=None) -> dict[str
     if weights is None:
         weights = row_weights(probe.n, probe.repeat_start, t, rows, tokens.device)
     weights = weights.double()
+    keys = torch.ones(t, t, dtype=torch.float64)  # which keys of a weighed row weigh
+    if rows == "induction":  # each second-copy query's induction target, written out here
+        keys = torch.zeros(t, t, dtype=torch.float64)
+        for i in range(probe.repeat_start, probe.repeat_start + probe.n):
+            keys[i, i - probe.n + 1] = 1.0
     found = {kind: {} for kind in "QKV"}
     final = model.final_norm
     gain = final.weight[:, None] if isinstance(final, (torch.nn.LayerNorm, torch.nn.RMSNorm)) else 1.0
@@ -112,7 +119,7 @@ def dense_shares(model, probe, rows: str, centre: str, weights=None) -> dict[str
             causal = torch.ones(t, t, dtype=torch.bool).tril()
             e = q.shape[-1]
 
-            whole = row_centred(q @ k.mT / math.sqrt(e), causal, centre) * weights[..., None].sqrt()
+            whole = row_centred(q @ k.mT / math.sqrt(e), causal, centre) * weights[..., None].sqrt() * keys
             pattern = cache["pattern"][l2][:, h]
             to_logits = layer.W_O[h] @ unembedding  # the head's direct path to the logits
             write = pattern @ sum(read["V"].values()) @ to_logits
@@ -126,7 +133,8 @@ def dense_shares(model, probe, rows: str, centre: str, weights=None) -> dict[str
                         denominator = (whole_write.square() * weights[..., None]).sum()
                     else:
                         scores = (part @ k.mT if kind == "Q" else q @ part.mT) / math.sqrt(e)
-                        numerator = (row_centred(scores, causal, centre) * weights[..., None].sqrt() * whole).sum()
+                        own = row_centred(scores, causal, centre) * weights[..., None].sqrt() * keys
+                        numerator = (own * whole).sum()
                         denominator = whole.square().sum()
                     key = "biases" if name == "own bias" else name
                     shares[key] = shares.get(key, 0.0) + float(numerator / denominator)
@@ -207,6 +215,8 @@ def test_a_reader_whose_keys_read_only_the_writer_gives_it_all_of_its_k_share():
     assert float(shares.tokens["K"][1, 0]) == pytest.approx(0.0, abs=1e-12)
     assert float(shares.tokens["Q"][1, 0]) == pytest.approx(1.0, abs=1e-12)  # its queries read the token
     assert float(shares.tokens["V"][1, 0]) == pytest.approx(1.0, abs=1e-12)  # and it copies the token
+    for rows in ROWS:  # whichever rows and keys weigh
+        assert float(shares_of(model, probe, rows).heads["K"][0, 0, 1, 0]) == pytest.approx(1.0, abs=1e-12), rows
 
 
 def test_a_change_of_basis_of_the_readers_qk_circuit_changes_no_share():
