@@ -17,7 +17,10 @@ well after the phase change in the default run). The ablation's own rise is the 
 (``ablation``).
 
 Columns, per measure: ``before onset`` the largest raw value at the steps up to the loss's onset and
-``after end`` the smallest from its end on (the raw reading issue 33 set targets for); the rise at
+``after end`` the smallest from its end on (the raw reading issue 33 set targets for); ``paced@onset``
+the raw value the measure would read at the onset had it risen exactly as the truth does (its first
+value plus the truth's rise at the onset times its own way to its final level: what "before onset"
+can be for a measure that follows the ground truth); the rise at
 the onset, the midpoint and the end (linear between snapshots); ``half − truth``: the first step the
 rise reaches 0.5 minus the ablation's (negative: the measure rises first); ``gap``: the mean
 ``|r_measure − r_ablation|`` at the ablation's steps from ``onset − w`` to ``end + w``, ``w = end −
@@ -45,18 +48,32 @@ from reports.sweep_report import job_dirs
 EFFECTS = ("pattern_change", "loss_change")
 TRUTH = "ablation"
 """The reference row's name."""
-COLUMNS = ("before_onset", "after_end", "rise_at_onset", "rise_at_midpoint", "rise_at_end", "half_minus_truth", "gap")
-HEADERS = ("before onset", "after end", "rise@onset", "rise@mid", "rise@end", "half - truth", "gap")
+COLUMNS = (
+    "before_onset",
+    "after_end",
+    "paced_at_onset",
+    "rise_at_onset",
+    "rise_at_midpoint",
+    "rise_at_end",
+    "half_minus_truth",
+    "gap",
+)
+HEADERS = ("before onset", "after end", "paced@onset", "rise@onset", "rise@mid", "rise@end", "half - truth", "gap")
 FINAL_SHARE = 0.25
 """The last quarter of a series' steps sets its final level."""
 
 
+def final_level(steps: np.ndarray, values: np.ndarray) -> float:
+    """The mean of ``values`` over the last ``FINAL_SHARE`` of the steps."""
+    return float(values[steps >= steps[0] + (1 - FINAL_SHARE) * (steps[-1] - steps[0])].astype(float).mean())
+
+
 def rise(steps: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """``values [n]`` at ``steps [n]`` rescaled to 0 at the first step and 1 at the final level (the
-    mean over the last ``FINAL_SHARE`` of the steps); NaN throughout when the two are equal (to float32
-    rounding: the store's precision)."""
+    """``values [n]`` at ``steps [n]`` rescaled to 0 at the first step and 1 at the final level
+    (:func:`final_level`); NaN throughout when the two are equal (to float32 rounding: the store's
+    precision)."""
     values = values.astype(float)
-    final = values[steps >= steps[0] + (1 - FINAL_SHARE) * (steps[-1] - steps[0])].mean()
+    final = final_level(steps, values)
     if np.isclose(final, values[0], rtol=1e-5, atol=1e-12):
         return np.full_like(values, math.nan)
     return (values - values[0]) / (final - values[0])
@@ -96,6 +113,9 @@ def rise_row(
     return {
         "before_onset": float(before.max()) if len(before) else math.nan,
         "after_end": float(after.min()) if len(after) else math.nan,
+        "paced_at_onset": float(
+            values[0] + at(truth_steps, truth_rise, onset) * (final_level(steps, values) - values[0])
+        ),
         "rise_at_onset": at(steps, r, onset),
         "rise_at_midpoint": at(steps, r, change["midpoint"]),
         "rise_at_end": at(steps, r, end),
@@ -139,9 +159,9 @@ STEP_COLUMNS = ("half_minus_truth",)
 
 def format_rows(rows: dict[str, dict]) -> str:
     """A fixed-width table: a measure a line, ``COLUMNS`` (a cell is a value or ``mean ± sd``)."""
-    lines = [f"  {'measure':<16}" + "".join(f"{h:>17}" for h in HEADERS)]
+    lines = [f"  {'measure':<16}" + "".join(f"{h:>15}" for h in HEADERS)]
     for measure, row in rows.items():
-        lines.append(f"  {measure:<16}" + "".join(f"{cell(row[c], c):>17}" for c in COLUMNS))
+        lines.append(f"  {measure:<16}" + "".join(f"{cell(row[c], c):>15}" for c in COLUMNS))
     return "\n".join(lines)
 
 

@@ -68,6 +68,9 @@ def test_a_measure_on_the_truths_own_curve_reads_no_gap_and_one_rising_earlier_l
     assert earlier["gap"] > 0.1
     assert same["before_onset"] == pytest.approx(0.03 + 0.87 * expected_onset, abs=2e-3)  # the raw value at 340
     assert same["after_end"] == pytest.approx(0.03 + 0.87 / (1 + math.exp(-60 / 25)), abs=2e-3)
+    assert same["paced_at_onset"] == pytest.approx(same["before_onset"], abs=1e-4)  # it is paced as the truth
+    assert earlier["paced_at_onset"] == pytest.approx(0.9 * expected_onset, abs=2e-3)  # had it risen with the truth
+    assert earlier["before_onset"] > earlier["paced_at_onset"] + 0.2  # it reads more: it rises first
     flat = rows["flat"]
     assert math.isnan(flat["gap"]) and math.isnan(flat["half_minus_truth"])  # no rise: NaN, not a number
 
