@@ -109,7 +109,7 @@ class CompositionTracker(L.Callback):
         self.schedule = Schedule.of(settings)
         self.every_n_steps = self.schedule.every_n_steps
         self.measures = tuple(settings.measures)
-        self.share = (settings.share_rows, settings.share_centre)
+        self.share = (settings.share_rows, settings.share_centre, settings.share_floor)
         self.dense_measures = tuple(m for m in self.measures if m in settings.dense_measures)  # at every snapshot
         self.baseline_samples = settings.baseline_samples
         self.ablation_method = _name(settings.ablation.method)

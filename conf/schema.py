@@ -187,6 +187,9 @@ class TrackerConfig:
     share_rows: str = "repeated"
     # besides each query's mean, the share's scores are centred over the probe's sequences (sequences) or not (none)
     share_centre: str = "sequences"
+    # logit² of content-dependent score variance a pair added to the Q/K share's denominator: a floor the reader's
+    # attention must pass before its parts get their share (1: the softmax's own unit); 0: the exact share (sums to 1)
+    share_floor: float = 0.0
     ablation: AblationConfig = field(default_factory=AblationConfig)
     copying: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # copying scores (weight and empirical)
     # QK matching scores (and at every ablation)

@@ -435,6 +435,8 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"tracker.share_rows={tracker.share_rows!r} must be one of {ROWS}")
     if tracker.share_centre not in CENTRES:
         problems.append(f"tracker.share_centre={tracker.share_centre!r} must be one of {CENTRES}")
+    if not (math.isfinite(tracker.share_floor) and tracker.share_floor >= 0):
+        problems.append(f"tracker.share_floor={tracker.share_floor} must be a finite number >= 0")
     if not tracker.measures:
         problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
     probe_len = 2 * tracker.probe_n + int(data.bos)

@@ -121,7 +121,7 @@ def take_snapshot(
     whitenings: dict[str, Whitening] | None = None,
     dtype: torch.dtype | None = None,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    share: tuple[str, str] = ("repeated", "sequences"),
+    share: tuple[str, str, float] = ("repeated", "sequences", 0.0),
 ) -> Snapshot:
     """Measure ``model`` on ``probe``; leaves the model's mode and every RNG untouched.
 
@@ -132,8 +132,8 @@ def take_snapshot(
     OV circuits' eigenvalues and Olsson's empirical evaluator on the probe) and the matching scores
     (each can be skipped on cheap steps).
     ``whitenings``: reuse these whitened bases (by basis: ``embedding``, ``residual``) instead of
-    computing them from this step's weights and probe pass. ``share``: the data-aware share's rows
-    and centring (:data:`~metrics.composition.data_shares.ROWS`, ``CENTRES``).
+    computing them from this step's weights and probe pass. ``share``: the data-aware share's rows,
+    centring and floor (:data:`~metrics.composition.data_shares.ROWS`, ``CENTRES``; logit²).
     """
     unknown = set(measures) - set(MEASURES)
     if unknown:
@@ -194,11 +194,11 @@ def take_snapshot(
         )
         share_parts = None
         if shares:
-            rows, centre = share
+            rows, centre, floor = share
             t = tokens.shape[-1]
             weights = row_weights(probe.n, probe.repeat_start, t, rows, tokens.device)
             keys = induction_keys(probe.n, probe.repeat_start, t, tokens.device) if rows == "induction" else None
-            share_parts = data_shares(model, tokens, cache, weights, centre, keys).to("cpu")
+            share_parts = data_shares(model, tokens, cache, weights, centre, keys, floor).to("cpu")
             composition[SHARE] = share_parts.heads
         composition = {
             m: {kind: scores.cpu() for kind, scores in composition[m].items()} for m in measures if m in composition

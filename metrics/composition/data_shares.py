@@ -36,6 +36,16 @@ of the stream, a change of the reader's QK or VO basis, and under LayerNorm a co
 writer's rows change no share (bench.axiom_table). A share is a covariance ratio: it can be
 negative (the part works against the rest) or above 1.
 
+**The floor** (``floor``, ``tracker.share_floor``; 0 by default). A share is scale-free: on the
+plateau, where a reader's content-dependent scores vary by a few hundredths of a logit, it shares
+that out as fully as a formed circuit's tens of logits². Softmax has a scale of its own: a score
+moved by one logit moves its weight e-fold. With ``floor = φ`` logit² a pair, the Q and K shares
+are ``Σ s̃^c s̃ / (Σ s̃² + φ N)`` (``N`` the weighed pairs): the parts share ``V / (V + φ)`` of the
+reader's content attention, ``V`` its mean variance a pair, and the rest ``φ / (V + φ)`` is the
+floor's, as if one more part, of variance φ a pair and uncorrelated with the others, stood in the
+scores. Every invariance
+above holds (the scores do not change); the parts no longer sum to 1.
+
 **How.** Both centrings are orthogonal projections and each row of ``s̃`` sums to zero, so
 ``Σ_ij s̃^c_ij s̃_ij = Σ_j x^c_j · R_j`` with ``R_j = W̃_K g_j / σ_j`` and ``g_j = Σ_i s̃_ij q_i / √e``:
 one direction field ``R [b, h, t, d_model]`` per reader head and kind, and each part's numerator is
@@ -134,6 +144,7 @@ def data_shares(
     weights: Tensor,
     centre: str = "sequences",
     keys: Tensor | None = None,
+    floor: float = 0.0,
 ) -> DataShares:
     """The shares of every part in every reader head's queries, keys and values on ``tokens [b, t]``,
     from ``cache`` (``model.run_with_cache(tokens)``: its streams, patterns, queries, keys, values and
@@ -141,8 +152,10 @@ def data_shares(
     (:func:`row_weights`), or ``[b, t]`` where the sequences differ, say which rows (Q, K) or writes
     (V) weigh; ``keys [t, t]`` (:func:`induction_keys`), if given, which of a weighed row's
     keys weigh (Q, K; None: every causal key); ``centre`` (:data:`CENTRES`) what else the scores are
-    centred over. Readers in layer 0 have no earlier head and are not
-    scored (NaN). On the model's device, in the cache's dtype."""
+    centred over; ``floor`` (logit², ≥ 0) is added to the Q and K shares' denominators for every
+    weighed pair, so the parts share ``Var(s̃) / (Var(s̃) + floor)`` rather than 1 (0: the exact
+    share). Readers in layer 0 have no earlier head and are not scored (NaN). On the model's device,
+    in the cache's dtype."""
     if centre not in CENTRES:
         raise ValueError(f"centre must be one of {CENTRES}, got {centre!r}")
     L, H = model.shape.n_layers, model.shape.n_heads
@@ -156,6 +169,7 @@ def data_shares(
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
     w = weights.to(dtype).expand(b, t)[:, None, :, None]  # (b, 1, t, 1): over (sequence, head, row, ·)
     pairs = None if keys is None else keys.to(dtype) * causal  # (t, t): the weighed keys of a row
+    weighed_pairs = (w * (causal.to(dtype) if pairs is None else pairs)).sum()  # the floor's count
     with_b_O = L > 1 and model.layers[0].b_O is not None
     b_O = torch.stack([layer.b_O for layer in model.layers[:-1]]).to(dtype) if with_b_O else None
     unembedding = fold_norm(model.final_norm, model.W_U, dtype)  # (d, vocab): C diag(g) W_U
@@ -169,6 +183,7 @@ def data_shares(
         fields, denominators = direction_fields(
             q, k, v, cache["pattern"][l2].to(dtype), to_logits, w, causal, centre == "sequences", pairs
         )
+        denominators[:2] += floor * weighed_pairs  # Q and K: the scores' variance against the floor
         reads = (fold_norm(layer.norm, W, dtype).mT for W in (layer.W_Q, layer.W_K, layer.W_V))
         across = torch.stack(list(reads)).flatten(0, 1)  # (3 h, e, d): W̃ᵀ per (kind, reader)
         by_reader = fields.new_empty(3, H, t, b, fields.shape[-1])  # position-major, like the parts

@@ -80,6 +80,7 @@ BAD_INPUTS = [
     (["tracker.measures=[nope]"], "tracker.measures has unknown ['nope']"),
     (["tracker.share_rows=first"], "tracker.share_rows='first' must be one of ('all', 'repeated', 'induction')"),
     (["tracker.share_centre=tokens"], "tracker.share_centre='tokens' must be one of ('sequences', 'none')"),
+    (["tracker.share_floor=-1"], "tracker.share_floor=-1.0 must be a finite number >= 0"),
     (["tracker.probe_n=1"], "tracker.probe_n=1 must be >= 2"),
     (["tracker.smoothing_window=0"], "tracker.smoothing_window=0 must be >= 1"),
     (["tracker.chunk_mb=0"], "tracker.chunk_mb=0 must be >= 1"),

@@ -22,13 +22,13 @@ def probe_for(model, batch: int = 4, seed: int = 0):
     return make_probe_batch(seed, batch, n, model.shape.d_vocab - 1, True)
 
 
-def shares_of(model, probe, rows: str = "all", centre: str = "sequences"):
+def shares_of(model, probe, rows: str = "all", centre: str = "sequences", floor: float = 0.0):
     with torch.no_grad():
         _, cache = model.run_with_cache(probe.tokens, head_out=True)
     t = probe.tokens.shape[-1]
     weights = row_weights(probe.n, probe.repeat_start, t, rows, probe.tokens.device)
     keys = induction_keys(probe.n, probe.repeat_start, t, probe.tokens.device) if rows == "induction" else None
-    return data_shares(model, probe.tokens, cache, weights, centre, keys)
+    return data_shares(model, probe.tokens, cache, weights, centre, keys, floor)
 
 
 def three_layers(normalization: str, positions: str, seed: int = 0) -> AttentionOnlyTransformer:
@@ -69,11 +69,13 @@ def centred_write(write, weights, centre):
     return write - (write * weights).sum((0, 1)) / weights.sum()
 
 
-def dense_shares(model, probe, rows: str, centre: str, weights=None) -> dict[str, dict]:
+@torch.no_grad()
+def dense_shares(model, probe, rows: str, centre: str, weights=None, floor: float = 0.0) -> dict[str, dict]:
     """The definition, term by term: every part's own queries, keys and values through the reader's
     norm frozen at the probe's scale, its own scores (or write), row-centred, and its covariance
     with the whole. ``{kind: {(layer, head): {part: share}}}`` with parts ``tokens``,
-    ``positions``, ``biases`` and ``(l1, h1)``. ``weights [b, t]``, if given, replace ``rows``."""
+    ``positions``, ``biases`` and ``(l1, h1)``. ``weights [b, t]``, if given, replace ``rows``; ``floor`` logit² a weighed pair joins the Q
+    and K denominators."""
     tokens = probe.tokens
     b, t = tokens.shape
     with torch.no_grad():
@@ -135,7 +137,8 @@ def dense_shares(model, probe, rows: str, centre: str, weights=None) -> dict[str
                         scores = (part @ k.mT if kind == "Q" else q @ part.mT) / math.sqrt(e)
                         own = row_centred(scores, causal, centre) * weights[..., None].sqrt() * keys
                         numerator = (own * whole).sum()
-                        denominator = whole.square().sum()
+                        weighed_pairs = (weights.expand(b, t)[..., None] * keys * causal).sum()
+                        denominator = whole.square().sum() + floor * weighed_pairs
                     key = "biases" if name == "own bias" else name
                     shares[key] = shares.get(key, 0.0) + float(numerator / denominator)
                 found[kind][(l2, h)] = shares
@@ -150,6 +153,32 @@ def test_every_share_equals_the_dense_definition_and_they_sum_to_one(normalizati
     model = three_layers(normalization, positions)
     probe = probe_for(model)
     assert_equal_to_dense(shares_of(model, probe, rows, centre), dense_shares(model, probe, rows, centre))
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("centre", CENTRES)
+def test_a_floor_shares_out_the_content_variance_against_it_and_leaves_v_alone(rows, centre):
+    """``floor`` logit² a weighed pair in the Q and K denominators: the definition with it, every
+    part scaled by the same ``V / (V + floor)`` of its reader, V's shares untouched."""
+    model = three_layers("layernorm", "standard")
+    probe = probe_for(model)
+    floored, exact = shares_of(model, probe, rows, centre, floor=0.5), shares_of(model, probe, rows, centre)
+    dense = dense_shares(model, probe, rows, centre, floor=0.5)
+    for (l2, h2), parts in dense["K"].items():
+        if l2 == 0:
+            continue
+        for part, expected in parts.items():
+            got = (
+                floored.heads["K"][part[0], part[1], l2, h2]
+                if isinstance(part, tuple)
+                else getattr(floored, part)["K"][l2, h2]
+            )
+            assert float(got) == pytest.approx(expected, rel=1e-9, abs=1e-12), (l2, h2, part)
+    for kind in "QK":
+        factor = floored.total(kind)[1:] / exact.total(kind)[1:]  # V / (V + floor), one per reader
+        assert ((factor > 0) & (factor < 1)).all()
+        torch.testing.assert_close(floored.heads[kind][:, :, 1:], exact.heads[kind][:, :, 1:] * factor, equal_nan=True)
+    torch.testing.assert_close(floored.heads["V"], exact.heads["V"], rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("positions", ["standard", "shortformer"])
@@ -253,7 +282,7 @@ def test_under_layernorm_a_constant_added_to_a_writers_rows_changes_no_share():
 def test_the_snapshot_scores_the_share_beside_the_weight_measures():
     model = seed002_like("standard", False, "layernorm")
     probe = probe_for(model)
-    snap = take_snapshot(model, probe, ("frobenius", "share"), 50, share=("all", "sequences"))
+    snap = take_snapshot(model, probe, ("frobenius", "share"), 50, share=("all", "sequences", 0.0))
     direct = shares_of(model, probe, "all")
     for kind in "QKV":
         torch.testing.assert_close(snap.composition["share"][kind], direct.heads[kind], equal_nan=True)
