@@ -248,10 +248,11 @@ def test_a_reader_whose_keys_read_only_the_writer_gives_it_all_of_its_k_share():
         assert float(shares_of(model, probe, rows).heads["K"][0, 0, 1, 0]) == pytest.approx(1.0, abs=1e-12), rows
 
 
-def test_a_change_of_basis_of_the_readers_qk_circuit_changes_no_share():
+@pytest.mark.parametrize("floor", [0.0, 1.0])
+def test_a_change_of_basis_of_the_readers_qk_circuit_changes_no_share(floor):
     model = three_layers("layernorm", "standard")
     probe = probe_for(model)
-    before = shares_of(model, probe)
+    before = shares_of(model, probe, floor=floor)
     M = torch.randn(4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 2 * torch.eye(4)
     with torch.no_grad():
         for layer in model.layers:
@@ -259,21 +260,22 @@ def test_a_change_of_basis_of_the_readers_qk_circuit_changes_no_share():
             layer.W_K.copy_(layer.W_K @ torch.linalg.inv(M).T)
             layer.b_Q.copy_(layer.b_Q @ M)
             layer.b_K.copy_(layer.b_K @ torch.linalg.inv(M).T)
-    after = shares_of(model, probe)
+    after = shares_of(model, probe, floor=floor)
     for kind in "QKV":
         torch.testing.assert_close(after.heads[kind], before.heads[kind], rtol=1e-9, atol=1e-12, equal_nan=True)
         torch.testing.assert_close(after.positions[kind], before.positions[kind], rtol=1e-9, atol=1e-12, equal_nan=True)
 
 
-def test_under_layernorm_a_constant_added_to_a_writers_rows_changes_no_share():
+@pytest.mark.parametrize("floor", [0.0, 1.0])
+def test_under_layernorm_a_constant_added_to_a_writers_rows_changes_no_share(floor):
     model = three_layers("layernorm", "standard")
     probe = probe_for(model)
-    before, logits = shares_of(model, probe), model(probe.tokens)
+    before, logits = shares_of(model, probe, floor=floor), model(probe.tokens)
     with torch.no_grad():
         model.layers[0].W_O[1] += 0.5  # every row of L0H1's W_O moves along 1: LayerNorm cannot see it
         model.W_E += 0.3
     torch.testing.assert_close(model(probe.tokens), logits, rtol=1e-9, atol=1e-9)
-    after = shares_of(model, probe)
+    after = shares_of(model, probe, floor=floor)
     for kind in "QKV":
         torch.testing.assert_close(after.heads[kind], before.heads[kind], rtol=1e-7, atol=1e-9, equal_nan=True)
         torch.testing.assert_close(after.tokens[kind], before.tokens[kind], rtol=1e-7, atol=1e-9, equal_nan=True)
