@@ -43,8 +43,7 @@ moved by one logit moves its weight e-fold. With ``floor = φ`` logit² a pair, 
 are ``Σ s̃^c s̃ / (Σ s̃² + φ N)`` (``N`` the weighed pairs): the parts share ``V / (V + φ)`` of the
 reader's content attention, ``V`` its mean variance a pair, and the rest ``φ / (V + φ)`` is the
 floor's, as if one more part, of variance φ a pair and uncorrelated with the others, stood in the
-scores. Every invariance
-above holds (the scores do not change); the parts no longer sum to 1.
+scores. Every invariance above holds (the scores do not change); the parts no longer sum to 1.
 
 **How.** Both centrings are orthogonal projections and each row of ``s̃`` sums to zero, so
 ``Σ_ij s̃^c_ij s̃_ij = Σ_j x^c_j · R_j`` with ``R_j = W̃_K g_j / σ_j`` and ``g_j = Σ_i s̃_ij q_i / √e``:
@@ -293,8 +292,8 @@ def direction_fields(
     ``over_sequences``: the scores (V: the writes) also centred over the sequences; ``pairs [t, t]``
     which keys of a weighed row weigh (Q, K; None: all). Both centrings are orthogonal projections
     ``P``, so a part's numerator ``Σ (P s^c) ⊙ W ⊙ (P s)`` is its raw term's product with
-    ``P(W ⊙ P s)``, ``W`` the weights. V in ``d_head`` space: the direct logits are ``z_i M`` with ``M = W_O W̃_U``, so only
-    ``M Mᵀ [e, e]`` meets the vocabulary."""
+    ``P(W ⊙ P s)``, ``W`` the weights. V in ``d_head`` space: the direct logits are ``z_i M`` with
+    ``M = W_O W̃_U``, so only ``M Mᵀ [e, e]`` meets the vocabulary."""
     e = q.shape[-1]
     scores = (q @ k.mT / math.sqrt(e)).masked_fill(~causal, 0.0)  # (b, h, i, j)
     counts = causal.sum(-1, keepdim=True).to(scores.dtype)  # keys per row
@@ -302,12 +301,11 @@ def direction_fields(
     if over_sequences:
         centred = centred - centred.mean(0, keepdim=True)
     weighed = centred * w  # rows that weigh
-    if pairs is not None:  # only some keys of a row weigh: back in the row centring's range
-        weighed = weighed * pairs
-        scores_denominator = (weighed * centred).sum((0, 2, 3))
+    if pairs is not None:
+        weighed = weighed * pairs  # and of each, only these keys
+    scores_denominator = (weighed * centred).sum((0, 2, 3))
+    if pairs is not None:  # back in the row centring's range
         weighed = (weighed - weighed.sum(-1, keepdim=True) / counts).masked_fill(~causal, 0.0)
-    else:
-        scores_denominator = (weighed * centred).sum((0, 2, 3))
     if over_sequences:  # back in the centring's range where the rows differ between sequences (else a no-op)
         weighed = weighed - weighed.mean(0, keepdim=True)
     z = pattern @ v  # (b, h, t, e): each head's mix of values; its direct logits are z M
