@@ -23,8 +23,9 @@ value plus the truth's rise at the onset times its own way to its final level: w
 can be for a measure that follows the ground truth); the rise at the onset, the midpoint and the
 end (linear between snapshots); ``half − truth``: the first step the rise reaches 0.5 minus the
 ablation's (negative: the measure rises first); ``gap``: the mean ``|r_measure − r_ablation|`` at
-the ablation's steps from ``onset − w`` to ``end + w``, ``w = end − onset``. Several runs: each run's table, then the mean ± sd over the runs. The phase change is the
-run's (its ``summary.json``; with ``--analysis``, the one the re-score found in its own series).
+the ablation's steps from ``onset − w`` to ``end + w``, ``w = end − onset``. Several runs: each
+run's table, then the mean ± sd over the runs. The phase change is the run's (its
+``summary.json``; with ``--analysis``, the one the re-score found in its own series).
 A training run measures the ablation every 100 steps by default, so its truth is coarse through the
 phase change; ``python -m analysis.rescore RUN_DIR --name NAME`` measures it at every saved step
 (``trajectory/``, densest there), and ``--analysis NAME`` reads that.
