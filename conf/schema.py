@@ -10,6 +10,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from metrics.composition.baseline import BASELINE_SAMPLES
+from metrics.composition.data_shares import DEFAULT_CENTRE, DEFAULT_ROWS
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW
 from metrics.ground_truth.ablation import ABLATION_KINDS
@@ -184,9 +185,9 @@ class TrackerConfig:
     dense_measures: list[str] = field(default_factory=lambda: ["frobenius", "share"])
     # the probe positions the data-aware share weighs: repeated (the second copy, where induction works), all, or
     # induction (the second copy's queries, each with its induction target key only)
-    share_rows: str = "repeated"
+    share_rows: str = DEFAULT_ROWS
     # besides each query's mean, the share's scores are centred over the probe's sequences (sequences) or not (none)
-    share_centre: str = "sequences"
+    share_centre: str = DEFAULT_CENTRE
     # logit² of content-dependent score variance a pair added to the Q/K share's denominator: a floor the reader's
     # attention must pass before its parts get their share (1: the softmax's own unit); 0: the exact share (sums to 1)
     share_floor: float = 0.0

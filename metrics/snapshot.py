@@ -20,6 +20,8 @@ from metrics.composition.baseline import BASELINE_SAMPLES, Baseline, random_base
 from metrics.composition.circuits import head_circuits
 from metrics.composition.data_shares import (
     DATA_MEASURES,
+    DEFAULT_CENTRE,
+    DEFAULT_ROWS,
     SHARE,
     DataShares,
     data_shares,
@@ -121,7 +123,7 @@ def take_snapshot(
     whitenings: dict[str, Whitening] | None = None,
     dtype: torch.dtype | None = None,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    share: tuple[str, str, float] = ("repeated", "sequences", 0.0),
+    share: tuple[str, str, float] = (DEFAULT_ROWS, DEFAULT_CENTRE, 0.0),
 ) -> Snapshot:
     """Measure ``model`` on ``probe``; leaves the model's mode and every RNG untouched.
 

@@ -77,10 +77,14 @@ ROWS = ("all", "repeated", "induction")
 """Which of the probe's positions weigh: every one, the queries (for V: the writes) in the
 repeated half, where induction is what the probe asks for, or (Q, K) only each of those queries'
 induction pair, with the key after its token's first occurrence (V: the repeated half's writes)."""
+DEFAULT_ROWS = "repeated"
+"""The rows the tracker weighs unless told (``tracker.share_rows``)."""
 CENTRES = ("sequences", "none")
 """What else is taken out of the scores (and writes) besides each query's mean: ``sequences``, their
 mean over the probe's sequences at each (query, key) position (for V: at each position), the part
 every sequence gets alike, whatever its tokens (a position-driven pattern); ``none``, nothing."""
+DEFAULT_CENTRE = "sequences"
+"""The centring the tracker uses unless told (``tracker.share_centre``)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,7 @@ def data_shares(
     tokens: Tensor,
     cache: dict[str, list[Tensor]],
     weights: Tensor,
-    centre: str = "sequences",
+    centre: str = DEFAULT_CENTRE,
     keys: Tensor | None = None,
     floor: float = 0.0,
 ) -> DataShares:
