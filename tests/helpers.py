@@ -15,12 +15,14 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from data.datamodule import TokenDataModule, make_sampler
 from data.probe import ProbeBatch
 from metrics.composition.baseline import Baseline
 from metrics.composition.data_shares import SHARE, DataShares
 from metrics.ground_truth.ablation import KeyAblation
 from metrics.ground_truth.validity import Agreement
 from metrics.snapshot import COMPOSITION_MEASURES, MATCHING, MEASURES, Snapshot
+from models.lit_module import InductionLM
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records import wandb_records
 
@@ -105,6 +107,36 @@ class LossRecorder(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.losses.append(outputs["loss"].item())
+
+
+# --- short in-process training runs ----------------------------------------------------------
+
+SMALL = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=17, d_vocab=21)
+"""The shape the callback tests train in process: a few steps take well under a second."""
+
+
+def quiet_trainer(callbacks: list, max_steps: int, logger=False, **options) -> L.Trainer:
+    """A CPU Trainer with no progress bar or model summary, checkpointing off unless ``options``
+    say otherwise (every other option goes to the Trainer as given)."""
+    options.setdefault("enable_checkpointing", False)
+    return L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=logger,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **options,
+    )
+
+
+def fit_repeated(trainer: L.Trainer, warmup_steps: int, weight_decay: float = 0.0, ckpt_path=None) -> InductionLM:
+    """Train a fresh :data:`SMALL` model with ``trainer`` on repeated blocks of 4-8 tokens (batch
+    8, Adam at 3e-3), from ``ckpt_path`` if given; returns the module."""
+    module = InductionLM(SMALL, lr=3e-3, weight_decay=weight_decay, betas=(0.9, 0.999), warmup_steps=warmup_steps)
+    data = TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    return module
 
 
 ALL_MEASURES = tuple(COMPOSITION_MEASURES)

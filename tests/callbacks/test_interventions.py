@@ -12,15 +12,13 @@ import pytest
 import torch
 
 from callbacks.interventions import Interventions
-from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
 from models.interventions import Intervention
 from models.lit_module import InductionLM
-from models.transformer import TransformerShape
 from records.trajectory import Trajectory, TrajectoryWriter
-from tests.helpers import TINY, run_train, run_train_until
+from tests.helpers import SMALL, TINY, fit_repeated, quiet_trainer, run_train, run_train_until
 
-SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=17, d_vocab=21)
+SHAPE = SMALL
 PROBE = make_probe_batch(0, 8, 8, 20)
 
 
@@ -45,18 +43,9 @@ def fit(plan: list[Intervention] | None, max_steps: int = 30, weight_decay: floa
     step's weights, and the callback."""
     L.seed_everything(0, verbose=False)
     interventions, recorder = Interventions(plan or [], PROBE, run_dir), WeightRecorder()
-    trainer = L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        callbacks=[interventions, recorder] if plan is not None else [recorder],
-        gradient_clip_val=1.0,
-    )
-    module = InductionLM(SHAPE, lr=3e-3, weight_decay=weight_decay, betas=(0.9, 0.999), warmup_steps=5)
-    trainer.fit(module, datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    callbacks = [interventions, recorder] if plan is not None else [recorder]
+    trainer = quiet_trainer(callbacks, max_steps, gradient_clip_val=1.0)
+    fit_repeated(trainer, warmup_steps=5, weight_decay=weight_decay)
     return recorder.steps, interventions
 
 

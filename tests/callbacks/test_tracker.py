@@ -10,15 +10,12 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from callbacks.tracker import CompositionTracker
-from data.datamodule import TokenDataModule, make_sampler
 from data.probe import make_probe_batch
-from models.lit_module import InductionLM
-from models.transformer import TransformerShape
 from reports.run_report import read_series
 from reports.tracker_cost import WITH_ALL
-from tests.helpers import LossRecorder, tracker_settings
+from tests.helpers import SMALL, LossRecorder, fit_repeated, quiet_trainer, tracker_settings
 
-SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=17, d_vocab=21)
+SHAPE = SMALL
 
 
 def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_every: int = 0):
@@ -39,20 +36,15 @@ def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_
         )
         tracker_cb = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
         callbacks.append(tracker_cb)
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=CSVLogger(tmp_path, name="csv", version=""),
-        callbacks=callbacks,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = quiet_trainer(
+        callbacks,
+        steps,
+        CSVLogger(tmp_path, name="csv", version=""),
         log_every_n_steps=5,
         gradient_clip_val=1.0,
         accumulate_grad_batches=accumulate,
     )
-    module = InductionLM(SHAPE, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=5)
-    trainer.fit(module, datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8))
+    module = fit_repeated(trainer, warmup_steps=5)
     return recorder.losses, module, tracker_cb, trainer
 
 
@@ -143,20 +135,8 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
     tracker = CompositionTracker(
         make_probe_batch(0, 8, 8, 20), settings
     )  # 4 pairs: 36 keys for frobenius alone, 108 for all four
-    trainer = L.Trainer(
-        max_steps=27,
-        accelerator="cpu",
-        logger=CSVLogger(tmp_path, name="csv", version=""),
-        callbacks=[tracker],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        log_every_n_steps=5,
-    )
-    trainer.fit(
-        InductionLM(SHAPE, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=0),
-        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
-    )
+    trainer = quiet_trainer([tracker], 27, CSVLogger(tmp_path, name="csv", version=""), log_every_n_steps=5)
+    fit_repeated(trainer, warmup_steps=0)
     trainer.loggers[0].save()
     series = read_series(tmp_path / "csv" / "metrics.csv")
     assert tracker.dense_measures == ("frobenius",)  # a dense measure the run does not track is not scored
@@ -201,20 +181,9 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
         "measures=[frobenius]",
     )
     tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
-    trainer = L.Trainer(
-        max_steps=12,
-        accelerator="cpu",
-        logger=False,
-        callbacks=[tracker],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer([tracker], 12)
     start = time.perf_counter()
-    trainer.fit(
-        InductionLM(SHAPE, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=0),
-        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
-    )
+    fit_repeated(trainer, warmup_steps=0)
     per_step_upper = 1000 * (time.perf_counter() - start) / 5  # ms: a loose upper bound per training step
     report = capsys.readouterr().out
     line = next(line for line in report.splitlines() if "ms/step" in line)
@@ -284,20 +253,10 @@ def test_non_finite_weights_are_logged_as_nan_with_the_reason_not_a_crash(tmp_pa
         "cost_report=false",
     )
     tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
-    trainer = L.Trainer(
-        max_steps=15,
-        accelerator="cpu",
-        logger=CSVLogger(tmp_path, name="csv", version=""),
-        callbacks=[PoisonWeights(at=7), tracker],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        log_every_n_steps=5,
+    trainer = quiet_trainer(
+        [PoisonWeights(at=7), tracker], 15, CSVLogger(tmp_path, name="csv", version=""), log_every_n_steps=5
     )
-    trainer.fit(
-        InductionLM(SHAPE, lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=5),
-        datamodule=TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8),
-    )
+    fit_repeated(trainer, warmup_steps=5)
     assert "tracker: step 10 not measured, logged as NaN: the weights are not finite" in capsys.readouterr().out
     series = read_series(tmp_path / "csv" / "metrics.csv")
     steps, values = series["comp/K/frobenius/L0H0->L1H0"]
