@@ -83,6 +83,20 @@ def token_losses(steps: Tensor, generator: torch.Generator, centres: tuple[float
     return clean + TOKEN_NOISE * torch.randn(clean.shape, generator=generator, dtype=torch.float64)
 
 
+def token_excursion(steps: Tensor, generator: torch.Generator, up: float, down: float) -> Tensor:
+    """``[steps, TOKENS]`` per-token losses, each flat at a random level in 3-5.5 nats, that rise by
+    0.15-0.45 nats at ``up`` and come back at ``down`` (each token's own steps ± 20, width 25-30
+    steps): one excursion, two transitions, plus noise."""
+    t = steps[:, None]
+    height = uniform(generator, TOKENS, 0.15, 0.45)
+    edges = [edge + uniform(generator, TOKENS, -20, 20) for edge in (up, down)]
+    widths = [uniform(generator, TOKENS, 25, 30) for _ in range(2)]
+    clean = uniform(generator, TOKENS, 3, 5.5) + height * (
+        sigmoid(t, edges[0], widths[0]) - sigmoid(t, edges[1], widths[1])
+    )
+    return clean + TOKEN_NOISE * torch.randn(clean.shape, generator=generator, dtype=torch.float64)
+
+
 def llc_chains(curve: Tensor, generator: torch.Generator, spread: Tensor | None = None) -> Tensor:
     """``[steps, CHAINS]`` λ̂ of each chain around ``curve [steps]`` (sd ``spread``, default 3.5 % of λ̂)."""
     sd = CHAIN_SPREAD * curve.abs() if spread is None else spread
@@ -181,6 +195,20 @@ CASES = [
         "two shifts, at 350 and 1100",
         lambda steps, g: token_losses(steps, g, (350.0, 1100.0)),
         found_exactly([("shift", 350.0), ("shift", 1100.0)]),
+    ),
+    Case(
+        "per-token losses up by 0.3 at 350, back at 450",
+        "essential dynamics",
+        "two shifts, each inside its transition (the middle 80 % of a token's: ± 60 steps)",
+        lambda steps, g: token_excursion(steps, g, 350.0, 450.0),
+        found_exactly([("shift", (290.0, 410.0)), ("shift", (390.0, 510.0))]),
+    ),
+    Case(
+        "per-token losses up by 0.3 at 800, back at 1000",
+        "essential dynamics",
+        "two shifts, each inside its transition (± 60 steps; the default run saves every 100 steps there)",
+        lambda steps, g: token_excursion(steps, g, 800.0, 1000.0),
+        found_exactly([("shift", (740.0, 860.0)), ("shift", (940.0, 1060.0))]),
     ),
     Case(
         "λ̂ rises, holds a plateau (300-700), rises again",

@@ -446,17 +446,22 @@ def noise_variance(coords: np.ndarray) -> float:
     return float(np.mean((1.4826 * mad) ** 2 / 2))
 
 
-def mean_shifts(coords: np.ndarray, min_share: float) -> list[tuple[int, float]]:
-    """``(index, share)``: PELT's change points of the mean of ``coords [steps, k]`` (``ruptures``,
-    L2 cost), the first index of each new segment, with the share of the trajectory's total
-    variance that removing it would give back. Penalty: the larger of BIC's ``(k + 1) σ̂² ln n``
-    (σ̂² from :func:`noise_variance`) and ``min_share`` of the total sum of squares."""
+def mean_shifts(coords: np.ndarray, min_share: float, steps: np.ndarray | None = None) -> list[tuple[int, float]]:
+    """``(index, share)``: the change points of the mean of ``coords [steps, k]``, the first index of
+    each new segment, with the share of the trajectory's total variance that removing it would give
+    back. PELT (``ruptures``, L2 cost) with the penalty the larger of BIC's ``(k + 1) σ̂² ln n``
+    (σ̂² from :func:`noise_variance`) and ``min_share`` of the total sum of squares; then every
+    segment that is a passage rather than a stage is merged (:func:`passage_excess`), its two change
+    points replaced by the one best cut, so that one transition resolved by several saved steps is
+    one shift however many steps it spans. ``steps [steps]`` (the saved steps; default: indices)
+    time the passages."""
     import ruptures
 
     n, k = coords.shape
     total = float(((coords - coords.mean(axis=0)) ** 2).sum())
     if n < 4 or total <= 0:
         return []
+    steps = np.arange(n, dtype=np.float64) if steps is None else np.asarray(steps, dtype=np.float64)
     penalty = max((k + 1) * noise_variance(coords) * math.log(n), min_share * total)
     ends = ruptures.Pelt(model="l2", min_size=1, jump=1).fit(coords).predict(pen=penalty)[:-1]
     cuts = [0, *ends, n]
@@ -465,10 +470,49 @@ def mean_shifts(coords: np.ndarray, min_share: float) -> list[tuple[int, float]]
         part = coords[a:b]
         return float(((part - part.mean(axis=0)) ** 2).sum())
 
+    while True:
+        excess = [
+            (passage_excess(coords, steps, cuts[j - 1], cuts[j], cuts[j + 1], cuts[j + 2]), j)
+            for j in range(1, len(cuts) - 2)
+        ]
+        if not excess or min(excess)[0] >= penalty:
+            break
+        j = min(excess)[1]
+        cuts[j : j + 2] = [halfway(coords, cuts[j - 1], cuts[j], cuts[j + 1], cuts[j + 2])]
+
     return [
         (cuts[i], (sse(cuts[i - 1], cuts[i + 1]) - sse(cuts[i - 1], cuts[i]) - sse(cuts[i], cuts[i + 1])) / total)
         for i in range(1, len(cuts) - 1)
     ]
+
+
+def passage_excess(coords: np.ndarray, steps: np.ndarray, before: int, start: int, stop: int, after: int) -> float:
+    """How much better the segment ``coords[start:stop]`` is described as a stage of its own (its
+    mean) than as a passage: the straight line in time from the mean of ``coords[before:start]``,
+    at that segment's last step, to the mean of ``coords[stop:after]``, at that one's first step.
+    The difference of the two sums of squares; a segment whose excess is under what a change point
+    must carry (the shifts' penalty) is a passage: a transition that the mean-shift model cut into
+    steps. A stage between two transitions sits at its own level, off that line (Killick et al.
+    2012's PELT has no notion of a gradual change; this is the check that adds one, written here
+    because ``ruptures`` has none)."""
+    first, last = coords[before:start].mean(axis=0), coords[stop:after].mean(axis=0)
+    t0, t1 = steps[start - 1], steps[stop]
+    along = ((steps[start:stop] - t0) / (t1 - t0))[:, None]
+    segment = coords[start:stop]
+    line = float(((segment - (first + along * (last - first))) ** 2).sum())
+    own = float(((segment - segment.mean(axis=0)) ** 2).sum())
+    return line - own
+
+
+def halfway(coords: np.ndarray, before: int, start: int, stop: int, after: int) -> int:
+    """Where the passage ``coords[start:stop]`` is halfway from the mean of ``coords[before:start]``
+    to that of ``coords[stop:after]``: the first index whose projection on that gap reaches one
+    half (``stop`` if none does), the first index of the new segment once the passage is one shift."""
+    first, last = coords[before:start].mean(axis=0), coords[stop:after].mean(axis=0)
+    gap = last - first
+    along = (coords[start:stop] - first) @ gap / float(gap @ gap)
+    past = np.flatnonzero(along >= 0.5)
+    return start + int(past[0]) if len(past) else stop
 
 
 def essential_dynamics(
@@ -498,15 +542,16 @@ def dynamics_boundaries(
     if k == 0:
         return [], dynamics
     outputs = outputs.double()
-    found = mean_shifts(principal_components(outputs, k)[0].numpy(), settings.min_share)
+    grid = steps.double().numpy()
+    found = mean_shifts(principal_components(outputs, k)[0].numpy(), settings.min_share, grid)
     generator = torch.Generator().manual_seed(settings.seed + 1)
     resampled = []
     for _ in range(settings.resamples):
         pick = torch.randint(0, outputs.shape[1], (outputs.shape[1],), generator=generator)
         resampled.append(
-            [i for i, _ in mean_shifts(principal_components(outputs[:, pick], k)[0].numpy(), settings.min_share)]
+            [i for i, _ in mean_shifts(principal_components(outputs[:, pick], k)[0].numpy(), settings.min_share, grid)]
         )
-    grid = steps.double().tolist()
+    grid = grid.tolist()
     boundaries = []
     for index, share in found:
         matches = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ from metrics.dynamics.stages import (
     llc_boundaries,
     local_linear_weights,
     mean_shifts,
+    passage_excess,
     significant_components,
     stage_boundaries,
 )
@@ -103,6 +105,31 @@ def test_mean_shifts_are_found_at_their_index_with_the_variance_they_carry():
     assert shifts[1][1] == pytest.approx(jump_45 / total, rel=0.05)
     alone = 20 * 40 / 60 * (3.0**2 + (15 / 40) ** 2)  # the only shift: [0, 20) against [20, 60)
     assert mean_shifts(coords.numpy(), min_share=0.5) == [(20, pytest.approx(alone / total, rel=0.02))]
+
+
+def test_passage_excess_is_the_line_against_the_segments_own_mean():
+    """Before: 0 to step 9; after: 3 from step 12. Points at steps 10 and 11 on the straight line
+    (1, 2) are a passage, better described by it than by their mean (excess −0.5); points level at
+    1.5 are a stage of their own (+0.5)."""
+    steps = np.arange(20, dtype=np.float64)
+    on_line = np.concatenate([np.zeros(10), [1.0, 2.0], np.full(8, 3.0)])[:, None]
+    level = np.concatenate([np.zeros(10), [1.5, 1.5], np.full(8, 3.0)])[:, None]
+    assert passage_excess(on_line, steps, 0, 10, 12, 20) == pytest.approx(-0.5)
+    assert passage_excess(level, steps, 0, 10, 12, 20) == pytest.approx(0.5)
+
+
+def test_a_ramp_over_many_steps_is_one_shift_at_its_middle_and_a_real_plateau_stays():
+    """A mean moving 0 → 4 linearly over steps 30-49 of 80 (a transition the saved steps resolve),
+    in two dimensions, is one shift, at the first step past half its way (40); a staircase with a
+    level stretch between its two steps keeps both."""
+    noise = 0.01 * torch.randn(80, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    t = torch.arange(80, dtype=torch.float64)
+    ramp = ((t - 29.5) / 20).clamp(0, 1)
+    coords = (torch.stack([4 * ramp, 2 * ramp], dim=1) + noise).numpy()
+    shifts = mean_shifts(coords, min_share=0.05, steps=t.numpy())
+    assert [index for index, _ in shifts] == [40]
+    stairs = (torch.stack([3.0 * (t >= 20) + 3.0 * (t >= 50), 0 * t], dim=1) + noise).numpy()
+    assert [index for index, _ in mean_shifts(stairs, min_share=0.05, steps=t.numpy())] == [20, 50]
 
 
 def test_essential_dynamics_and_llc_boundaries_merge_by_step():
