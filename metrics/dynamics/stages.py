@@ -452,8 +452,8 @@ def mean_shifts(coords: np.ndarray, min_share: float, steps: np.ndarray | None =
     back. PELT (``ruptures``, L2 cost) with the penalty the larger of BIC's ``(k + 1) σ̂² ln n``
     (σ̂² from :func:`noise_variance`) and ``min_share`` of the total sum of squares; then every
     segment that is a passage rather than a stage is merged (:func:`passage_excess`), its two change
-    points replaced by the one best cut, so that one transition resolved by several saved steps is
-    one shift however many steps it spans. ``steps [steps]`` (the saved steps; default: indices)
+    points replaced by one where the passage is halfway (:func:`halfway`), so that one transition
+    resolved by several saved steps is one shift however many steps it spans. ``steps [steps]`` (the saved steps; default: indices)
     time the passages."""
     import ruptures
 
@@ -510,6 +510,8 @@ def halfway(coords: np.ndarray, before: int, start: int, stop: int, after: int) 
     half (``stop`` if none does), the first index of the new segment once the passage is one shift."""
     first, last = coords[before:start].mean(axis=0), coords[stop:after].mean(axis=0)
     gap = last - first
+    if not gap.any():  # no direction to be halfway along
+        return start
     along = (coords[start:stop] - first) @ gap / float(gap @ gap)
     past = np.flatnonzero(along >= 0.5)
     return start + int(past[0]) if len(past) else stop
