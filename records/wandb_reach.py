@@ -25,10 +25,10 @@ def server_url() -> str:
     settings files (``wandb login --host`` writes it), else W&B's cloud."""
     if url := os.environ.get("WANDB_BASE_URL"):
         return url.rstrip("/")
-    try:  # wandb's own settings, loaded as wandb.init loads them (no service process is started)
-        from wandb.sdk import wandb_setup
+    try:  # wandb's own settings, loaded by its public wandb.setup() as wandb.init would load them
+        import wandb
 
-        return wandb_setup.singleton().settings.base_url
+        return wandb.setup().settings.base_url
     except Exception:
         return CLOUD_URL
 

@@ -57,11 +57,10 @@ def test_rescore_equals_training_writes_only_its_analysis_and_never_replaces_one
     assert digest(trained) == before  # the training run's files are byte-identical
     (run_file,) = out.glob("wandb/offline-run-*/run-*.wandb")
     (training_file,) = trained.glob("wandb/offline-run-*/run-*.wandb")
-    run, training = (
-        next(r.run for r in wandb_records.records(f) if r.WhichOneof("record_type") == "run")
-        for f in (run_file, training_file)
-    )
-    assert run.job_type == "analysis" and run.run_group == training.display_name  # a group named after the training run
+    run, training = (wandb_records.run(f) for f in (run_file, training_file))
+    assert (
+        run["job_type"] == "analysis" and run["run_group"] == training["display_name"]
+    )  # a group named after the training run
     first = digest(out)
     again = module("analysis.rescore", trained, "tracker.measures=[subspace]")
     assert again.returncode == 2 and "exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1

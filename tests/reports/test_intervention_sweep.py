@@ -39,8 +39,7 @@ def test_each_job_names_its_intervention_and_measures_it_on_and_off(sweep):
     config = (directory / "2" / ".hydra" / "config.yaml").read_text()
     assert "kind: ablate" in config and "- L0" in config
     (run_file,) = (directory / "1").glob("wandb/offline-run-*/run-*.wandb")
-    (run,) = [r.run for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "run"]
-    assert "intervention:clamp_prev_token[L0H0] steps 0-end" in run.tags
+    assert "intervention:clamp_prev_token[L0H0] steps 0-end" in wandb_records.run(run_file)["tags"]
     assert wandb_records.config(run_file)["intervention"]["kind"] == "clamp"
     assert wandb_records.summary(run_file)["intervention"] == summaries[1]["intervention"]
 

@@ -86,8 +86,8 @@ def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
     ):
         assert (tmp_path / name).is_file(), name
     (report_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # the sweep's summary run, in its group
-    report_run = next(r.run for r in wandb_records.records(report_file) if r.WhichOneof("record_type") == "run")
-    assert report_run.display_name == "sweep report" and report_run.run_group == str(tmp_path)
+    report_run = wandb_records.run(report_file)
+    assert report_run["display_name"] == "sweep report" and report_run["run_group"] == str(tmp_path)
     (logged,) = wandb_records.history(report_file)
     assert logged["sweep/jobs/nrows"] == 4 and "sweep/midpoints/path" in logged
     chart = json.loads((report_file.parent / "files" / logged["sweep/loss_curves_chart_table/path"]).read_text())
@@ -105,8 +105,12 @@ def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(t
     assert "is launching 2 jobs" in result.stdout + result.stderr
     for job, seed in (("0", 0), ("1", 1)):
         (run_file,) = (tmp_path / job).glob("wandb/offline-run-*/run-*.wandb")
-        run = next(r.run for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "run")
-        assert run.run_group == str(tmp_path) and run.display_name == f"seed={seed}" and f"seed={seed}" in run.tags
+        run = wandb_records.run(run_file)
+        assert (
+            run["run_group"] == str(tmp_path)
+            and run["display_name"] == f"seed={seed}"
+            and f"seed={seed}" in run["tags"]
+        )
         assert wandb_records.exit_code(run_file) == 0
         assert loss_steps(tmp_path / job) == list(range(30))
     assert [row["status"] for row in job_table(tmp_path)] == ["finished", "finished"]
