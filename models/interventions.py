@@ -29,6 +29,8 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
+from models.attention import attention_scores, causal_softmax
+
 Kind = Literal["none", "clamp", "ablate", "freeze", "temperature", "graft"]
 Target = Literal["prev_token", "induction", "uniform", "bos"]
 Replacement = Literal["zero", "mean", "resample"]
@@ -106,7 +108,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, changes: Sequence[HeadChange] = (), 
     """Causal attention with explicit patterns and ``changes``: ``q, k, v [b, h, t, e]`` ->
     ``(pattern [b, h, t, t], z [b, h, t, e])``, ``pattern`` the one that mixed the values.
     ``tokens [b, t]``: needed by a clamp only. Without changes, ``softmax(q kᵀ/sqrt(e)) @ v``."""
-    scores = q @ k.mT / math.sqrt(q.shape[-1])  # (b, h, t_query, t_key)
+    scores = attention_scores(q, k)  # (b, h, t_query, t_key)
     heads = q.shape[1]
     temperatures = [c for c in changes if c.kind == "temperature"]
     if temperatures:
@@ -114,9 +116,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, changes: Sequence[HeadChange] = (), 
         for change in temperatures:
             factor[change.head] = factor[change.head] * change.factor
         scores = scores * factor[:, None, None]
-    t = scores.shape[-1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=scores.device).tril()
-    pattern = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    pattern = causal_softmax(scores)
     if not changes:
         return pattern, pattern @ v
     patterns, values = list(pattern.unbind(1)), list(v.unbind(1))

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from einops import einsum
 from torch import Tensor, nn
 
+from models.attention import causal_pattern
 from models.interventions import HeadChange, attend
 
 Normalization = Literal["none", "layernorm", "rmsnorm"]
@@ -113,35 +114,80 @@ class AttentionLayer(nn.Module):
             self.register_parameter(name, nn.Parameter(torch.zeros(size)) if shape.biases else None)
         self.changes: tuple[HeadChange, ...] = ()
 
+    @property
+    def reads_affinely(self) -> bool:
+        """Whether its queries, keys and values are affine in the stream (no normalization between):
+        then a change ``Δ`` of the stream moves them by :meth:`linear_keys` / :meth:`linear_qkv` of ``Δ``."""
+        return isinstance(self.norm, nn.Identity)
+
     def project(self, x: Tensor, weight: Tensor, bias: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
-        """``norm(x) (+ pos) [batch, pos, d_model] x [n_heads, d_model, d_head] (+ bias [n_heads, d_head])
-        -> [batch, n_heads, pos, d_head]``."""
-        read = self.norm(x) if pos is None else self.norm(x) + pos
-        out = einsum(read, weight, "b t d, h d e -> b h t e")
+        """``norm(x) (+ pos) [..., t, d_model]`` read by per-head ``weight [h, d_model, d_head]`` (plus
+        ``bias [h, d_head]``) -> ``[..., h, t, d_head]``."""
+        read = self.norm(x)
+        return self._read(read if pos is None else read + pos, weight, bias)
+
+    @staticmethod
+    def _read(read: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """The normalized input ``read [..., t, d]`` through per-head ``weight [h, d, e]`` as one
+        ``d x h·e`` GEMM (a broadcast ``[..., 1, t, d] @ [h, d, e]`` would copy the weights once per
+        leading index) -> ``[..., h, t, e]``."""
+        h, d, e = weight.shape
+        out = (read @ weight.permute(1, 0, 2).reshape(d, h * e)).unflatten(-1, (h, e)).transpose(-3, -2)
         return out if bias is None else out + bias[:, None]
 
     def qkv(self, x: Tensor, pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values ``[batch, n_heads, pos, d_head]`` each, from one 2-D GEMM
-        ``[b·t, d_model] @ [d_model, 3·h·e]`` (faster for the tracker's no-grad probe pass than a
-        batched matmul per head; no faster in training, measured); two with shortformer positions,
-        whose queries and keys read another input than the values."""
-        if pos is not None:
-            read = self.norm(x)
-            q, k = self._fused(read + pos, [self.W_Q, self.W_K], [self.b_Q, self.b_K])
-            (v,) = self._fused(read, [self.W_V], [self.b_V])
-            return q, k, v
-        return self._fused(self.norm(x), [self.W_Q, self.W_K, self.W_V], [self.b_Q, self.b_K, self.b_V])
+        """Queries, keys and values ``[..., n_heads, t, d_head]`` each of ``x [..., t, d_model]``: one
+        normalization and one GEMM (faster for a no-grad pass than a matmul per weight); two GEMMs with
+        shortformer positions ``pos [t, d_model]``, which only the queries and keys read."""
+        read = self.norm(x)
+        if pos is None:
+            weights, biases = torch.cat([self.W_Q, self.W_K, self.W_V]), self._biases("b_Q", "b_K", "b_V")
+            return self._read(read, weights, biases).chunk(3, dim=-3)
+        q, k = self._read(read + pos, torch.cat([self.W_Q, self.W_K]), self._biases("b_Q", "b_K")).chunk(2, dim=-3)
+        return q, k, self._read(read, self.W_V, self.b_V)
 
-    @staticmethod
-    def _fused(read: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> tuple[Tensor, ...]:
-        """The normalized input ``read [b, t, d]`` through every weight ``[h, d, e]`` in one GEMM."""
-        b, t, d = read.shape
-        e = weights[0].shape[-1]
-        stacked = torch.cat(weights).permute(1, 0, 2).reshape(d, -1)  # (d, n h e)
-        out = (read.reshape(b * t, d) @ stacked).view(b, t, -1, e).transpose(1, 2)  # (b, n h, t, e)
-        if biases[0] is not None:
-            out = out + torch.cat(biases)[:, None]
-        return out.chunk(len(weights), dim=1)  # n x (b, h, t, e)
+    def queries(self, x: Tensor, pos: Tensor | None = None) -> Tensor:
+        """``[..., t, d_model] -> [..., n_heads, t, d_head]``; ``pos``: shortformer positions of these ``t``."""
+        return self.project(x, self.W_Q, self.b_Q, pos)
+
+    def keys(self, x: Tensor, pos: Tensor | None = None) -> Tensor:
+        """``[..., t, d_model] -> [..., n_heads, t, d_head]``; ``pos``: shortformer positions of these ``t``."""
+        return self.project(x, self.W_K, self.b_K, pos)
+
+    def values(self, x: Tensor) -> Tensor:
+        """``[..., t, d_model] -> [..., n_heads, t, d_head]`` (positions never reach the values)."""
+        return self.project(x, self.W_V, self.b_V)
+
+    def _biases(self, *names: str) -> Tensor | None:
+        return None if self.b_Q is None else torch.cat([getattr(self, name) for name in names])
+
+    def linear_keys(self, change: Tensor) -> Tensor:
+        """How every head's keys move when the stream moves by ``change [..., d_model]``: ``[..., n_heads·d_head]``
+        (one GEMM; positions and ``b_K`` do not move). Only where the layer reads affinely."""
+        if not self.reads_affinely:
+            raise ValueError("a normalized layer's keys are not linear in the stream")
+        return change @ self.W_K.permute(1, 0, 2).flatten(1)
+
+    def linear_qkv(self, change: Tensor) -> Tensor:
+        """How every head's queries, keys and values move when the stream moves by ``change [..., d_model]``:
+        ``[..., 3·n_heads·d_head]`` (queries, keys, values; one GEMM). Only where the layer reads affinely."""
+        if not self.reads_affinely:
+            raise ValueError("a normalized layer's queries, keys and values are not linear in the stream")
+        return change @ torch.cat([self.W_Q, self.W_K, self.W_V]).permute(1, 0, 2).flatten(1)
+
+    def key_input_gradients(self, x: Tensor, key_gradients: Tensor, pos: Tensor | None = None) -> Tensor:
+        """``∂L/∂x_key [b, n_heads, t, d_model]``: the gradient reaching each head's own copy of the
+        stream ``x [b, t, d_model]`` it reads its keys from, given ``∂L/∂k [b, n_heads, t, d_head]``
+        (a vector-Jacobian product through the norm and this head's key projection alone)."""
+        with torch.inference_mode(False), torch.enable_grad():
+            stream = x.detach().requires_grad_()
+            per_head = stream[:, None].expand(-1, self.W_K.shape[0], -1, -1)  # (b, h, t, d): one input per head
+            read = self.norm(per_head) if pos is None else self.norm(per_head) + pos
+            keys = torch.einsum("bhtd,hde->bhte", read, self.W_K)
+            if self.b_K is not None:
+                keys = keys + self.b_K[:, None]
+            (gradient,) = torch.autograd.grad(keys, per_head, key_gradients)
+        return gradient
 
     def forward(self, x: Tensor, pos: Tensor | None = None, tokens: Tensor | None = None) -> Tensor:
         """Training path through ``scaled_dot_product_attention``: ``[b, t, d] -> [b, t, d]``; with
@@ -149,8 +195,7 @@ class AttentionLayer(nn.Module):
         if self.changes:
             _, z = self.attend(*self.qkv(x, pos), tokens)
             return x + self.write(z)
-        q, k = self.project(x, self.W_Q, self.b_Q, pos), self.project(x, self.W_K, self.b_K, pos)  # (b, h, t, e)
-        v = self.project(x, self.W_V, self.b_V)
+        q, k, v = self.queries(x, pos), self.keys(x, pos), self.values(x)  # (b, h, t, e)
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, h, t, e)
         return x + self.write(z)
 
@@ -164,6 +209,14 @@ class AttentionLayer(nn.Module):
         out = einsum(z, self.W_O, "b h t e, h e d -> b t d")
         return out if self.b_O is None else out + self.b_O
 
+    def rows(self, x: Tensor, rows: slice, pos: Tensor | None = None, qkv: tuple | None = None) -> Tensor:
+        """The stream ``x [..., t, d]`` after this layer at the positions ``rows`` alone ``[..., s, d]``:
+        the pattern rows and the output there only. ``qkv``: this layer's queries, keys and values of
+        ``x``, if already known. Without the layer's interventions."""
+        q, k, v = self.qkv(x, pos) if qkv is None else qkv
+        z = causal_pattern(q[..., rows, :], k, first_query=rows.start) @ v
+        return x[..., rows, :] + self.write(z)
+
     def pattern(self, x_query: Tensor, x_key: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
         """Explicit causal attention pattern ``[batch, n_heads, query_pos, key_pos]``.
 
@@ -171,22 +224,12 @@ class AttentionLayer(nn.Module):
         change the keys' input alone, e.g. for a K-only path ablation; ``pos``: shortformer positions.
         """
         x_key = x_query if x_key is None else x_key
-        return causal_pattern(
-            self.project(x_query, self.W_Q, self.b_Q, pos), self.project(x_key, self.W_K, self.b_K, pos)
-        )
+        return causal_pattern(self.queries(x_query, pos), self.keys(x_key, pos))
 
     def head_outputs(self, x: Tensor, pattern: Tensor) -> Tensor:
         """Each head's write into the residual stream, ``[batch, n_heads, pos, d_model]`` (``b_O``,
         the layer's, belongs to no head)."""
-        return (pattern @ self.project(x, self.W_V, self.b_V)) @ self.W_O[None]
-
-
-def causal_pattern(q: Tensor, k: Tensor) -> Tensor:
-    """Softmax of ``q kᵀ / sqrt(d_head)`` under a causal mask: ``[b, h, t, e] x2 -> [b, h, t, t]``."""
-    scores = q @ k.mT / math.sqrt(q.shape[-1])  # (b, h, t_query, t_key)
-    t = scores.shape[-1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=scores.device).tril()
-    return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        return (pattern @ self.values(x)) @ self.W_O[None]
 
 
 class AttentionOnlyTransformer(nn.Module):
@@ -239,9 +282,35 @@ class AttentionOnlyTransformer(nn.Module):
         return self.W_pos[:n_positions] if self.shortformer else None
 
     def unembed(self, x: Tensor) -> Tensor:
-        """Residual stream ``[batch, pos, d_model]`` -> logits ``[batch, pos, d_vocab]``."""
+        """Residual stream ``[..., pos, d_model]`` -> logits ``[..., pos, d_vocab]``."""
         logits = self.final_norm(x) @ self.W_U
         return logits if self.b_U is None else logits + self.b_U
+
+    @property
+    def unembeds_affinely(self) -> bool:
+        """Whether the logits are affine in the final stream (no final normalization)."""
+        return isinstance(self.final_norm, nn.Identity)
+
+    def linear_unembed(self, change: Tensor) -> Tensor:
+        """How the logits move when the final stream moves by ``change [..., d_model]``: ``[..., d_vocab]``.
+        Only where the model unembeds affinely."""
+        if not self.unembeds_affinely:
+            raise ValueError("a normalized stream's logits are not linear in it")
+        return change @ self.W_U
+
+    def run_layers(self, first: int, x: Tensor, rows: slice, first_qkv: tuple | None = None) -> Tensor:
+        """The stream ``x [..., t, d_model]`` entering layer ``first`` through every layer from it on,
+        the last one at the positions ``rows`` only: ``[..., s, d_model]`` (what the unembedding reads
+        there). ``first_qkv``: layer ``first``'s queries, keys and values of ``x``, if already known.
+        Explicit patterns, without the layers' interventions."""
+        layers, pos = self.layers[first:], self.positions(x.shape[-2])
+        for i, layer in enumerate(layers):
+            qkv = first_qkv if i == 0 else None
+            if i == len(layers) - 1:
+                return layer.rows(x, rows, pos, qkv)
+            q, k, v = layer.qkv(x, pos) if qkv is None else qkv
+            x = x + layer.write(causal_pattern(q, k) @ v)
+        return x[..., rows, :]
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Logits ``[batch, pos, d_vocab]`` for ``tokens [batch, pos]`` (fast training path)."""
@@ -280,7 +349,7 @@ class AttentionOnlyTransformer(nn.Module):
         one that mixed the values: :meth:`AttentionLayer.attend`), ``cache["q"][l]``, ``cache["k"][l]``,
         ``cache["v"][l]`` its queries, keys and values ``[b, h, t, d_head]`` (before any intervention),
         ``cache["z"][l]`` each head's mixed values ``[b, h, t, d_head]`` (after an ablation, its
-        replacement) and, with ``head_out``,
+        replacement), ``cache["resid_final"]`` the stream after the last layer ``[b, t, d_model]`` and, with ``head_out``,
         ``cache["head_out"][l]`` each head's write ``[b, h, t, d_model]`` (without ``b_O``). The
         stream itself adds the heads' writes as one GEMM over ``(head, d_head)``: without
         ``head_out`` the pass costs about a forward pass, with it (``h`` times the write's memory)
@@ -307,4 +376,5 @@ class AttentionOnlyTransformer(nn.Module):
             if head_out:
                 cache["head_out"].append(einsum(z, layer.W_O, "b h t e, h e d -> b h t d"))
             x = x + layer.write(z)
+        cache["resid_final"] = x
         return self.unembed(x), cache

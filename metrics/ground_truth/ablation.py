@@ -36,17 +36,17 @@ so that ``effect / scale`` can be checked, for a small scale, against the first-
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from data.probe import ProbeBatch
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
+from models.attention import causal_pattern
 from models.interventions import replacement_of
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
@@ -133,12 +133,11 @@ def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> 
         - the stream ``x + Δz @ W_O^{h2}``: ``R·t·e·d`` (not needed without normalization when l2
           is last);
         - the first read: the unembedding ``V`` wide at ``s`` positions, else the next layer's
-          q, k, v ``3He`` wide at ``t`` positions (its q at ``s`` only if it is the last layer and
-          the model normalizes): ``H·e·d·width + R·positions·e·width`` without normalization
+          q, k, v ``3He`` wide at ``t`` positions: ``H·e·d·width + R·positions·e·width`` without normalization
           (through ``W_O^{h2} @ W_read``), ``R·positions·d·width`` with it;
         - then ``R + b`` times: the rest of the next layer (attention ``2·H·t²·e``, output
           ``t·He·d``); every full layer after it ``t·d·3He + 2·H·t²·e + t·He·d``; the last layer,
-          which is only read at the scored positions, ``s·d·He + t·d·2He + 2·H·s·t·e + s·He·d``
+          which is only read at the scored positions, ``t·d·3He + 2·H·s·t·e + s·He·d``
           (when the next layer is the last, its attention and output are at ``s`` rows too);
           the unembedding ``s·d·V``.
 
@@ -153,7 +152,7 @@ def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> 
         return 2 * H * rows * t * e + rows * He * d
 
     full_layer = t * d * 3 * He + attention_and_output(t)
-    last_layer = s * d * He + t * d * 2 * He + attention_and_output(s)
+    last_layer = t * d * 3 * He + attention_and_output(s)
     macs = 0  # the clean run's q, k, v and z come with it
     for l2 in range(1, L):
         W, R, after = l2 * H, l2 * H * H * b, L - 1 - l2
@@ -167,7 +166,7 @@ def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> 
         if linear:
             macs += H * e * d * 3 * He + R * t * e * 3 * He
         else:
-            macs += R * (last_layer - attention_and_output(s) if after == 1 else t * d * 3 * He)
+            macs += R * t * d * 3 * He
         rest = (
             attention_and_output(s) if after == 1 else attention_and_output(t) + (after - 2) * full_layer + last_layer
         )
@@ -198,31 +197,18 @@ class _CleanRun:
 
     @classmethod
     def of(cls, model: AttentionOnlyTransformer, clean_run: tuple[Tensor, dict]) -> _CleanRun:
+        """From ``model.run_with_cache`` (its streams, queries, keys, values, mixed values and writes)."""
         logits, cache = clean_run
-        x, patterns = cache["resid_pre"], cache["pattern"]
-        pos = model.positions(x[0].shape[1])
-        if "q" in cache:  # the forward pass's own
-            q, k, v = ([None, *cache[name][1:]] for name in "qkv")
-        else:  # recomputing the readers' costs one forward pass's projections
-            q, k, v = map(
-                list, zip((None, None, None), *(_qkv(layer, x_l, pos) for layer, x_l in zip(model.layers[1:], x[1:])))
-            )
-        z = None
-        if _is_linear(model):  # the writers' pattern-weighted values, for their d_head-wide key change
-            if "z" in cache:  # the forward pass's own (after a training-time ablation: its replacement)
-                z = list(cache["z"][:-1])
-            else:
-                v[0] = _project(model.layers[0], x[0], model.layers[0].W_V, model.layers[0].b_V)
-                z = [pattern @ v_l for pattern, v_l in zip(patterns[:-1], v[:-1])]
-        final = x[-1] + cache["head_out"][-1].sum(dim=1)
-        if model.layers[-1].b_O is not None:
-            final = final + model.layers[-1].b_O
-        return cls([*x, final], logits, q, k, v, z, list(cache["head_out"]))
+        q, k, v = ([None, *cache[name][1:]] for name in "qkv")
+        # the writers' pattern-weighted values (after a training-time ablation: its replacement), for
+        # their d_head-wide key change where the keys are linear in the stream
+        z = list(cache["z"][:-1]) if _is_linear(model) else None
+        return cls([*cache["resid_pre"], cache["resid_final"]], logits, q, k, v, z, list(cache["head_out"]))
 
 
 def _is_linear(model: AttentionOnlyTransformer) -> bool:
     """True when nothing sits between the residual stream and a head's (or the unembedding's) read."""
-    return model.shape.normalization == "none"
+    return model.unembeds_affinely and all(layer.reads_affinely for layer in model.layers)
 
 
 # --- driver --------------------------------------------------------------------------------------
@@ -274,14 +260,14 @@ def _reader_layer_effects(
     keys = _AblatedKeys(model, clean, l2, scale, kind)
     after = _LayersAfter(model, clean, l2, tokens, probe) if with_loss else None
     q, v = clean.q[l2], clean.v[l2]
-    clean_pattern = _attention(q, clean.k[l2])  # (b, H, t, t)
+    clean_pattern = causal_pattern(q, clean.k[l2])  # (b, H, t, t)
     tv_sums = torch.zeros(keys.n_writers, H, dtype=accumulate, device=q.device)
     loss_sums = torch.zeros_like(tv_sums)
     layers_after = model.shape.n_layers - 1 - l2 if with_loss else None
     rows = max(1, max_chunk_bytes // _bytes_per_row(model.shape, t, n_scored, q.element_size(), layers_after))
     for writers, sequences in _blocks(keys.n_writers, b, rows):
         ablated_keys, moved = keys.block(writers, sequences)  # (w, s, H, t, e), (w, s, H)
-        delta_pattern = _attention(q[sequences], ablated_keys).sub_(clean_pattern[sequences])  # (w, s, H, t, t)
+        delta_pattern = causal_pattern(q[sequences], ablated_keys).sub_(clean_pattern[sequences])  # (w, s, H, t, t)
         delta_pattern.mul_(moved[..., None, None])  # where the keys did not move: exactly 0, not rounding noise
         if with_loss:
             loss_sums[writers] += after.loss_change_sums(delta_pattern @ v[sequences], sequences)
@@ -338,39 +324,6 @@ def _writer_replacements(per_layer: list[Tensor], kind: AblationKind) -> Tensor:
     return torch.cat([replacement_of(x, kind).transpose(0, 1) for x in per_layer])
 
 
-def _project(
-    layer: nn.Module, x: Tensor, weights: Tensor, biases: Tensor | None = None, pos: Tensor | None = None
-) -> Tensor:
-    """``norm(x) [..., t, d]`` (plus shortformer positions ``pos [t, d]``) read by per-head
-    ``weights [h, d, e]`` (plus ``biases [h, e]``) -> ``[..., h, t, e]``, as one ``d x h·e`` GEMM (a
-    broadcast ``[b, 1, t, d] @ [h, d, e]`` would copy the weights b times)."""
-    h, d, e = weights.shape
-    read = layer.norm(x) if pos is None else layer.norm(x) + pos
-    out = (read @ weights.permute(1, 0, 2).reshape(d, h * e)).unflatten(-1, (h, e)).transpose(-3, -2)
-    return out if biases is None else out + biases[:, None]
-
-
-def _biases(layer: nn.Module, *names: str) -> Tensor | None:
-    return None if layer.b_Q is None else torch.cat([getattr(layer, name) for name in names])
-
-
-def _qkv(layer: nn.Module, x: Tensor, pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Queries, keys and values ``[..., H, t, e]`` of ``x [..., t, d]``, in one GEMM (two with
-    shortformer positions ``pos [t, d]``, which only the queries and keys read)."""
-    if pos is None:
-        return _project(
-            layer, x, torch.cat([layer.W_Q, layer.W_K, layer.W_V]), _biases(layer, "b_Q", "b_K", "b_V")
-        ).chunk(3, dim=-3)
-    q, k = _project(layer, x, torch.cat([layer.W_Q, layer.W_K]), _biases(layer, "b_Q", "b_K"), pos).chunk(2, dim=-3)
-    return q, k, _project(layer, x, layer.W_V, layer.b_V)
-
-
-def _merge_heads(z: Tensor, W_O: Tensor, b_O: Tensor | None = None) -> Tensor:
-    """All heads' writes summed (and the layer's bias): ``z [n, H, t, e]`` x ``W_O [H, e, d]`` -> ``[n, t, d]``, one GEMM."""
-    out = torch.einsum("nhte,hed->ntd", z, W_O)
-    return out if b_O is None else out + b_O
-
-
 # --- the reader layer ----------------------------------------------------------------------------
 
 
@@ -385,8 +338,7 @@ class _AblatedKeys:
         self.linear = clean.z is not None
         if self.linear:
             W_O = torch.cat([layer.W_O for layer in model.layers[:l2]])  # (W, e, d)
-            W_K = self.layer.W_K.permute(1, 0, 2).flatten(1)  # (d, H·e)
-            self.write_to_keys = W_O @ W_K  # (W, e, H·e): W_O^{h1} W_K for every reader at once
+            self.write_to_keys = self.layer.linear_keys(W_O)  # (W, e, H·e): W_O^{h1} W_K for every reader at once
             self.reaches_keys = (
                 self.write_to_keys.unflatten(-1, (self.n_heads, -1)).ne(0).any(dim=-1).any(dim=1)
             )  # (W, H)
@@ -420,7 +372,7 @@ class _AblatedKeys:
         w, s, t, d = writes.shape
         shift = self.scale * (self._replacement_rows(writers, sequences) - writes)
         x_key = self.clean.stream[self.l2][sequences] + shift
-        keys = _project(self.layer, x_key, self.layer.W_K, self.layer.b_K, self.pos)  # (w, s, H, t, e)
+        keys = self.layer.keys(x_key, self.pos)  # (w, s, H, t, e)
         moved = shift.ne(0).flatten(-2).any(dim=-1)[..., None].expand(w, s, self.n_heads)
         return keys, moved
 
@@ -434,7 +386,6 @@ class _LayersAfter:
 
     def __init__(self, model, clean: _CleanRun, l2: int, tokens: Tensor, probe: ProbeBatch) -> None:
         self.model, self.l2 = model, l2
-        self.pos = model.positions(clean.stream[0].shape[1])
         self.last = l2 == model.shape.n_layers - 1
         self.linear = _is_linear(model)
         self.W_O = model.layers[l2].W_O  # (H, e, d): the reader heads' writes
@@ -443,14 +394,11 @@ class _LayersAfter:
         self.targets = tokens[:, probe.repeat_start + 1 : probe.repeat_start + probe.n]  # (b, s)
         if self.last:  # the next read is the unembedding, at the scored positions only
             self.clean_read = clean.logits[:, self.scored]  # (b, s, V)
-            read_weight = model.W_U  # (d, V)
+            read = model.linear_unembed if self.linear else None
         else:  # the next read is layer l2 + 1's queries, keys and values
             self.clean_read = torch.cat([clean.q[l2 + 1], clean.k[l2 + 1], clean.v[l2 + 1]], dim=1)  # (b, 3H, t, e)
-            following = model.layers[l2 + 1]
-            read_weight = (
-                torch.cat([following.W_Q, following.W_K, following.W_V]).permute(1, 0, 2).flatten(1)
-            )  # (d, 3H·e)
-        self.write_to_read = self.W_O @ read_weight if self.linear else None  # (H, e, V or 3H·e)
+            read = model.layers[l2 + 1].linear_qkv if self.linear else None
+        self.write_to_read = None if read is None else read(self.W_O)  # (H, e, V or 3H·e): W_O^{h2} W_read
         self.clean_losses = self._loss_sums(self.stream, self.clean_read, self.targets)  # (b,)
 
     def loss_change_sums(self, delta_z: Tensor, sequences: slice) -> Tensor:
@@ -487,51 +435,7 @@ class _LayersAfter:
             logits = read if read is not None else self.model.unembed(stream[:, self.scored])
         else:
             first_qkv = None if read is None else read.chunk(3, dim=1)
-            logits = self.model.unembed(
-                _run_layers(self.model.layers[self.l2 + 1 :], stream, self.scored, first_qkv, self.pos)
-            )
+            logits = self.model.unembed(self.model.run_layers(self.l2 + 1, stream, self.scored, first_qkv))
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least float32, e.g. for a bf16 model
         losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
         return losses.view(len(targets), -1).sum(dim=1)
-
-
-def _run_layers(
-    layers: nn.ModuleList,
-    x: Tensor,
-    scored: slice,
-    first_qkv: tuple[Tensor, Tensor, Tensor] | None = None,
-    pos: Tensor | None = None,
-) -> Tensor:
-    """The residual stream ``x [n, t, d]`` through ``layers``, at the ``scored`` positions only
-    ``[n, s, d]``; ``first_qkv``: the first layer's queries, keys and values ``[n, H, t, e]``
-    each, when already known; ``pos``: shortformer positions ``[t, d]``.
-
-    Only the scored positions are unembedded, so the last layer computes its queries, pattern rows
-    and output there alone (keys and values still at every position).
-    """
-    for i, layer in enumerate(layers):
-        last = i == len(layers) - 1
-        if i == 0 and first_qkv is not None:
-            q, k, v = first_qkv
-            q = q[:, :, scored] if last else q
-        elif last and pos is not None:
-            q = _project(layer, x[:, scored], layer.W_Q, layer.b_Q, pos[scored])
-            k, v = _project(layer, x, layer.W_K, layer.b_K, pos), _project(layer, x, layer.W_V, layer.b_V)
-        elif last:
-            q = _project(layer, x[:, scored], layer.W_Q, layer.b_Q)
-            k, v = _project(layer, x, torch.cat([layer.W_K, layer.W_V]), _biases(layer, "b_K", "b_V")).chunk(2, dim=1)
-        else:
-            q, k, v = _qkv(layer, x, pos)
-        pattern = _attention(q, k, first_query=scored.start if last else 0)
-        x = (x[:, scored] if last else x) + _merge_heads(pattern @ v, layer.W_O, layer.b_O)
-    return x
-
-
-def _attention(q: Tensor, k: Tensor, first_query: int = 0) -> Tensor:
-    """Causal attention of queries at positions ``first_query, first_query + 1, ...`` over keys at
-    positions ``0 .. t-1``: ``q [..., s, e]``, ``k [..., t, e]`` -> ``[..., s, t]``. With
-    ``first_query = 0`` and ``s = t`` it is :func:`models.transformer.causal_pattern`, masked in place
-    (these score tensors are the largest the ablation makes)."""
-    scores = (q @ k.mT).div_(math.sqrt(q.shape[-1]))
-    future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(first_query + 1)
-    return scores.masked_fill_(future, float("-inf")).softmax(dim=-1)

@@ -12,10 +12,10 @@ loss then moves by::
     ΔL(w -> h2) ≈ Σ_{b,t} ⟨∂L/∂x_key^{h2}[b, t], write'_w[b, t] - write_w[b, t]⟩
 
 where ``x_key^{h2}`` is the residual stream (before the norm) entering reader h2's key projection
-only. One forward pass in which each layer's key input is its own per-head tensor
-``[b, H, t, d]``, and one backward pass, give that gradient for every reader at once; autograd
-takes care of the norm's Jacobian and of everything downstream of h2. The sum over ``(b, t, d)``
-is one GEMM per (writer layer, reader layer).
+only. The model's own forward pass (its interventions included) and one backward pass to every
+layer's keys give ``∂L/∂k^{h2}`` for every reader at once; each head's vector-Jacobian product
+through its own key projection and norm (the model's, so any position scheme or bias it has) turns
+that into ``∂L/∂x_key^{h2}``. The sum over ``(b, t, d)`` is one GEMM per (writer layer, reader layer).
 
 Limits. The estimate is exact to first order in the size of the ablation (checked against the
 exact ablation at ``scale = ±1e-4``), but the mean ablation is not small. Where attention or the
@@ -25,7 +25,7 @@ circuit (attention logits x30) the exact ablation costs 2.5 nats and the estimat
 exact loss change: 0.95-1.0 on random 3-layer models, 0.36-0.99 on small models trained briefly
 on repeated tokens. Prefer the exact ablation wherever it is affordable.
 
-Cost: about two forward passes (the weights are detached, so no weight gradient is computed),
+Cost: about two forward passes (only the keys' gradients are asked for, no weight gradient),
 plus the exact pattern change, which needs only each reader's layer
 (:func:`~metrics.ground_truth.ablation.key_pattern_changes`; ``O(Σ_l2 l2·H·b·t·(e·He + H·t·e))``,
 the larger part for deep models). Memory: the clean run, plus the key-input gradients
@@ -34,12 +34,12 @@ the larger part for deep models). Memory: the clean run, plus the key-input grad
 
 from __future__ import annotations
 
+import copy
 from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import functional_call
 
 from data.probe import ProbeBatch
 from metrics.ground_truth.ablation import (
@@ -51,7 +51,7 @@ from metrics.ground_truth.ablation import (
     key_pattern_changes,
 )
 from models.interventions import replacement_of
-from models.transformer import AttentionOnlyTransformer, TransformerShape, causal_pattern
+from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 AblationMethod = Literal["exact", "attribution", "auto"]
 METHODS: tuple[AblationMethod, ...] = get_args(AblationMethod)
@@ -82,6 +82,9 @@ def key_attribution_effects(
     was_training = model.training
     model.eval()
     try:
+        if model.W_E.dtype in (torch.float16, torch.bfloat16):  # gradients in float32 at least
+            model = copy.deepcopy(model).float()
+            clean_run = None
         tokens = probe.tokens.to(model.W_E.device)
         if clean_run is None:
             with torch.inference_mode():
@@ -137,73 +140,32 @@ def _first_order_loss_changes(
     """``[L, H, L, H]`` float64 CPU: ``Σ_{b,t} ⟨∂L/∂x_key^{h2}, write'_w - write_w⟩`` for every pair
     (``write'``: the replacement of ``kind``); ``writes[l]``: the clean run's head outputs ``[b, H, t, d]``."""
     L, H = model.shape.n_layers, model.shape.n_heads
-    dtype = torch.float64 if model.W_E.dtype == torch.float64 else torch.float32
-    gradients = _key_input_gradients(model, tokens, probe, dtype)  # [l2 - 1]: (H, b·t·d)
+    gradients = _key_input_gradients(model, tokens, probe)  # [l2 - 1]: (H, b·t·d)
     loss_change = torch.full((L, H, L, H), float("nan"), dtype=torch.float64)
     for l1 in range(L - 1):
-        write = writes[l1].to(dtype)  # (b, H, t, d)
+        write = writes[l1].to(gradients[0].dtype)  # (b, H, t, d)
         shift = (replacement_of(write, kind) - write).transpose(0, 1).flatten(1)  # (H, b·t·d)
         for l2 in range(l1 + 1, L):
             loss_change[l1, :, l2] = (shift @ gradients[l2 - 1].T).cpu().double()  # (H writers, H readers)
     return loss_change
 
 
-def _key_input_gradients(
-    model: AttentionOnlyTransformer, tokens: Tensor, probe: ProbeBatch, dtype: torch.dtype
-) -> list[Tensor]:
-    """``∂L/∂x_key`` of every head of layers 1 .. L-1, as ``[H, b·t·d]`` per layer, from one forward
-    and one backward pass of a copy of the clean run in ``dtype``.
-
-    Each layer's key input is ``x[:, None].expand(b, H, t, d)``: the same values as the stream,
-    but a tensor of its own read by the key projection alone, so the gradient that reaches it is
-    the one through that head's keys (and everything downstream of them), not the stream's total
-    gradient. ``torch.autograd.grad`` on those tensors, with detached weights, computes no weight
-    gradient and leaves every parameter's ``.grad`` alone.
+def _key_input_gradients(model: AttentionOnlyTransformer, tokens: Tensor, probe: ProbeBatch) -> list[Tensor]:
+    """``∂L/∂x_key`` of every head of layers 1 .. L-1, as ``[H, b·t·d]`` per layer: the model's own
+    forward pass (``run_with_cache``, its interventions included) and one backward pass to each
+    layer's keys, then each head's vector-Jacobian product through its own key projection
+    (:meth:`~models.transformer.AttentionLayer.key_input_gradients`): the gradient through that head's
+    keys (and everything downstream of them), not the stream's total gradient. ``torch.autograd.grad``
+    asks for the keys alone, so no weight gradient is computed and every ``.grad`` is left alone.
     """
-    weights = {name: p.detach().to(dtype) for name, p in model.named_parameters()}
-    H, scored = model.shape.n_heads, slice(probe.repeat_start, probe.repeat_start + probe.n - 1)
-    t, shortformer = tokens.shape[1], model.shape.positions == "shortformer"
-    pos = (
-        weights["W_pos"][:t] if shortformer else 0.0
-    )  # shortformer: added to the queries' and keys' normalized input only
-    bias = lambda name: weights.get(name, 0.0)  # a model without biases adds nothing
+    scored = slice(probe.repeat_start, probe.repeat_start + probe.n - 1)
+    targets = tokens[:, probe.repeat_start + 1 : probe.repeat_start + probe.n]
     with torch.inference_mode(False), torch.enable_grad():
-        x = (
-            weights["W_E"][tokens] + (0.0 if shortformer else weights["W_pos"][:t])
-        ).requires_grad_()  # the graph's root
-        key_inputs = []
-        for l, layer in enumerate(model.layers):
-            W = {name: weights[f"layers.{l}.{name}"] for name in ("W_Q", "W_K", "W_V", "W_O")}
-            b = {name: bias(f"layers.{l}.{name}") for name in ("b_Q", "b_K", "b_V")}
-            norm = _detached(layer.norm, weights, f"layers.{l}.norm.")
-            normed = norm(x)
-            q = torch.einsum("btd,hde->bhte", normed + pos, W["W_Q"]) + _per_head(b["b_Q"])
-            v = torch.einsum("btd,hde->bhte", normed, W["W_V"]) + _per_head(b["b_V"])
-            if l == 0:  # no head writes before layer 0: its keys need no input of their own
-                k = torch.einsum("btd,hde->bhte", normed + pos, W["W_K"])
-            else:
-                key_inputs.append(key_input := x[:, None].expand(-1, H, -1, -1))  # (b, H, t, d)
-                k = torch.einsum("bhtd,hde->bhte", norm(key_input) + pos, W["W_K"])
-            x = (
-                x
-                + torch.einsum("bhte,hed->btd", causal_pattern(q, k + _per_head(b["b_K"])) @ v, W["W_O"])
-                + bias(f"layers.{l}.b_O")
-            )
-        logits = _detached(model.final_norm, weights, "final_norm.")(x[:, scored]) @ weights["W_U"] + bias("b_U")
-        targets = tokens[:, probe.repeat_start + 1 : probe.repeat_start + probe.n]
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # the repeated-token loss
-        gradients = list(torch.autograd.grad(loss, key_inputs, materialize_grads=True))
-    for l, gradient in enumerate(gradients):  # one layer at a time, so only one extra copy is alive
-        gradients[l] = gradient.transpose(0, 1).flatten(1)
-    return gradients
-
-
-def _per_head(bias):
-    """A per-head bias ``[H, e]`` as ``[H, 1, e]`` (broadcast over positions); no bias stays 0."""
-    return bias[:, None] if isinstance(bias, Tensor) else bias
-
-
-def _detached(module: torch.nn.Module, weights: dict[str, Tensor], prefix: str):
-    """``module`` (a norm) as a function of its input, run with the detached copies of its weights."""
-    own = {name[len(prefix) :]: w for name, w in weights.items() if name.startswith(prefix)}
-    return lambda x: functional_call(module, own, (x,))
+        logits, cache = model.run_with_cache(tokens, head_out=False)
+        loss = F.cross_entropy(logits[:, scored].flatten(0, 1), targets.flatten())  # the repeated-token loss
+        key_gradients = torch.autograd.grad(loss, cache["k"][1:], materialize_grads=True)
+        pos = model.positions(tokens.shape[1])
+        return [
+            layer.key_input_gradients(x, gradient, pos).transpose(0, 1).flatten(1)  # (H, b·t·d)
+            for layer, x, gradient in zip(model.layers[1:], cache["resid_pre"][1:], key_gradients)
+        ]
