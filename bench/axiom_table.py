@@ -18,8 +18,8 @@ import time
 import numpy as np
 import torch
 
-from data.datamodule import make_sampler
 from data.probe import make_probe_batch
+from data.tasks.repeated import Repeated
 from metrics.composition.axioms import (
     INVARIANCE_TOLERANCE,
     LOGIT_TOLERANCE,
@@ -39,7 +39,7 @@ def train_small_model(steps: int, seed: int = 0, batch_size: int = 32) -> Attent
     """The default experiment's model and data (AdamW 3e-3, 100 warmup steps, clip 1), plain torch."""
     torch.manual_seed(seed)
     model = AttentionOnlyTransformer(SHAPE)
-    sample = make_sampler("repeated", seed, SHAPE.n_ctx, SHAPE.d_vocab - 1, True, n_min=8, n_max=16)
+    sample = Repeated(seed=seed, seq_len=SHAPE.n_ctx).sampler(SHAPE.d_vocab - 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 100))
     for step in range(steps):
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     model = train_small_model(args.steps, args.seed)
     probe = make_probe_batch(args.seed, 32, 16, SHAPE.d_vocab - 1)
     with torch.no_grad():
-        loss = repeated_loss(token_losses(model(probe.tokens), probe.tokens), probe.repeat_start, probe.n).item()
+        loss = repeated_loss(token_losses(model(probe.tokens), probe.tokens), probe).item()
     table = axiom_table(model, probe.tokens, seed=args.seed)
     print(
         "Axioms 1-3: constructed matrices (d_model 12, rank 3; the whitened and token-space ratios there are Frobenius with Σ = I)."

@@ -59,7 +59,7 @@ def choose_head(model: AttentionOnlyTransformer, probe: ProbeBatch, score: str) 
     if score == "prev_token":
         scores = previous_token_score(patterns)
     else:
-        scores = induction_score(patterns, probe.repeat_start, probe.n)
+        scores = induction_score(patterns, probe)
         if scores.shape[0] > 1:
             scores[0] = float("-inf")
     flat = int(scores.flatten().argmax())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import secrets
@@ -29,8 +30,9 @@ from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker
 from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
 from conf.validate import intervention_plan, llc_calibration_warning, model_shape, trajectory_events
-from data.datamodule import TokenDataModule, TokenSampler, make_sampler
-from data.probe import ProbeBatch, make_probe_batch
+from data.datamodule import TokenDataModule
+from data.probe import ProbeBatch
+from data.task import Task, TokenSampler, tasks
 from metrics.dynamics.llc import SGLDSettings
 from metrics.dynamics.stages import StageSettings
 from models.lit_module import InductionLM
@@ -65,23 +67,26 @@ def torch_threads(cfg: DictConfig, launcher: DictConfig | None) -> int | None:
     return None
 
 
+def from_config(cls, node, **values):
+    """An instance of dataclass ``cls`` from the config ``node``'s values of its fields (``values``
+    given here win): how every object the config describes is built, so a new option of ``cls`` needs
+    no edit here; a key ``cls`` does not have is left out (an earlier version's, in a saved run's config)."""
+    given = OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else dict(node)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    return cls(**{key: value for key, value in given.items() if key in names}, **values)
+
+
+def task_of(cfg: DictConfig) -> Task:
+    """The run's task (``cfg.data``; :mod:`data.task`), from a composed config or a saved run's."""
+    found = tasks()
+    if cfg.data.name not in found:
+        raise ValueError(f"data.name={cfg.data.name!r}: no such task; choose one of {', '.join(found)}")
+    return from_config(found[cfg.data.name], cfg.data)
+
+
 def build_sampler(cfg: DictConfig) -> TokenSampler:
-    """The data generator ``cfg.data`` names, as a sample-ids -> tokens function."""
-    data = cfg.data
-    return make_sampler(
-        data.name.value,
-        data.seed,
-        data.seq_len,
-        cfg.model.d_vocab - int(data.bos),
-        data.bos,
-        n_min=data.n_min,
-        n_max=data.n_max,
-        n_triggers=data.n_triggers,
-        concentration=data.concentration,
-        min_sentence=data.min_sentence,
-        max_sentence=data.max_sentence,
-        max_gap=data.max_gap,
-    )
+    """The run's data generator, as a sample-ids -> tokens function."""
+    return task_of(cfg).sampler(cfg.model.d_vocab - int(cfg.data.bos))
 
 
 def build_datamodule(cfg: DictConfig) -> TokenDataModule:
@@ -293,15 +298,10 @@ def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
 
 
 def build_probe(cfg: DictConfig) -> ProbeBatch:
-    """The tracker's probe batch (also what chooses an intervention's heads by score)."""
+    """The tracker's probe batch, the task's (also what chooses an intervention's heads by score)."""
     tracker = cfg.tracker
-    return make_probe_batch(
-        tracker.probe_seed,
-        tracker.probe_batch_size,
-        tracker.probe_n,
-        cfg.model.d_vocab - int(cfg.data.bos),
-        cfg.data.bos,
-    )
+    n_random = cfg.model.d_vocab - int(cfg.data.bos)
+    return task_of(cfg).probe(tracker.probe_seed, tracker.probe_batch_size, tracker.probe_n, n_random)
 
 
 def silence_known_warnings() -> None:

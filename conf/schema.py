@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
+from conf.extensions import load_extensions
+from data.task import Task, tasks
 from metrics.composition.baseline import BASELINE_SAMPLES
 from metrics.composition.data_shares import DEFAULT_CENTRE, DEFAULT_ROWS
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
@@ -32,12 +35,6 @@ class InitScheme(str, Enum):
     fan_in = "fan_in"  # N(0, 1/fan-in)
     normal = "normal"  # every W_* N(0, init_std²)
     gpt2 = "gpt2"  # every W_* N(0, (0.8/sqrt(d_model))²): EasyTransformer's init_mode="gpt2"
-
-
-class DataName(str, Enum):
-    repeated = "repeated"
-    bigram_triggers = "bigram_triggers"
-    sentence_gap_copy = "sentence_gap_copy"
 
 
 class WandbMode(str, Enum):
@@ -67,34 +64,6 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_steps: int = 100
-
-
-@dataclass
-class DataConfig:
-    """``n_min, n_max`` apply to ``repeated``; ``n_triggers, concentration`` to ``bigram_triggers``;
-    ``min_sentence, max_sentence, max_gap`` to ``sentence_gap_copy`` (aslvrstn 2022's script copies
-    ``sent_len + 1`` tokens: ``min_sentence=2 max_sentence=51``)."""
-
-    name: DataName = DataName.repeated
-    seed: int = 0
-    batch_size: int = 32
-    seq_len: int = 33
-    bos: bool = True
-    n_min: int = 8
-    n_max: int = 16
-    n_triggers: int = 4
-    concentration: float = 0.5
-    min_sentence: int = 1
-    max_sentence: int = 50
-    max_gap: int = 50
-
-
-DATA_OPTIONS = {
-    DataName.repeated: ("n_min", "n_max"),
-    DataName.bigram_triggers: ("n_triggers", "concentration"),
-    DataName.sentence_gap_copy: ("min_sentence", "max_sentence", "max_gap"),
-}
-"""The ``DataConfig`` options each data group reads; the others are for the other groups only."""
 
 
 @dataclass
@@ -333,7 +302,7 @@ class Config:
     objective_cliff_by: int | None = None
     model: ModelConfig = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
-    data: DataConfig = MISSING
+    data: Any = MISSING  # a task's own options (data/task.py): the data group stores each task's dataclass
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
     tracker: TrackerConfig = MISSING
@@ -342,13 +311,23 @@ class Config:
     intervention: InterventionConfig = MISSING
 
 
+def task_node(task: type[Task]) -> DictConfig:
+    """The config node of a task: its dataclass, its seed following the run's (``${seed}``)."""
+    node = OmegaConf.structured(task)
+    node.seed = "${seed}"
+    return node
+
+
 def register_schemas() -> None:
-    """Make the schemas available to ``conf/config.yaml`` and each group's YAML files."""
+    """Make the schemas available to ``conf/config.yaml`` and each group's YAML files; every task
+    (the built-in ones and the extensions', conf/extensions.py) is an option of the data group."""
+    load_extensions()
     store = ConfigStore.instance()
+    for name, task in tasks().items():
+        store.store(group="data", name=name, node=task_node(task))
     store.store(name="schema", node=Config)
     for group, node in [
         ("model", ModelConfig),
-        ("data", DataConfig),
         ("trainer", TrainerConfig),
         ("logger", LoggerConfig),
         ("tracker", TrackerConfig),

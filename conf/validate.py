@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from data.task import Task, tasks
 from metrics.composition.data_shares import CENTRES, ROWS
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.snapshot import MEASURES
@@ -40,30 +41,30 @@ RESUME_KEPT = (
 )  # what a resume may not change unless allowed
 
 
-def schema_defaults(sections: tuple[str, ...] = RESUME_KEPT) -> dict[str, object]:
-    """The schema's default of every key of ``sections``, flat (``model.biases``: False)."""
-    from conf.schema import Config, DataConfig, InterventionConfig, ModelConfig, TrackerConfig
+def schema_defaults(sections: tuple[str, ...] = RESUME_KEPT, task: str = "repeated") -> dict[str, object]:
+    """The schema's default of every key of ``sections``, flat (``model.biases``: False); ``data``'s
+    are those of ``task``."""
+    from conf.schema import Config, InterventionConfig, ModelConfig, TrackerConfig, task_node
 
-    nodes = {"model": ModelConfig, "data": DataConfig, "tracker": TrackerConfig, "intervention": InterventionConfig}
+    nodes = {"model": ModelConfig, "tracker": TrackerConfig, "intervention": InterventionConfig}
     root = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True, throw_on_missing=False)
     tree = {
         k: OmegaConf.to_container(OmegaConf.structured(nodes[k]), enum_to_str=True) if k in nodes else root.get(k)
         for k in sections
     }
+    if "data" in sections and task in tasks():
+        tree["data"] = OmegaConf.to_container(task_node(tasks()[task]), enum_to_str=True)
     return flatten(tree)
 
 
 def config_changes(trained: dict, now: dict, sections: tuple[str, ...] = RESUME_KEPT) -> list[str]:
-    """``key: trained -> now`` for every key of ``sections`` that differs between two resolved configs.
-    A key the trained config lacks (an option added since) counts as its schema default."""
-    defaults = schema_defaults(sections)
+    """``key: trained -> now`` for every key of ``sections`` in the current config that differs between
+    two resolved configs. A key the trained config lacks (an option added since) counts as its schema
+    default; one the current config lacks (an option of an earlier version, or of another task) is not compared."""
+    defaults = schema_defaults(sections, (now.get("data") or {}).get("name", "repeated"))
     before = {**defaults, **flatten({k: trained.get(k) for k in sections})}
     after = flatten({k: now.get(k) for k in sections})
-    return [
-        f"{key}: {before.get(key)!r} -> {after.get(key)!r}"
-        for key in sorted(set(before) | set(after))
-        if before.get(key) != after.get(key)
-    ]
+    return [f"{key}: {before.get(key)!r} -> {after[key]!r}" for key in sorted(after) if before.get(key) != after[key]]
 
 
 def resume_problems(cfg: DictConfig) -> list[str]:
@@ -177,33 +178,11 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     n_random = model.d_vocab - int(data.bos)
     if n_random < 2:
         problems.append(f"model.d_vocab={model.d_vocab} leaves {n_random} random tokens (BOS takes one); need >= 2")
-    if data.seq_len > model.n_ctx:
-        problems.append(f"data.seq_len={data.seq_len} exceeds model.n_ctx={model.n_ctx}")
-    if data.batch_size < 1:
-        problems.append(f"data.batch_size={data.batch_size} must be >= 1")
-    problems.extend(data_options_problems(data))
-    if data.name == "repeated":
-        if not 1 <= data.n_min <= data.n_max:
-            problems.append(f"data.n_min={data.n_min}, data.n_max={data.n_max}: need 1 <= n_min <= n_max")
-        elif data.seq_len - int(data.bos) <= data.n_max:
-            problems.append(
-                f"data.seq_len={data.seq_len} leaves no room to repeat a block of data.n_max={data.n_max} tokens"
-                f" (need seq_len > n_max{' + 1 for BOS' if data.bos else ''})"
-            )
-    if data.name == "sentence_gap_copy":
-        if not data.bos:
-            problems.append("data.name=sentence_gap_copy needs data.bos=true (every segment starts with BOS)")
-        if not 1 <= data.min_sentence <= data.max_sentence or data.max_gap < 0:
-            problems.append(
-                f"data.min_sentence={data.min_sentence}, data.max_sentence={data.max_sentence}, data.max_gap={data.max_gap}:"
-                " need 1 <= min_sentence <= max_sentence and max_gap >= 0"
-            )
+    problems.extend(data_problems(cfg))
     if model.init == "normal" and (model.init_std is None or not math.isfinite(model.init_std) or model.init_std <= 0):
         problems.append(f"model.init=normal needs model.init_std > 0 (got {model.init_std})")
     elif model.init != "normal" and model.init_std is not None:
         problems.append(f"model.init_std={model.init_std} goes with model.init=normal (model.init={model.init.value})")
-    if data.name == "bigram_triggers" and not 1 <= data.n_triggers < n_random:
-        problems.append(f"data.n_triggers={data.n_triggers} must be in [1, {n_random - 1}]")
     if trainer.max_steps < 1:
         problems.append(f"trainer.max_steps={trainer.max_steps} must be >= 1")
     for key in (
@@ -242,8 +221,6 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
         problems.append(problem)
     if cfg.logger.wandb.connect_timeout_s <= 0:
         problems.append(f"logger.wandb.connect_timeout_s={cfg.logger.wandb.connect_timeout_s} must be > 0")
-    if data.name == "bigram_triggers" and data.concentration <= 0:
-        problems.append(f"data.concentration={data.concentration} must be > 0")
     if cfg.resume is not None:
         problems.extend(resume_problems(cfg))
     if (problem := accelerator_problem(trainer.accelerator)) is not None:
@@ -329,24 +306,19 @@ def graft_source_problem(intervention: Intervention, shape: TransformerShape) ->
     return None
 
 
-def data_options_problems(data: DictConfig) -> list[str]:
-    """An option of another data group set away from its default: this group would ignore it silently."""
-    from conf.schema import DATA_OPTIONS, DataConfig
+def data_problems(cfg: DictConfig) -> list[str]:
+    """The task's problems (:meth:`data.task.Task.problems`), once ``data.name`` is the task the data
+    group chose."""
+    from conf.build import task_of
 
-    ignored = {
-        key: name.value
-        for name, keys in DATA_OPTIONS.items()
-        if name != data.name
-        for key in keys
-        if data[key] != getattr(DataConfig, key)
-    }
-    if not ignored:
-        return []
-    readers = " or ".join(f"data={name}" for name in sorted(set(ignored.values())))
-    return [
-        f"{', '.join(f'data.{key}={data[key]}' for key in ignored)}: read only by {readers};"
-        f" this run's data={data.name.value} would ignore {'them' if len(ignored) > 1 else 'it'}"
-    ]
+    chosen = OmegaConf.get_type(cfg.data)
+    if isinstance(chosen, type) and issubclass(chosen, Task) and cfg.data.name != chosen.name:
+        return [
+            f"data.name={cfg.data.name!r}: the task is chosen by the data group, data=NAME (data={chosen.name} here)"
+        ]
+    if cfg.data.name not in tasks():
+        return [f"data.name={cfg.data.name!r}: no such task; choose one of data={', data='.join(tasks())}"]
+    return task_of(cfg).problems(cfg.model.d_vocab - int(cfg.data.bos), cfg.model.n_ctx)
 
 
 def llc_calibration_warning(cfg: DictConfig) -> str | None:
@@ -411,7 +383,7 @@ EVERY_SNAPSHOT_AT_ZERO = ("all_measures", "whitening")
 
 def tracker_problems(cfg: DictConfig) -> list[str]:
     """Problems of ``cfg.tracker`` (an enabled tracker)."""
-    model, data, trainer, tracker = cfg.model, cfg.data, cfg.trainer, cfg.tracker
+    model, trainer, tracker = cfg.model, cfg.trainer, cfg.tracker
     problems = []
     if tracker.every_n_steps < 1:
         problems.append(f"tracker.every_n_steps={tracker.every_n_steps} must be >= 1")
@@ -439,13 +411,16 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"tracker.share_floor={tracker.share_floor} must be a finite number >= 0")
     if not tracker.measures:
         problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
-    probe_len = 2 * tracker.probe_n + int(data.bos)
     if tracker.probe_n < 2:
         problems.append(f"tracker.probe_n={tracker.probe_n} must be >= 2")
-    if probe_len > model.n_ctx:
-        problems.append(
-            f"tracker.probe_n={tracker.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={model.n_ctx}"
-        )
+    elif tracker.probe_batch_size >= 1 and not data_problems(cfg):
+        from conf.build import build_probe
+
+        probe_len = build_probe(cfg).tokens.shape[-1]
+        if probe_len > model.n_ctx:
+            problems.append(
+                f"tracker.probe_n={tracker.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={model.n_ctx}"
+            )
     if not cfg.logger.csv:
         problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
     for key, low in (

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import lightning as L
 import numpy as np
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from data.bigram_triggers import bigram_trigger_tokens, make_chain
-from data.repeated import repeated_tokens
-from data.sentence_gap import sentence_gap_tokens
-
-TokenSampler = Callable[[np.ndarray], Tensor]  # sample ids (b,) -> tokens (b, seq_len)
+from data.task import TokenSampler
 
 
 class TokenStream(IterableDataset):
@@ -39,23 +35,6 @@ class TokenStream(IterableDataset):
             batch = self.sampler(self.sample_ids(self.next_batch))
             self.next_batch += 1
             yield batch
-
-
-def make_sampler(name: str, seed: int, seq_len: int, n_random: int, bos: bool, **options) -> TokenSampler:
-    """The sample-ids -> tokens function of data generator ``name`` (``repeated``, ``bigram_triggers``
-    or ``sentence_gap_copy``)."""
-    if name == "repeated":
-        return lambda ids: repeated_tokens(seed, ids, seq_len, n_random, options["n_min"], options["n_max"], bos)
-    if name == "bigram_triggers":
-        chain = make_chain(seed, n_random, options["n_triggers"], options["concentration"])
-        return lambda ids: bigram_trigger_tokens(chain, seed, ids, seq_len, bos)
-    if name == "sentence_gap_copy":
-        if not bos:
-            raise ValueError("sentence_gap_copy needs data.bos=true: every segment starts with BOS")
-        return lambda ids: sentence_gap_tokens(
-            seed, ids, seq_len, n_random, options["max_sentence"], options["max_gap"], options["min_sentence"]
-        )
-    raise ValueError(f"unknown data generator {name!r}; choose 'repeated', 'bigram_triggers' or 'sentence_gap_copy'")
 
 
 class TokenDataModule(L.LightningDataModule):

@@ -174,8 +174,8 @@ def take_snapshot(
     with timer.part("head scores"):
         patterns = torch.stack(cache["pattern"])  # (L, b, h, t, t)
         previous = previous_token_score(patterns).cpu()  # (L, H)
-        induction = induction_score(patterns, probe.repeat_start, probe.n).cpu()
-        duplicate = duplicate_token_score(patterns, probe.repeat_start, probe.n).cpu()
+        induction = induction_score(patterns, probe).cpu()
+        duplicate = duplicate_token_score(patterns, probe).cpu()
         losses = token_losses(logits.float(), tokens)
     with timer.part("composition"):
         whitenings = dict(whitenings or {})
@@ -197,9 +197,8 @@ def take_snapshot(
         share_parts = None
         if shares:
             rows, centre, floor = share
-            t = tokens.shape[-1]
-            weights = row_weights(probe.n, probe.repeat_start, t, rows, tokens.device)
-            keys = induction_keys(probe.n, probe.repeat_start, t, tokens.device) if rows == "induction" else None
+            weights = row_weights(probe, rows, tokens.device)
+            keys = induction_keys(probe, tokens.device) if rows == "induction" else None
             share_parts = data_shares(model, tokens, cache, weights, centre, keys, floor).to("cpu")
             composition[SHARE] = share_parts.heads
         composition = {
@@ -239,8 +238,8 @@ def take_snapshot(
         empirical_copying=None if empirical is None else empirical.score.cpu().double(),
         copying_top_rate=None if empirical is None else empirical.top_rate.cpu().double(),
         matching=matching_scores_,
-        first_occurrence_loss=first_occurrence_loss(losses, probe.first_start, probe.n).item(),
-        repeated_loss=repeated_loss(losses, probe.repeat_start, probe.n).item(),
+        first_occurrence_loss=first_occurrence_loss(losses, probe).item(),
+        repeated_loss=repeated_loss(losses, probe).item(),
         icl_score=in_context_learning_score(losses).item(),
         circuit=circuit_pair(previous, induction) if shape.n_layers >= 2 else None,
         ablation=ablation,
@@ -267,7 +266,7 @@ def without_interventions(model: AttentionOnlyTransformer, probe: ProbeBatch) ->
     patterns = torch.stack(cache["pattern"])  # (L, b, h, t, t)
     losses = token_losses(logits.float(), tokens)
     return {
-        "loss/repeated": repeated_loss(losses, probe.repeat_start, probe.n).item(),
+        "loss/repeated": repeated_loss(losses, probe).item(),
         "heads/prev_token/top": previous_token_score(patterns).max().item(),
-        "heads/induction/top": induction_score(patterns, probe.repeat_start, probe.n).max().item(),
+        "heads/induction/top": induction_score(patterns, probe).max().item(),
     }

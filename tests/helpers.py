@@ -15,8 +15,9 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from data.datamodule import TokenDataModule, make_sampler
+from data.datamodule import TokenDataModule
 from data.probe import ProbeBatch
+from data.tasks.repeated import Repeated
 from metrics.composition.baseline import Baseline
 from metrics.composition.data_shares import SHARE, DataShares
 from metrics.ground_truth.ablation import KeyAblation
@@ -134,7 +135,7 @@ def fit_repeated(trainer: L.Trainer, warmup_steps: int, weight_decay: float = 0.
     """Train a fresh :data:`SMALL` model with ``trainer`` on repeated blocks of 4-8 tokens (batch
     8, Adam at 3e-3), from ``ckpt_path`` if given; returns the module."""
     module = InductionLM(SMALL, lr=3e-3, weight_decay=weight_decay, betas=(0.9, 0.999), warmup_steps=warmup_steps)
-    data = TokenDataModule(make_sampler("repeated", 0, 17, 20, True, n_min=4, n_max=8), 8)
+    data = TokenDataModule(Repeated(seq_len=17, n_min=4, n_max=8).sampler(20), 8)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return module
 

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from data.probe import ProbeBatch
 from metrics.composition.circuits import fold_norm
 from metrics.composition.measures import COMPOSITION_KINDS
 from models.transformer import AttentionOnlyTransformer
@@ -119,23 +120,24 @@ def norm_scale(norm: torch.nn.Module, x: Tensor) -> Tensor:
     return torch.ones_like(x[..., :1])
 
 
-def row_weights(probe_n: int, repeat_start: int, t: int, rows: str, device) -> Tensor:
-    """``[t]`` float: 1 for the positions that weigh (``ROWS``), else 0."""
-    weights = torch.ones(t, device=device)
+def row_weights(probe: ProbeBatch, rows: str, device) -> Tensor:
+    """``[t]`` float: 1 for the probe's positions that weigh (``ROWS``), else 0."""
+    weights = torch.ones(probe.tokens.shape[-1], device=device)
     if rows in ("repeated", "induction"):
         weights.zero_()
-        weights[repeat_start : repeat_start + probe_n] = 1.0
+        weights[probe.repeat_start : probe.repeat_start + probe.n] = 1.0
     elif rows != "all":
         raise ValueError(f"rows must be one of {ROWS}, got {rows!r}")
     return weights
 
 
-def induction_keys(probe_n: int, repeat_start: int, t: int, device) -> Tensor:
-    """``[t, t]`` float: 1 at each second-copy query's induction pair ``(i, i − n + 1)``, the key
+def induction_keys(probe: ProbeBatch, device) -> Tensor:
+    """``[t, t]`` float: 1 at each second-copy query's induction pair ``(i, i − period + 1)``, the key
     after the first occurrence of query i's token, else 0 (``rows="induction"``)."""
+    t = probe.tokens.shape[-1]
     keys = torch.zeros(t, t, device=device)
-    queries = torch.arange(repeat_start, min(repeat_start + probe_n, t), device=device)
-    keys[queries, queries - probe_n + 1] = 1.0
+    queries = torch.arange(probe.repeat_start, min(probe.repeat_start + probe.n, t), device=device)
+    keys[queries, queries - probe.period + 1] = 1.0
     return keys
 
 

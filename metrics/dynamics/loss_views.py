@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from data.probe import ProbeBatch
+
 
 def token_losses(logits: Tensor, tokens: Tensor) -> Tensor:
     """Per-token loss ``[batch, pos - 1]``: entry ``j`` is the loss of predicting ``tokens[:, j + 1]``."""
@@ -16,18 +18,19 @@ def token_losses(logits: Tensor, tokens: Tensor) -> Tensor:
     return flat.view(b, t - 1)
 
 
-def first_occurrence_loss(losses: Tensor, first_start: int, n: int) -> Tensor:
-    """Mean loss on the first copy's tokens ``t_1 .. t_n`` (unpredictable: about ``ln n_random``)."""
-    return losses[:, max(first_start - 1, 0) : first_start + n - 1].mean()  # t_1 is unscored without BOS
+def first_occurrence_loss(losses: Tensor, probe: ProbeBatch) -> Tensor:
+    """Mean loss on the first copy's tokens ``t_1 .. t_n`` (unpredictable: about ``ln n_random``;
+    ``t_1`` is unscored without BOS)."""
+    return losses[:, probe.first].mean()
 
 
-def repeated_loss(losses: Tensor, repeat_start: int, n: int) -> Tensor:
+def repeated_loss(losses: Tensor, probe: ProbeBatch) -> Tensor:
     """Mean loss on the second copy's tokens ``t_2 .. t_n``.
 
     ``t_1``'s repeat is left out: nothing in the context announces where the repeat begins, so
     induction cannot predict it.
     """
-    return losses[:, repeat_start : repeat_start + n - 1].mean()
+    return losses[:, probe.repeated].mean()
 
 
 def in_context_learning_score(losses: Tensor, fraction: float = 0.25) -> Tensor:

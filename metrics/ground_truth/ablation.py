@@ -390,8 +390,8 @@ class _LayersAfter:
         self.linear = _is_linear(model)
         self.W_O = model.layers[l2].W_O  # (H, e, d): the reader heads' writes
         self.stream = clean.stream[l2 + 1]  # (b, t, d): the clean stream after layer l2
-        self.scored = slice(probe.repeat_start, probe.repeat_start + probe.n - 1)  # predicting t_2 .. t_n
-        self.targets = tokens[:, probe.repeat_start + 1 : probe.repeat_start + probe.n]  # (b, s)
+        self.scored = probe.repeated  # predicting t_2 .. t_n
+        self.targets = tokens[:, self.scored.start + 1 : self.scored.stop + 1]  # (b, s)
         if self.last:  # the next read is the unembedding, at the scored positions only
             self.clean_read = clean.logits[:, self.scored]  # (b, s, V)
             read = model.linear_unembed if self.linear else None

@@ -158,8 +158,8 @@ def _key_input_gradients(model: AttentionOnlyTransformer, tokens: Tensor, probe:
     keys (and everything downstream of them), not the stream's total gradient. ``torch.autograd.grad``
     asks for the keys alone, so no weight gradient is computed and every ``.grad`` is left alone.
     """
-    scored = slice(probe.repeat_start, probe.repeat_start + probe.n - 1)
-    targets = tokens[:, probe.repeat_start + 1 : probe.repeat_start + probe.n]
+    scored = probe.repeated
+    targets = tokens[:, scored.start + 1 : scored.stop + 1]
     with torch.inference_mode(False), torch.enable_grad():
         logits, cache = model.run_with_cache(tokens, head_out=False)
         loss = F.cross_entropy(logits[:, scored].flatten(0, 1), targets.flatten())  # the repeated-token loss

@@ -1,8 +1,8 @@
 """Attention-pattern head scores on the probe batch (Olsson et al. 2022, "In-context Learning and
 Induction Heads"; docs/measures.md).
 
-The probe is ``[BOS], t_1 .. t_n, t_1 .. t_n``: the second copy starts at ``repeat_start`` and each
-of its tokens first occurred exactly ``n`` positions earlier. Patterns are ``[batch, heads, query,
+The probe is ``[BOS], t_1 .. t_n, (gap), t_1 .. t_n``: the second copy starts at ``repeat_start`` and
+each of its tokens first occurred exactly ``period`` positions earlier (``n`` without a gap). Patterns are ``[batch, heads, query,
 key]``, optionally with leading dims (e.g. layers stacked: ``[layers, batch, heads, query, key]``);
 each score is ``[..., heads]``, the mean over the batch and the scored query positions.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from data.probe import ProbeBatch
 
 
 def mean_attention_at_offset(pattern: Tensor, queries: Tensor, offset: int) -> Tensor:
@@ -24,16 +26,17 @@ def previous_token_score(pattern: Tensor) -> Tensor:
     return mean_attention_at_offset(pattern, queries, 1)
 
 
-def repeat_queries(pattern: Tensor, repeat_start: int, n: int) -> Tensor:
-    return torch.arange(repeat_start, repeat_start + n, device=pattern.device)
+def repeat_queries(pattern: Tensor, probe: ProbeBatch) -> Tensor:
+    """The second copy's positions ``[n]``."""
+    return torch.arange(probe.repeat_start, probe.repeat_start + probe.n, device=pattern.device)
 
 
-def induction_score(pattern: Tensor, repeat_start: int, n: int) -> Tensor:
+def induction_score(pattern: Tensor, probe: ProbeBatch) -> Tensor:
     """Mean attention from each repeated token to the token that *followed* its first occurrence
-    (prefix matching), i.e. offset ``n - 1``."""
-    return mean_attention_at_offset(pattern, repeat_queries(pattern, repeat_start, n), n - 1)
+    (prefix matching), i.e. offset ``period - 1``."""
+    return mean_attention_at_offset(pattern, repeat_queries(pattern, probe), probe.period - 1)
 
 
-def duplicate_token_score(pattern: Tensor, repeat_start: int, n: int) -> Tensor:
-    """Mean attention from each repeated token to its first occurrence, offset ``n``."""
-    return mean_attention_at_offset(pattern, repeat_queries(pattern, repeat_start, n), n)
+def duplicate_token_score(pattern: Tensor, probe: ProbeBatch) -> Tensor:
+    """Mean attention from each repeated token to its first occurrence, offset ``period``."""
+    return mean_attention_at_offset(pattern, repeat_queries(pattern, probe), probe.period)

@@ -36,7 +36,9 @@ BAD_INPUTS = [
     (["model.n_layers=two"], "could not be converted to Integer"),
     (["model=transformer_xl"], "Could not find 'model/transformer_xl'"),
     (["model.normalization=batchnorm"], "expected one of"),
-    (["data.name=shakespeare"], "expected one of"),
+    (["data.name=shakespeare"], "the task is chosen by the data group"),
+    (["data=shakespeare"], "Could not find 'data/shakespeare'"),
+    (["data.n_triggers=3"], "n_triggers"),  # an option of another task
     (["logger.wandb.mode=sometimes"], "expected one of"),
     (["optim.betas=[0.9"], "no viable alternative"),
     # ranges and cross-field checks (conf/validate.py)
@@ -61,7 +63,10 @@ BAD_INPUTS = [
     ),
     (["trajectory.threshold=nan"], "trajectory.threshold=nan: need a finite number"),
     (["optim.lr=nan"], "optim.lr=nan: need a finite number"),
-    (["optim.lr=inf", "data.concentration=-inf"], "optim.lr=inf, data.concentration=-inf: need a finite number"),
+    (
+        ["data=bigram_triggers", "optim.lr=inf", "data.concentration=-inf"],
+        "optim.lr=inf, data.concentration=-inf: need a finite number",
+    ),
     (["+trainer.max_step=10"], "unknown option trainer.max_step (not in the schema"),
     (["+tracker.ablation.evry_n_steps=10", "+seeed=3"], "unknown options seeed, tracker.ablation.evry_n_steps"),
     (["trajectory.trigger=sometimes"], "expected one of"),

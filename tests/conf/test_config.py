@@ -48,11 +48,7 @@ def test_multirun_with_several_devices_is_refused():
         (["data.seq_len=40"], "exceeds model.n_ctx"),
         (["model.d_head=100"], "d_head"),
         (["data.n_min=9", "data.n_max=4"], "n_min <= n_max"),
-        (
-            ["data.min_sentence=2", "data.max_gap=3"],
-            "data.min_sentence=2, data.max_gap=3: read only by data=sentence_gap_copy; this run's data=repeated would ignore them",
-        ),
-        (["data=sentence_gap_copy", "data.seq_len=33", "data.n_max=20"], "data.n_max=20: read only by data=repeated;"),
+        (["data.name=bigram_triggers"], "the task is chosen by the data group, data=NAME (data=repeated here)"),
         (["tracker.probe_n=20"], "probe"),
         (["tracker.measures=[frobenius,nope]"], "unknown ['nope']"),
         (["trainer.max_steps=0"], "max_steps"),
@@ -116,6 +112,18 @@ def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
         "foreign": "not a checkpoint of this project",
     }[damage]
     assert expected in problems[0]
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [(["data.min_sentence=2"], "min_sentence"), (["data=sentence_gap_copy", "data.n_max=20"], "n_max")],
+)
+def test_an_option_of_another_task_is_not_an_option_of_this_one(overrides, key):
+    """Each task has its own options: one of another task's is refused as Hydra refuses any unknown key."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match=key):
+        composed(*overrides)
 
 
 def test_data_seed_follows_the_run_seed_unless_set():

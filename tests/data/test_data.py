@@ -8,10 +8,10 @@ import itertools
 import numpy as np
 import torch
 
-from data.bigram_triggers import bigram_trigger_tokens, make_chain
-from data.datamodule import TokenStream, make_sampler
+from data.datamodule import TokenStream
 from data.probe import make_probe_batch
-from data.repeated import repeated_tokens
+from data.tasks.bigram_triggers import bigram_trigger_tokens, make_chain
+from data.tasks.repeated import Repeated, repeated_tokens
 
 N_RANDOM, BOS = 50, 50
 
@@ -42,7 +42,7 @@ def test_sample_is_a_pure_function_of_seed_and_id():
 
 
 def test_ranks_draw_disjoint_samples():
-    sampler = make_sampler("repeated", 0, 21, N_RANDOM, True, n_min=3, n_max=10)
+    sampler = Repeated(seed=0, seq_len=21, n_min=3, n_max=10).sampler(N_RANDOM)
     streams = [TokenStream(sampler, batch_size=4, rank=r, world_size=3) for r in range(3)]
     ids = [set(np.concatenate([s.sample_ids(i) for i in range(50)]).tolist()) for s in streams]
     for a, b in itertools.combinations(ids, 2):
@@ -54,7 +54,7 @@ def test_ranks_draw_disjoint_samples():
 
 def test_stream_restarted_at_a_batch_index_continues_exactly():
     """The datamodule resumes by starting the stream at the trainer's step (see test_resume)."""
-    sampler = make_sampler("repeated", 1, 21, N_RANDOM, True, n_min=3, n_max=10)
+    sampler = Repeated(seed=1, seq_len=21, n_min=3, n_max=10).sampler(N_RANDOM)
     run = iter(TokenStream(sampler, batch_size=4))
     batches = [next(run) for _ in range(6)]
     resumed = TokenStream(sampler, batch_size=4)
@@ -107,7 +107,7 @@ def test_probe_is_fixed_and_held_out():
 
 
 def test_sentence_gap_copy_packs_bos_sentence_gap_sentence_segments():
-    from data.sentence_gap import sentence_gap_tokens
+    from data.tasks.sentence_gap_copy import sentence_gap_tokens
 
     n_random = 999
     tokens = sentence_gap_tokens(3, np.arange(40, 48), 100, n_random)
@@ -128,7 +128,7 @@ def test_sentence_gap_copy_packs_bos_sentence_gap_sentence_segments():
 
 def test_sentence_gap_copy_in_the_seed_scripts_form_copies_two_to_fifty_one_tokens():
     """Seed 002's script copies ``sent_len + 1`` tokens for ``sent_len ~ U{1..50}``."""
-    from data.sentence_gap import sentence_gap_tokens
+    from data.tasks.sentence_gap_copy import sentence_gap_tokens
 
     n_random = 999
     flat = sentence_gap_tokens(5, np.arange(0, 200), 100, n_random, max_sentence=51, min_sentence=2).flatten().tolist()

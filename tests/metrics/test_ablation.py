@@ -72,7 +72,7 @@ def per_pair_loop(model, probe, kind="per_position"):
     tokens = probe.tokens
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens)
-        clean = repeated_loss(token_losses(logits, tokens), probe.repeat_start, probe.n)
+        clean = repeated_loss(token_losses(logits, tokens), probe)
         L, H = model.shape.n_layers, model.shape.n_heads
         patterns = torch.full((L, H, L, H), float("nan"), dtype=torch.float64)
         losses = patterns.clone()
@@ -92,9 +92,7 @@ def per_pair_loop(model, probe, kind="per_position"):
             x = out(model.layers[l2], x, mixed)
             for layer in model.layers[l2 + 1 :]:
                 x = out(layer, x, layer.pattern(x, pos=pos))
-            losses[l1, h1, l2, h2] = (
-                repeated_loss(token_losses(model.unembed(x), tokens), probe.repeat_start, probe.n) - clean
-            )
+            losses[l1, h1, l2, h2] = repeated_loss(token_losses(model.unembed(x), tokens), probe) - clean
     return patterns, losses
 
 

@@ -25,9 +25,8 @@ def probe_for(model, batch: int = 4, seed: int = 0):
 def shares_of(model, probe, rows: str = "all", centre: str = "sequences", floor: float = 0.0):
     with torch.no_grad():
         _, cache = model.run_with_cache(probe.tokens, head_out=True)
-    t = probe.tokens.shape[-1]
-    weights = row_weights(probe.n, probe.repeat_start, t, rows, probe.tokens.device)
-    keys = induction_keys(probe.n, probe.repeat_start, t, probe.tokens.device) if rows == "induction" else None
+    weights = row_weights(probe, rows, probe.tokens.device)
+    keys = induction_keys(probe, probe.tokens.device) if rows == "induction" else None
     return data_shares(model, probe.tokens, cache, weights, centre, keys, floor)
 
 
@@ -81,7 +80,7 @@ def dense_shares(model, probe, rows: str, centre: str, weights=None, floor: floa
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, head_out=True)
     if weights is None:
-        weights = row_weights(probe.n, probe.repeat_start, t, rows, tokens.device)
+        weights = row_weights(probe, rows, tokens.device)
     weights = weights.double()
     keys = torch.ones(t, t, dtype=torch.float64)  # which keys of a weighed row weigh
     if rows == "induction":  # each second-copy query's induction target, written out here
@@ -193,7 +192,7 @@ def test_rows_that_weigh_may_differ_between_the_sequences(positions, centre):
         _, cache = model.run_with_cache(probe.tokens)
     shares = data_shares(model, probe.tokens, cache, weights, centre)
     assert_equal_to_dense(shares, dense_shares(model, probe, "all", centre, weights))
-    same = row_weights(probe.n, probe.repeat_start, probe.tokens.shape[-1], "repeated", "cpu")
+    same = row_weights(probe, "repeated", "cpu")
     alike = data_shares(model, probe.tokens, cache, same.expand(probe.tokens.shape), centre)
     for kind in "QKV":  # the same rows in every sequence, given as [b, t]: the [t] answer
         torch.testing.assert_close(
@@ -290,4 +289,4 @@ def test_the_snapshot_scores_the_share_beside_the_weight_measures():
         torch.testing.assert_close(snap.composition["share"][kind], direct.heads[kind], equal_nan=True)
     assert "share" not in snap.baselines and snap.share_parts is not None
     with pytest.raises(ValueError, match="rows must be one of"):
-        row_weights(probe.n, probe.repeat_start, 9, "odd", "cpu")
+        row_weights(probe, "odd", "cpu")

@@ -14,6 +14,7 @@ from tests.helpers import induction_circuit_model
 N, START = 4, 1  # BOS, t1..t4, t1..t4
 T = START + 2 * N
 REPEAT = START + N
+PROBE = ProbeBatch(torch.zeros(1, T, dtype=torch.long), N, START)
 
 
 def one_hot_pattern(target_of_query) -> torch.Tensor:
@@ -27,27 +28,27 @@ def one_hot_pattern(target_of_query) -> torch.Tensor:
 def test_perfect_previous_token_head():
     pattern = one_hot_pattern(lambda q: max(q - 1, 0))
     assert previous_token_score(pattern).item() == 1.0
-    assert induction_score(pattern, REPEAT, N).item() == 0.0
+    assert induction_score(pattern, PROBE).item() == 0.0
 
 
 def test_perfect_induction_head():
     pattern = one_hot_pattern(lambda q: q - N + 1 if q >= REPEAT else 0)
-    assert induction_score(pattern, REPEAT, N).item() == 1.0
-    assert duplicate_token_score(pattern, REPEAT, N).item() == 0.0
+    assert induction_score(pattern, PROBE).item() == 1.0
+    assert duplicate_token_score(pattern, PROBE).item() == 0.0
     assert previous_token_score(pattern).item() == pytest.approx(1 / (T - 1))  # only q = 1 -> 0 counts
 
 
 def test_perfect_duplicate_token_head():
     pattern = one_hot_pattern(lambda q: q - N if q >= REPEAT else 0)
-    assert duplicate_token_score(pattern, REPEAT, N).item() == 1.0
-    assert induction_score(pattern, REPEAT, N).item() == 0.0
+    assert duplicate_token_score(pattern, PROBE).item() == 1.0
+    assert induction_score(pattern, PROBE).item() == 0.0
 
 
 def test_uniform_causal_attention_has_known_scores():
     pattern = torch.tril(torch.ones(T, T))
     pattern = (pattern / pattern.sum(-1, keepdim=True))[None, None]
     expected = sum(1 / (q + 1) for q in range(REPEAT, REPEAT + N)) / N
-    assert induction_score(pattern, REPEAT, N).item() == pytest.approx(expected)
+    assert induction_score(pattern, PROBE).item() == pytest.approx(expected)
     assert previous_token_score(pattern).item() == pytest.approx(sum(1 / (q + 1) for q in range(1, T)) / (T - 1))
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from data.counter_rng import random_ints, random_uniform
+from data.task import Task, TokenSampler
 
 STEP_STREAM, OUTPUT_STREAM = 2, 3
 
@@ -60,3 +61,26 @@ def bigram_trigger_tokens(
     if not bos:
         return body
     return torch.cat([torch.full((len(body), 1), n_random, dtype=torch.long, device="cpu"), body], dim=1)
+
+
+@dataclass
+class BigramTriggers(Task):
+    """A fixed random bigram chain with ``n_triggers`` trigger tokens, each followed within a sequence
+    by that sequence's own output token (the module docstring); the chain's rows are
+    Dirichlet(``concentration``)."""
+
+    name: str = "bigram_triggers"
+    n_triggers: int = 4
+    concentration: float = 0.5
+
+    def problems(self, n_random: int, n_ctx: int) -> list[str]:
+        problems = super().problems(n_random, n_ctx)
+        if not 1 <= self.n_triggers < n_random:
+            problems.append(f"data.n_triggers={self.n_triggers} must be in [1, {n_random - 1}]")
+        if not self.concentration > 0:
+            problems.append(f"data.concentration={self.concentration} must be > 0")
+        return problems
+
+    def sampler(self, n_random: int) -> TokenSampler:
+        chain = make_chain(self.seed, n_random, self.n_triggers, self.concentration)
+        return lambda ids: bigram_trigger_tokens(chain, self.seed, ids, self.seq_len, self.bos)

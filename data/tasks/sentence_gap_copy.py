@@ -18,11 +18,14 @@ resumable (a batch index fixes its ids) and DDP ranks disjoint (they draw disjoi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from data.counter_rng import random_ints
+from data.task import Task, TokenSampler
 
 TOKEN_STREAM, SENTENCE_STREAM, GAP_STREAM = 0, 1, 2
 
@@ -62,3 +65,34 @@ def sentence_gap_tokens(
         stream[at : at + len(segment)] = segment
         at += len(segment)
     return torch.from_numpy(stream[:total].reshape(rows, seq_len).copy())
+
+
+@dataclass
+class SentenceGapCopy(Task):
+    """Packed ``[BOS] s g s`` segments (the module docstring): sentences of ``U{min_sentence..max_sentence}``
+    tokens, gaps of ``U{0..max_gap}``; 1000 sequences of 100 tokens a step, as seed 002's script."""
+
+    name: str = "sentence_gap_copy"
+    batch_size: int = 1000
+    seq_len: int = 100
+    min_sentence: int = 1
+    max_sentence: int = 50
+    max_gap: int = 50
+
+    def problems(self, n_random: int, n_ctx: int) -> list[str]:
+        problems = super().problems(n_random, n_ctx)
+        if not self.bos:
+            problems.append("data.name=sentence_gap_copy needs data.bos=true (every segment starts with BOS)")
+        if not 1 <= self.min_sentence <= self.max_sentence or self.max_gap < 0:
+            problems.append(
+                f"data.min_sentence={self.min_sentence}, data.max_sentence={self.max_sentence}, data.max_gap={self.max_gap}:"
+                " need 1 <= min_sentence <= max_sentence and max_gap >= 0"
+            )
+        return problems
+
+    def sampler(self, n_random: int) -> TokenSampler:
+        if not self.bos:
+            raise ValueError("sentence_gap_copy needs data.bos=true: every segment starts with BOS")
+        return lambda ids: sentence_gap_tokens(
+            self.seed, ids, self.seq_len, n_random, self.max_sentence, self.max_gap, self.min_sentence
+        )

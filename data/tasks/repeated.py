@@ -13,11 +13,14 @@ Token ids ``0 .. n_random - 1`` are random tokens; ``BOS`` is id ``n_random``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from data.counter_rng import random_ints
+from data.task import Task, TokenSampler
 
 TOKEN_STREAM, LENGTH_STREAM = 0, 1
 
@@ -43,3 +46,27 @@ def repeated_tokens(
     if not bos:
         return body
     return torch.cat([torch.full((len(body), 1), n_random, dtype=body.dtype, device="cpu"), body], dim=1)
+
+
+@dataclass
+class Repeated(Task):
+    """``[BOS], t_1 .. t_n, t_1 .. t_n, ...``: a block of ``n ~ U{n_min..n_max}`` uniform random
+    tokens repeated until the sequence is full (the module docstring)."""
+
+    name: str = "repeated"
+    n_min: int = 8
+    n_max: int = 16
+
+    def problems(self, n_random: int, n_ctx: int) -> list[str]:
+        problems = super().problems(n_random, n_ctx)
+        if not 1 <= self.n_min <= self.n_max:
+            problems.append(f"data.n_min={self.n_min}, data.n_max={self.n_max}: need 1 <= n_min <= n_max")
+        elif self.seq_len - int(self.bos) <= self.n_max:
+            problems.append(
+                f"data.seq_len={self.seq_len} leaves no room to repeat a block of data.n_max={self.n_max} tokens"
+                f" (need seq_len > n_max{' + 1 for BOS' if self.bos else ''})"
+            )
+        return problems
+
+    def sampler(self, n_random: int) -> TokenSampler:
+        return lambda ids: repeated_tokens(self.seed, ids, self.seq_len, n_random, self.n_min, self.n_max, self.bos)

@@ -1,0 +1,88 @@
+"""A task: what a run trains on. One module each in ``data/tasks/`` (found there by name), or in any
+installed package that names its module under the ``induction_composition_tracker`` entry points.
+
+A task is a dataclass subclass of :class:`Task`. Its fields are its options, each default written
+there once (the config learns them: ``data=NAME`` chooses the task, ``data.OPTION=VALUE`` sets one,
+an unknown option is refused before anything runs); :meth:`Task.problems` says what is wrong with
+its values, every problem at once; :meth:`Task.sampler` is its generator, a pure function of the
+seed and the sample ids (so a stream resumes exactly and DDP ranks draw disjoint samples);
+:meth:`Task.probe` is the batch the tracker's head scores, loss views and ablation read (repeated
+random tokens, unless the task defines its own). Subclassing is registering: :func:`tasks` lists
+every subclass by its ``name``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from data.probe import ProbeBatch
+
+TokenSampler = Callable[[np.ndarray], Tensor]
+"""Sample ids ``(b,)`` -> token ids ``[b, seq_len]``."""
+
+
+@dataclass
+class Task:
+    """The options every task has. Token ids ``0 .. n_random - 1`` are the task's own; with ``bos``
+    the id ``n_random`` is BOS (``n_random`` is the model's ``d_vocab`` less one for BOS)."""
+
+    name: str = ""  # the task's name (``data=NAME``): set by each task
+    seed: int = 0  # the config makes it follow the run's ``seed`` unless set on its own (data.seed=S)
+    batch_size: int = 32
+    seq_len: int = 33
+    bos: bool = True
+
+    def problems(self, n_random: int, n_ctx: int) -> list[str]:
+        """Every problem of these options for a model with ``n_random`` task tokens and ``n_ctx``
+        positions, one sentence each naming its keys (empty when the task can run)."""
+        problems = []
+        if self.batch_size < 1:
+            problems.append(f"data.batch_size={self.batch_size} must be >= 1")
+        if self.seq_len < 2:
+            problems.append(f"data.seq_len={self.seq_len} must be >= 2 (a token and the next one to predict)")
+        if self.seq_len > n_ctx:
+            problems.append(f"data.seq_len={self.seq_len} exceeds model.n_ctx={n_ctx}")
+        if n_random < 2:
+            problems.append(f"the model's d_vocab leaves {n_random} task tokens (BOS takes one); need >= 2")
+        return problems
+
+    def sampler(self, n_random: int) -> TokenSampler:
+        """The generator: sample ids ``(b,)`` -> tokens ``[b, seq_len]``, each sample a pure function of
+        ``(seed, id)`` (a packed task: of ``(seed, the batch's first id, batch size)``)."""
+        raise NotImplementedError(f"task {self.name!r} defines no sampler")
+
+    def probe(self, seed: int, batch_size: int, n: int, n_random: int) -> ProbeBatch:
+        """The tracker's probe: ``[BOS], t_1 .. t_n, t_1 .. t_n`` random tokens (:func:`data.probe.make_probe_batch`)."""
+        from data.probe import make_probe_batch
+
+        return make_probe_batch(seed, batch_size, n, n_random, self.bos)
+
+
+BUILT_IN = "data.tasks"
+"""The package whose every module is a built-in task (importing them registers them)."""
+
+
+def tasks() -> dict[str, type[Task]]:
+    """Every task by name: the built-in ones (every module of ``data/tasks/``) and the subclasses of
+    :class:`Task` any already imported module defines (an extension's, ``conf/extensions.py``)."""
+    package = importlib.import_module(BUILT_IN)
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{BUILT_IN}.{module.name}")
+    found: dict[str, type[Task]] = {}
+    stack = list(Task.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if cls.name:
+            if cls.name in found and found[cls.name] is not cls:
+                raise ValueError(f"two tasks are named {cls.name!r}: {found[cls.name].__module__} and {cls.__module__}")
+            found[cls.name] = cls
+    return dict(sorted(found.items()))

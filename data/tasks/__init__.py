@@ -1,0 +1,1 @@
+"""The built-in tasks, one module each; every module here is imported by :func:`data.task.tasks`."""
