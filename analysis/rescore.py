@@ -61,17 +61,20 @@ class Rescore(Analysis):
         from conf.build import build_tracker  # heavy imports only once the request is known to be good
 
         super().__init__(request)
-        self.tracker = build_tracker(request.cfg, request.out_dir)
-        self.tracker.schedule = self.tracker.schedule.at_every_step()
+        self.tracker = build_tracker(request.cfg, request.out_dir).rescoring()
         self.tracker.cost_report = False
 
     def describe(self) -> str:
-        t, s = self.tracker, self.tracker.schedule
-        parts = [f"{len(t.measures)} measure{'s' * (len(t.measures) != 1)} ({', '.join(t.measures)})"]
-        if s.ablation:
-            parts.append(f"ablation ({t.ablation_method}, {t.ablation_kind})")
-        parts += [name for name, every in (("copying", s.copying), ("matching", s.matching)) if every]
-        return ", ".join(parts) + f", probe of {t.probe.tokens.shape[0]} sequences"
+        parts = []
+        for quantity in self.tracker.quantities:
+            if quantity.name == "composition":
+                measures = quantity.options.measures
+                parts.append(f"{len(measures)} measure{'s' * (len(measures) != 1)} ({', '.join(measures)})")
+            elif quantity.name == "ablation":
+                parts.append(f"ablation ({quantity.options.method}, {quantity.options.kind})")
+            elif quantity.every_n_steps is not None and quantity.rescored_every_step:
+                parts.append(quantity.label or quantity.name)
+        return ", ".join(parts) + f", probe of {self.tracker.probe.tokens.shape[0]} sequences"
 
     def start(self, loggers: list) -> None:
         self.loggers = loggers

@@ -58,11 +58,12 @@ from torch import Tensor
 
 from analysis.export import hooked_transformer
 from data.probe import make_probe_batch
-from metrics.snapshot import COMPOSITION_MEASURES, composition_of
+from metrics.composition.measures import WEIGHT_MEASURES
+from metrics.composition.scores import composition_of
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 KINDS = ("Q", "K", "V")
-MEASURES = tuple(COMPOSITION_MEASURES)
+WEIGHTED = tuple(WEIGHT_MEASURES)  # the weight-based measures, each checked against the dense reference
 N_CTX, D_VOCAB, SEED = 33, 257, 0
 SPOT_PAIRS = 10  # random pairs checked against the dense reference, each for Q, K and V
 TOLERANCE = 1e-5  # max relative error, ours vs TL (Frobenius) and vs the dense reference
@@ -173,7 +174,7 @@ def frobenius_k_alone(model: AttentionOnlyTransformer) -> tuple[Callable[[], Ten
         from metrics.composition.engine import composition_scores
     except ImportError:
         return lambda: ours_composition(model, ("frobenius",), [])["frobenius"]["K"], "Q+K+V (no K-only entry point)"
-    frobenius = COMPOSITION_MEASURES["frobenius"]
+    frobenius = WEIGHT_MEASURES["frobenius"]
     dtype = model.W_E.dtype
 
     @torch.no_grad()
@@ -252,7 +253,7 @@ def time_interleaved(
 def warm_up() -> None:
     """Pay one-time costs (lazy imports, LAPACK and thread-pool start-up) on the small shape."""
     model = build_model(SHAPES["small"])
-    ours_composition(model, MEASURES, probe_residual(model))
+    ours_composition(model, WEIGHTED, probe_residual(model))
     frobenius_k_alone(model)[0]()
     tl_scores(build_tl_model(model), "K")
 
@@ -284,7 +285,7 @@ def peak_extra_memory_job(side: str, shape_name: str, threads: int | None) -> di
     model = build_model(SHAPES[shape_name])
     residual = probe_residual(model)
     if side == "ours":
-        work = lambda: ours_composition(model, MEASURES, residual)
+        work = lambda: ours_composition(model, WEIGHTED, residual)
     else:
         tl = build_tl_model(model)
         work = lambda: [tl_scores(tl, mode) for mode in KINDS]
@@ -439,7 +440,7 @@ def spot_check(
     ``spot_pairs`` and every kind. Whitening conjugates: ``W_OV -> Σ^½ W_OV Σ^-½``, ``W_QK -> Σ^½ W_QK Σ^½``."""
     roots = whitening_roots(model64, residual64)
     head = functools.cache(lambda layer, h: dense_head(model64, layer, h))  # one pair of SVDs per head
-    errors = {m: 0.0 for m in MEASURES}
+    errors: dict[str, float] = {}
     for l1, h1, l2, h2 in spot_pairs(shape):
         A, reader = head(l1, h1)["OV"], head(l2, h2)
         for kind, B in {"Q": reader["QK"], "K": reader["QK"].T, "V": reader["OV"]}.items():
@@ -447,9 +448,10 @@ def spot_check(
             for name, (half, inverse_half) in roots.items():
                 B_w = half @ B.matrix @ (inverse_half if kind == "V" else half)
                 reference[name] = dense_frobenius(half @ A.matrix @ inverse_half, B_w)
-            for m in MEASURES:
+            for m in (m for m in WEIGHTED if m in reference):  # a measure the reference does not know is not checked
                 ours = ours64[m][kind][l1, h1, l2, h2].reshape(1)
-                errors[m] = max(errors[m], max_relative_error(ours, torch.tensor([reference[m]], dtype=torch.float64)))
+                error = max_relative_error(ours, torch.tensor([reference[m]], dtype=torch.float64))
+                errors[m] = max(errors.get(m, 0.0), error)
     return errors
 
 
@@ -499,8 +501,8 @@ def time_both_sides(shape: Shape, model, residual, tl, repeats: int, threads: in
     """Float32 seconds: ours per measure (Q, K, V), all measures, Frobenius K alone; TL per mode.
     TL runs in-process, interleaved with ours, unless its call needs more than ``IN_PROCESS_TL_BYTES``."""
     k_alone, k_path = frobenius_k_alone(model)
-    jobs = {"all": lambda: ours_composition(model, MEASURES, residual)}
-    jobs |= {m: (lambda m=m: ours_composition(model, (m,), residual)) for m in MEASURES}
+    jobs = {"all": lambda: ours_composition(model, WEIGHTED, residual)}
+    jobs |= {m: (lambda m=m: ours_composition(model, (m,), residual)) for m in WEIGHTED}
     jobs["frobenius_K"] = k_alone
     tl_in_process = tl_call_bytes(shape, 4) <= IN_PROCESS_TL_BYTES
     if tl_in_process:
@@ -510,7 +512,7 @@ def time_both_sides(shape: Shape, model, residual, tl, repeats: int, threads: in
         result, error = in_subprocess(tl_timing_job, shape.name, repeats, threads)
         seconds |= result["seconds"] if result else {f"tl_{mode}": None for mode in KINDS}
         failed |= result["failed"] if result else {"tl": error}
-    ours = {name: seconds[name] for name in ("all", *MEASURES, "frobenius_K")}
+    ours = {name: seconds[name] for name in ("all", *WEIGHTED, "frobenius_K")}
     tl_times = {mode: seconds[f"tl_{mode}"] for mode in KINDS}
     tl_times["QKV"] = sum(tl_times.values()) if None not in tl_times.values() else None
     speedup = tl_times["K"] / ours["frobenius_K"] if tl_times["K"] and ours["frobenius_K"] else None
@@ -541,7 +543,7 @@ def agreement(shape: Shape, model) -> dict:
     weights_equal, logit_error = tl_matches(model64, tl64)
     result = {"weights_equal_float64": weights_equal, "logit_error_float64": logit_error}
     try:
-        ours64 = ours_composition(model64, MEASURES, residual64)
+        ours64 = ours_composition(model64, WEIGHTED, residual64)
     except (RuntimeError, MemoryError) as error:
         if not is_out_of_memory(error):
             raise
@@ -552,7 +554,7 @@ def agreement(shape: Shape, model) -> dict:
         reference, method = tl_reference(tl64, shape, mode)
         frobenius[mode] = max_relative_error(ours64["frobenius"][mode][mask], reference[mask])
     result |= {"tl_reference": method, "frobenius_vs_tl": frobenius | {"max": max(frobenius.values())}}
-    result["unscored_are_nan"] = all(bool(ours64[m][k][~mask].isnan().all()) for m in MEASURES for k in KINDS)
+    result["unscored_are_nan"] = all(bool(ours64[m][k][~mask].isnan().all()) for m in WEIGHTED for k in KINDS)
     result["dense_spot_check"] = spot_check(model64, residual64, ours64, shape)
     result["dense_spot_pairs"] = len(spot_pairs(shape))
     return result
@@ -576,7 +578,7 @@ def measure_shape(shape: Shape, repeats: int = 3, threads: int | None = None, me
     del tl
     result["memory"] = {side: _memory(side, shape, threads) for side in ("ours", "tl")} if memory else None
     result |= agreement(shape, model)
-    result["flops"] = engine_flops(shape, MEASURES, KINDS, well_conditioned(model, residual))
+    result["flops"] = engine_flops(shape, WEIGHTED, KINDS, well_conditioned(model, residual))
     return result
 
 
@@ -587,7 +589,7 @@ def well_conditioned(model: AttentionOnlyTransformer, residual: list[Tensor]) ->
         from metrics.composition.scores import GRAM_ROUNDING, basis_whitening
     except ImportError:
         return True
-    bases = {COMPOSITION_MEASURES[m].basis for m in MEASURES} - {"raw"}
+    bases = {WEIGHT_MEASURES[m].basis for m in WEIGHTED} - {"raw"}
     eps = torch.finfo(model.W_E.dtype).eps
     return all(basis_whitening(model, b, residual, None).condition * eps <= GRAM_ROUNDING for b in bases)
 
@@ -631,7 +633,7 @@ def report_shape(r: dict, gemm_rate: float) -> list[str]:
         f"float64 {_e(r['logit_error_float64'])}",
         f"ours, float32 model (composition_of returns {r['ours_dtype']}), seconds for Q, K and V together:",
     ]
-    lines += [f"  {m:<17}{_s(ours[m])}" for m in MEASURES]
+    lines += [f"  {m:<17}{_s(ours[m])}" for m in WEIGHTED]
     lines += [
         f"  {'all measures':<17}{_s(ours['all'])}",
         f"frobenius K alone, ours: {_s(ours['frobenius_K'])} via {r['frobenius_K_path']}",

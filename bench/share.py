@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     probes = {"frobenius": [], "share": []}
     for repeat in range(args.repeats + 1):
         for measure in measured:
-            snap = take_snapshot(model, probe, (measure,), copying=False, matching=False)
+            snap = take_snapshot(model, probe, composition={"measures": [measure]})
             if repeat:  # the first round pays one-time costs (the cached random baseline, allocations)
                 measured[measure].append(snap.seconds["composition"])
                 probes[measure].append(snap.seconds["probe"])

@@ -1,16 +1,15 @@
 """The composition tracker: every N optimizer steps, measure the model and log to every logger.
 
-The cheap parts (the probe pass, head scores, loss views and the dense measures, Frobenius by
-default) run at every measured step; each expensive part (every other measure, the ablation,
-copying scores, matching, heatmaps and the whitened bases) on its own schedule. Early in the run
-the tracker prints what one snapshot costs, part by part, and the overhead that implies; at the end,
-how long it spent measuring and drawing.
+What it measures are the tracked quantities (:mod:`metrics.tracked`), each on its own schedule: the
+cheap ones (the probe pass, head scores, loss views and the dense measures, Frobenius by default)
+at every measured step, each expensive one (every other measure, the ablation, copying scores,
+matching, heatmaps, the whitened bases) every so many steps. Early in the run the tracker prints what
+one snapshot costs, part by part, and the overhead that implies; at the end, how long it spent.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -21,9 +20,11 @@ from callbacks.divergence import largest_magnitude
 from data.probe import ProbeBatch
 from metrics.composition.baseline import cache_directory, random_baselines
 from metrics.composition.engine import composition_flops
-from metrics.composition.whitening import Whitening
-from metrics.snapshot import Snapshot, take_snapshot, without_interventions
-from records.keys import INTERVENTION_OFF, snapshot_metrics
+from metrics.snapshot import Snapshot, measure
+from metrics.tracked.base import Heatmap, TrackedQuantity
+from metrics.tracked.composition import Heatmaps
+from metrics.tracked.options import TrackerOptions
+from records.keys import pair_key_count, snapshot_metrics
 from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, snapshot_tensors
 from reports.plots import heatmap_image
@@ -32,12 +33,7 @@ from reports.tracker_cost import WITH_ALL, TrackerCost
 SMALL_SNAPSHOT_FLOPS = 1e9  # below this, a snapshot is many small ops: one thread is faster than two
 
 
-def _name(option) -> str:
-    """An option's name, whether the config gives it as an Enum or a string."""
-    return str(getattr(option, "value", option))
-
-
-def auto_threads(shape, measures: tuple[str, ...]) -> int:
+def auto_threads(shape, measures) -> int:
     """Torch threads for a snapshot when none are configured: 1 for small models, whose snapshot is
     hundreds of tiny ops where waking a second thread costs more than it saves (measured: 6 vs 9 ms
     at the default shape), else as many as training uses (the pair GEMMs of big models scale)."""
@@ -45,102 +41,59 @@ def auto_threads(shape, measures: tuple[str, ...]) -> int:
     return 1 if flops < SMALL_SNAPSHOT_FLOPS else torch.get_num_threads()
 
 
-@dataclass
-class Schedule:
-    """Steps between runs of each part (0: never); every one a multiple of ``every_n_steps``.
-
-    ``all_measures``: every tracked measure, not only the dense ones, scored at these steps and at
-    every ablation step (0: at every snapshot). ``whitening``: the whitened bases (of ``whitened``,
-    ``whitened_resid``, ``token_space``) recomputed, reused in between (0: recomputed whenever scored)."""
-
-    every_n_steps: int
-    ablation: int
-    copying: int
-    matching: int
-    images: int
-    all_measures: int
-    whitening: int
-
-    @classmethod
-    def of(cls, settings) -> Schedule:
-        """The schedule of the config's ``tracker`` section."""
-        return cls(
-            every_n_steps=settings.every_n_steps,
-            ablation=settings.ablation.every_n_steps,
-            copying=settings.copying.every_n_steps,
-            matching=settings.matching.every_n_steps,
-            images=settings.images.every_n_steps,
-            all_measures=settings.all_measures.every_n_steps,
-            whitening=settings.whitening.every_n_steps,
-        )
-
-    def due(self, part: str, step: int, last: bool) -> bool:
-        every = getattr(self, part)
-        return bool(every) and (step % every == 0 or last)
-
-    def at_every_step(self) -> Schedule:
-        """For chosen steps (a re-scoring of saved weights): every part that is on runs at each one,
-        every measure is scored and the whitened bases come from that step; heatmaps keep their period."""
-        on = lambda every: 1 if every else 0
-        return Schedule(
-            every_n_steps=1,
-            ablation=on(self.ablation),
-            copying=on(self.copying),
-            matching=on(self.matching),
-            images=self.images,
-            all_measures=0,
-            whitening=0,
-        )
-
-
 class CompositionTracker(L.Callback):
-    """Logs composition, head scores and loss views on the probe batch every ``schedule.every_n_steps``.
+    """Logs every tracked quantity on the probe batch every ``options.every_n_steps``, each on its schedule.
 
     Runs on global rank 0 only, under ``no_grad``, restoring the model's train/eval mode; it draws
     no random numbers, so training is identical with and without it. Measures at step 0 (before the
     first update), after every ``every_n_steps``-th optimizer step, and at the last step (every
-    part, whatever its schedule).
+    quantity, whatever its schedule).
     """
 
-    def __init__(self, probe: ProbeBatch, settings, run_dir: Path | None = None) -> None:
-        """``settings``: the config's ``tracker`` section (``conf/schema.py``, ``TrackerConfig``; its
-        every default is there); ``run_dir``: where the tensor store goes (None: no store)."""
-        self.probe = probe
-        self.schedule = Schedule.of(settings)
-        self.every_n_steps = self.schedule.every_n_steps
-        self.measures = tuple(settings.measures)
-        self.share = (settings.share_rows, settings.share_centre, settings.share_floor)
-        self.dense_measures = tuple(m for m in self.measures if m in settings.dense_measures)  # at every snapshot
-        self.baseline_samples = settings.baseline_samples
-        self.ablation_method = _name(settings.ablation.method)
-        self.ablation_kind = _name(settings.ablation.kind)
-        self.store_dir = Path(run_dir) / TENSORS_DIR if (settings.store and run_dir is not None) else None
+    def __init__(
+        self,
+        probe: ProbeBatch,
+        quantities: list[TrackedQuantity],
+        options: TrackerOptions | None = None,
+        run_dir: Path | None = None,
+    ) -> None:
+        """``quantities``: what it measures, in the order they run (``conf.build.build_quantities``);
+        ``run_dir``: where the tensor store goes (None: no store)."""
+        self.probe, self.quantities = probe, list(quantities)
+        self.options = options = options or TrackerOptions()
+        self.every_n_steps = options.every_n_steps
+        self.store_dir = Path(run_dir) / TENSORS_DIR if (options.store and run_dir is not None) else None
         self.store: TensorStore | None = None
-        self.max_pair_keys, self.top_pairs = settings.max_pair_keys, settings.top_pairs
-        self.dtype = torch.float64 if _name(settings.precision) == "float64" else None
-        self.num_threads = settings.num_threads
-        self.chunk_bytes = settings.chunk_mb * 2**20
-        self.cost_report = settings.cost_report
-        self.cost = TrackerCost(self.schedule, self.measures, self.dense_measures)
+        self.dtype = torch.float64 if options.precision == "float64" else None
+        self.num_threads = options.num_threads
+        self.chunk_bytes = options.chunk_mb * 2**20
+        self.cost_report = options.cost_report
+        self.cost = TrackerCost(self.quantities, self.every_n_steps)
+        self.per_pair: bool | None = None  # the run's key mode, fixed at its first snapshot
         self.last_step: int | None = None
         self.last_keys: list[str] = []  # the keys of the last snapshot: an unmeasurable one logs NaN under them
-        self.latest: tuple[int, dict[str, float]] | None = (
-            None  # (step, metrics) of the last snapshot, for other callbacks
-        )
-        self.whitenings: dict = {}  # the whitened bases (embedding, residual), reused between refreshes
+        self.latest: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the last snapshot
         self.ablation_used: str | None = None
 
+    def quantity(self, name: str) -> TrackedQuantity | None:
+        return next((q for q in self.quantities if q.name == name), None)
+
+    def due(self, step: int, last: bool) -> set[str]:
+        """The quantities measured at ``step``: each on its own schedule, and those that run with one due."""
+        own = {q.name for q in self.quantities if q.due(step, last)}
+        return own | {q.name for q in self.quantities if own & set(q.runs_with)}
+
     def state_dict(self) -> dict:
-        """What a resumed run needs to measure exactly as an uninterrupted one: the whitened bases in
-        use since their last refresh (``{basis: {"half", "inverse_half"}}``, ``[d_model, d_model]`` each)."""
-        return {
-            "whitenings": {
-                basis: {"half": w.half, "inverse_half": w.inverse_half} for basis, w in self.whitenings.items()
-            }
-        }
+        """What a resumed run needs to measure exactly as an uninterrupted one: each quantity's state
+        (the composition's whitened bases in use since their last refresh)."""
+        return {"quantities": {q.name: state for q in self.quantities if (state := q.state_dict())}}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.whitenings = {basis: Whitening(**w) for basis, w in state_dict.get("whitenings", {}).items()}
+        saved = state_dict.get("quantities", {})
+        if "whitenings" in state_dict:  # a checkpoint of an earlier version: the tracker held them itself
+            saved = {"composition": {"whitenings": state_dict["whitenings"]}}
+        for quantity in self.quantities:
+            quantity.load_state_dict(saved.get(quantity.name, {}))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
@@ -152,10 +105,13 @@ class CompositionTracker(L.Callback):
         baselines (sampled once per shape and cached on disk: a one-time cost, so it is paid here and
         left out of the cost report's estimate), and the tensor store, cut back to before
         ``first_step`` (a resumed run measures its first step again)."""
+        composition = self.quantity("composition")
+        measures = tuple(composition.options.measures) if composition is not None else ()
         if self.num_threads is None:
-            self.num_threads = auto_threads(model.shape, self.measures)
+            self.num_threads = auto_threads(model.shape, measures)
         started = time.perf_counter()
-        random_baselines(model.shape.d_model, model.shape.d_head, self.baseline_samples)
+        if composition is not None:
+            random_baselines(model.shape.d_model, model.shape.d_head, composition.options.baseline_samples)
         if (seconds := time.perf_counter() - started) > 1.0:
             print(
                 f"random baselines for d_model {model.shape.d_model}, d_head {model.shape.d_head}: sampled once in {seconds:.1f} s"
@@ -212,69 +168,73 @@ class CompositionTracker(L.Callback):
         for logger in loggers:
             logger.log_metrics(metrics, step=step)
 
+    def key_mode(self, model) -> bool:
+        """Whether pairs get a key each (see :mod:`records.keys`): decided once, from every tracked
+        quantity's keys per pair, whatever a snapshot happens to score."""
+        if self.per_pair is None:
+            keys_per_pair = sum(q.pair_keys for q in self.quantities if q.applies(model))
+            shape = model.shape
+            self.per_pair = pair_key_count(shape.n_layers, shape.n_heads, keys_per_pair) <= self.options.max_pair_keys
+        return self.per_pair
+
     def measure(self, loggers: list[Logger], model, step: int, last: bool) -> Snapshot:
-        """Take the snapshot due at ``step`` (``last``: every part), log it to ``loggers`` and the
+        """Take the snapshot due at ``step`` (``last``: everything), log it to ``loggers`` and the
         store. The one code path of every snapshot: in training, and when re-scoring saved weights."""
         start = time.perf_counter()
-        s = self.schedule
-        ablate = s.due("ablation", step, last)
-        every_measure = (
-            ablate or not s.all_measures or s.due("all_measures", step, last)
-        )  # the ablation judges every measure
-        measures = self.measures if every_measure else self.dense_measures
-        if s.due("whitening", step, last) or not s.whitening:
-            self.whitenings = {}
-        snap = take_snapshot(
+        snap = measure(
             model,
             self.probe,
-            measures,
-            self.baseline_samples,
-            ablate=ablate,
-            ablation_method=self.ablation_method,
-            ablation_kind=self.ablation_kind,
-            copying=s.due("copying", step, last),
-            matching=s.due("matching", step, last) or ablate,
-            whitenings=self.whitenings,
+            self.quantities,
+            self.due(step, last),
+            step=step,
+            last=last,
             dtype=self.dtype,
             max_chunk_bytes=self.chunk_bytes,
-            share=self.share,
         )
-        self.whitenings = snap.whitenings
-        self.ablation_used = snap.ablation_method or self.ablation_used
+        if (ablation := snap.get("ablation")) is not None:
+            self.ablation_used = ablation.method
+        composition = snap.get("composition")
         for part, seconds in snap.seconds.items():
+            if part == Heatmaps.name:
+                continue  # what heatmaps cost is their drawing (log_heatmaps), where there is W&B
             # a snapshot that scores every measure is booked apart: the others run on their own schedule
-            self.cost.ledger.add(
-                WITH_ALL if part == "composition" and measures != self.dense_measures else part, seconds
-            )
+            every = part == "composition" and composition is not None and not composition.dense
+            self.cost.ledger.add(WITH_ALL if every else part, seconds)
         logging_start = time.perf_counter()
-        metrics = snapshot_metrics(snap, self.max_pair_keys, self.top_pairs, measures=self.measures)
-        if model.intervened:  # a training-time intervention is on: the same scores without it
-            metrics.update({INTERVENTION_OFF + k: v for k, v in without_interventions(model, self.probe).items()})
+        options = self.options
+        metrics = snapshot_metrics(
+            snap.outputs, snap.circuit, self.key_mode(model), options.top_pairs, options.max_head_keys
+        )
         self.last_keys = list(metrics)
         self.latest = (step, metrics)
         for logger in loggers:
             logger.log_metrics(metrics, step=step)
         if self.store is not None:
-            self.store.append(step, snapshot_tensors(snap))
+            self.store.append(step, snapshot_tensors(snap.outputs))
         self.cost.ledger.add("logging", time.perf_counter() - logging_start)
         self.cost.ledger.add("snapshot", time.perf_counter() - start)
-        if s.due("images", step, last):
-            self.log_heatmaps(loggers, snap, step)
+        self.log_heatmaps(loggers, [o for o in snap.outputs if isinstance(o, Heatmap)], step)
         if self.cost_report and (report := self.cost.report_once(step, self.ablation_used)):
             print(report)
         return snap
 
-    def log_heatmaps(self, loggers: list[Logger], snap: Snapshot, step: int) -> None:
+    def log_heatmaps(self, loggers: list[Logger], heatmaps: list[Heatmap], step: int) -> None:
+        """Draw each heatmap and log it to every W&B logger (only W&B shows images)."""
         wandb_loggers = [lg for lg in loggers if isinstance(lg, WandbLogger)]
-        if not wandb_loggers or snap.circuit is None:
-            return  # only W&B shows images; one layer has no pairs to draw
+        if not wandb_loggers or not heatmaps:
+            return
         start = time.perf_counter()
-        for measure, by_kind in snap.composition.items():
-            baseline = snap.baselines.get(measure)  # none for the data-aware share
-            scores = {kind: (s - baseline.mean if baseline else s).float().numpy() for kind, s in by_kind.items()}
-            rgb = heatmap_image(scores)
-            what = f"{measure} minus baseline" if baseline else measure
-            caption = f"{what}, step {step}: rows writers, columns readers (Q | K | V)"
+        for heatmap in heatmaps:
+            rgb = heatmap_image(heatmap.by_kind)
             for logger in wandb_loggers:
-                logger.log_image(key=f"images/composition/{measure}", images=[rgb], step=step, caption=[caption])
+                logger.log_image(key=f"images/{heatmap.name}", images=[rgb], step=step, caption=[heatmap.caption])
         self.cost.ledger.add("images", time.perf_counter() - start)
+
+    def rescoring(self) -> CompositionTracker:
+        """This tracker for chosen steps (a re-scoring of saved weights): every quantity that is on
+        runs at each one, every measure is scored and the whitened bases come from that step;
+        heatmaps keep their period."""
+        self.quantities = [q.for_rescoring() for q in self.quantities]
+        self.every_n_steps = 1
+        self.cost = TrackerCost(self.quantities, 1)
+        return self

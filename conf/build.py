@@ -33,8 +33,11 @@ from conf.validate import intervention_plan, llc_calibration_warning, model_shap
 from data.datamodule import TokenDataModule
 from data.probe import ProbeBatch
 from data.task import Task, TokenSampler, tasks
+from metrics.composition.measures import MEASURES
 from metrics.dynamics.llc import SGLDSettings
 from metrics.dynamics.stages import StageSettings
+from metrics.tracked.base import TrackedQuantity, tracked_quantities
+from metrics.tracked.options import TrackerOptions
 from models.lit_module import InductionLM
 from models.transformer import TransformerShape
 from records.csv_log import ResumableCSVLogger
@@ -69,11 +72,13 @@ def torch_threads(cfg: DictConfig, launcher: DictConfig | None) -> int | None:
 
 def from_config(cls, node, **values):
     """An instance of dataclass ``cls`` from the config ``node``'s values of its fields (``values``
-    given here win): how every object the config describes is built, so a new option of ``cls`` needs
-    no edit here; a key ``cls`` does not have is left out (an earlier version's, in a saved run's config)."""
+    given here win), type-checked and converted as the schema would (nested dataclasses too): how
+    every object the config describes is built, so a new option of ``cls`` needs no edit here. A key
+    ``cls`` does not have is left out (an earlier version's, in a saved run's config)."""
     given = OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else dict(node)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
-    return cls(**{key: value for key, value in given.items() if key in names}, **values)
+    known = {key: value for key, value in given.items() if key in names}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), known, values))
 
 
 def task_of(cfg: DictConfig) -> Task:
@@ -292,9 +297,27 @@ def build_trajectory(
     )
 
 
+def build_quantities(tracker: DictConfig) -> list[TrackedQuantity]:
+    """Every tracked quantity the ``tracker`` section turns on (:mod:`metrics.tracked`), built from
+    its options, in the order they run; one that runs with another (the matching score with the
+    ablation) while that one is on."""
+    registry = tracked_quantities()
+    options = {}
+    for name, owner in [*registry.items(), *MEASURES.items()]:
+        Options = getattr(owner, "Options", None)
+        if Options is not None and (getattr(owner, "root_options", False) or name in tracker):
+            options[name] = from_config(Options, tracker if getattr(owner, "root_options", False) else tracker[name])
+    built = [quantity.from_options(options) for quantity in registry.values()]
+    on = {q.name for q in built if q.enabled and (q.every_n_steps is not None or not q.runs_with)}
+    return [q for q in built if q.name in on or on & set(q.runs_with)]
+
+
 def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     """The tracker as ``cfg.tracker`` configures it (``run_dir`` None: no tensor store)."""
-    return CompositionTracker(build_probe(cfg), cfg.tracker, run_dir)
+    tracker = cfg.tracker
+    return CompositionTracker(
+        build_probe(cfg), build_quantities(tracker), from_config(TrackerOptions, tracker), run_dir
+    )
 
 
 def build_probe(cfg: DictConfig) -> ProbeBatch:

@@ -3,6 +3,7 @@ so a misspelt key, a wrong type or an unknown enum value fails before anything i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -10,13 +11,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from conf.extensions import load_extensions
 from data.task import Task, tasks
-from metrics.composition.baseline import BASELINE_SAMPLES
-from metrics.composition.data_shares import DEFAULT_CENTRE, DEFAULT_ROWS
-from metrics.composition.engine import DEFAULT_CHUNK_BYTES
-from metrics.dynamics.phase_change import SMOOTHING_WINDOW
-from metrics.ground_truth.ablation import ABLATION_KINDS
+from metrics.composition.measures import MEASURES
+from metrics.tracked.base import tracked_quantities
+from metrics.tracked.options import TrackerOptions
 from models.interventions import CIRCUITS, KEEPS, KINDS, REPLACEMENTS, TARGETS
 
 
@@ -101,87 +99,28 @@ class LoggerConfig:
     csv: bool = True
 
 
-class AblationMethod(str, Enum):
-    exact = "exact"
-    attribution = "attribution"
-    auto = "auto"  # exact while it is cheap (metrics.ground_truth.attribution), else attribution patching
+def tracker_config() -> type:
+    """The ``tracker`` section's schema, learnt from what owns each option: the tracker's own options
+    (:class:`metrics.tracked.options.TrackerOptions`), the composition's at its root (``tracker.measures``,
+    ...), and a node ``tracker.NAME`` of every tracked quantity and measure with options of its own
+    (``tracker.ablation``, ``tracker.share``; an extension's too: :mod:`data.extensions`)."""
+    quantities = tracked_quantities()
+    roots = tuple(q.Options for q in quantities.values() if q.root_options)
+    own = [
+        (name, owner.Options)
+        for name, owner in [*quantities.items(), *MEASURES.items()]
+        if getattr(owner, "Options", None) is not None and not getattr(owner, "root_options", False)
+    ]
+    taken = {f.name for base in (TrackerOptions, *roots) for f in dataclasses.fields(base)}
+    if clash := sorted(taken & {name for name, _ in own}):
+        raise ValueError(f"tracked quantities or measures named like tracker options: {clash}")
+    nodes = [(name, options, field(default_factory=options)) for name, options in own]
+    schema = dataclasses.make_dataclass("TrackerConfig", nodes, bases=(TrackerOptions, *roots))
+    schema.__module__ = __name__  # pickled configs (sweep launchers) find it here
+    return schema
 
 
-AblationKind = Enum("AblationKind", [(kind, kind) for kind in ABLATION_KINDS], type=str)
-"""What replaces the writer's output: ``metrics.ground_truth.ablation.ABLATION_KINDS`` (``replacement_of``)."""
-
-
-class TrackerPrecision(str, Enum):
-    model = "model"  # the model's dtype, at least float32, on the model's device
-    float64 = "float64"  # exact; not on MPS
-
-
-@dataclass
-class PartSchedule:
-    """How often an expensive part of the tracker runs: every this many steps (a multiple of
-    ``tracker.every_n_steps``), at step 0 and at the last step; 0 turns it off."""
-
-    every_n_steps: int = 0
-
-
-@dataclass
-class AblationConfig(PartSchedule):
-    """The K-only path ablation of every pair, the ground truth each measure is judged against."""
-
-    every_n_steps: int = 100
-    method: AblationMethod = AblationMethod.auto
-    kind: AblationKind = AblationKind.per_position
-
-
-@dataclass
-class TrackerConfig:
-    enabled: bool = True
-    every_n_steps: int = 10
-    measures: list[str] = field(
-        default_factory=lambda: [
-            "frobenius",
-            "sv_bound",
-            "whitened",
-            "whitened_resid",
-            "token_space",
-            "subspace",
-            "component",
-            "component_share",
-            "share",
-        ]
-    )
-    # those of `measures` scored at every snapshot
-    dense_measures: list[str] = field(default_factory=lambda: ["frobenius", "share"])
-    # the probe positions the data-aware share weighs: repeated (the second copy, where induction works), all, or
-    # induction (the second copy's queries, each with its induction target key only)
-    share_rows: str = DEFAULT_ROWS
-    # besides each query's mean, the share's scores are centred over the probe's sequences (sequences) or not (none)
-    share_centre: str = DEFAULT_CENTRE
-    # logit² of content-dependent score variance a pair added to the Q/K share's denominator: a floor the reader's
-    # attention must pass before its parts get their share (1: the softmax's own unit); 0: the exact share (sums to 1)
-    share_floor: float = 0.0
-    ablation: AblationConfig = field(default_factory=AblationConfig)
-    copying: PartSchedule = field(default_factory=lambda: PartSchedule(100))  # copying scores (weight and empirical)
-    # QK matching scores (and at every ablation)
-    matching: PartSchedule = field(default_factory=lambda: PartSchedule(100))
-    images: PartSchedule = field(default_factory=lambda: PartSchedule(200))  # heatmaps (W&B only)
-    # every measure, not only the dense ones (and at every ablation); 0: every snapshot
-    all_measures: PartSchedule = field(default_factory=lambda: PartSchedule(100))
-    # the whitened bases (covariances, Σ^±½), reused between
-    whitening: PartSchedule = field(default_factory=lambda: PartSchedule(100))
-    # per-pair W&B/CSV keys while they number at most this (6 M + 3 S + 3 per pair: records/keys.py); summaries beyond
-    max_pair_keys: int = 300
-    top_pairs: int = 3  # pairs logged per measure beyond max_pair_keys
-    store: bool = True  # every snapshot's full per-pair tensors to RUN_DIR/tensors
-    precision: TrackerPrecision = TrackerPrecision.model
-    num_threads: int | None = None  # torch threads while measuring; None: 1 for small models, else as training
-    chunk_mb: int = DEFAULT_CHUNK_BYTES // 2**20  # memory bound of one all-pairs product block
-    cost_report: bool = True  # print what a snapshot costs and the expected overhead, once, early
-    baseline_samples: int = BASELINE_SAMPLES
-    probe_batch_size: int = 16
-    probe_n: int = 16
-    probe_seed: int = 0
-    smoothing_window: int = SMOOTHING_WINDOW  # points, for phase-change detection
+TrackerConfig = tracker_config()
 
 
 class TrajectoryTrigger(str, Enum):
@@ -305,7 +244,7 @@ class Config:
     data: Any = MISSING  # a task's own options (data/task.py): the data group stores each task's dataclass
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
-    tracker: TrackerConfig = MISSING
+    tracker: TrackerConfig = MISSING  # type: ignore[valid-type]
     trajectory: TrajectoryConfig = field(default_factory=TrajectoryConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
     intervention: InterventionConfig = MISSING
@@ -320,8 +259,7 @@ def task_node(task: type[Task]) -> DictConfig:
 
 def register_schemas() -> None:
     """Make the schemas available to ``conf/config.yaml`` and each group's YAML files; every task
-    (the built-in ones and the extensions', conf/extensions.py) is an option of the data group."""
-    load_extensions()
+    (the built-in ones and the extensions', data/extensions.py) is an option of the data group."""
     store = ConfigStore.instance()
     for name, task in tasks().items():
         store.store(group="data", name=name, node=task_node(task))

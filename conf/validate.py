@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pickle
@@ -11,9 +12,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from data.task import Task, tasks
-from metrics.composition.data_shares import CENTRES, ROWS
+from metrics.composition.measures import MEASURES
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
-from metrics.snapshot import MEASURES
+from metrics.tracked.base import tracked_quantities
+from metrics.tracked.options import TrackerOptions
 from models.interventions import HEAD_NAME, Intervention, event_steps, plan_of
 from models.transformer import TransformerShape
 from records.keys import flatten
@@ -367,55 +369,34 @@ def trajectory_problems(cfg: DictConfig) -> list[str]:
     return problems
 
 
-TRACKER_PARTS = {
-    "ablation": "ablations are judged",
-    "copying": "copying is scored",
-    "matching": "matching is scored",
-    "images": "images are drawn",
-    "all_measures": "every measure is scored",
-    "whitening": "the whitened bases are refreshed",
-}
-"""Each expensive part of the tracker and what happens at its steps; every_n_steps=0 turns it off,
-except ``all_measures`` and ``whitening``, where 0 means at every snapshot."""
-
-EVERY_SNAPSHOT_AT_ZERO = ("all_measures", "whitening")
-
-
 def tracker_problems(cfg: DictConfig) -> list[str]:
-    """Problems of ``cfg.tracker`` (an enabled tracker)."""
-    model, trainer, tracker = cfg.model, cfg.trainer, cfg.tracker
-    problems = []
-    if tracker.every_n_steps < 1:
-        problems.append(f"tracker.every_n_steps={tracker.every_n_steps} must be >= 1")
-    for part, what in TRACKER_PARTS.items():
-        every = tracker[part].every_n_steps
-        if every < 0:
-            zero = "at every snapshot" if part in EVERY_SNAPSHOT_AT_ZERO else "disables"
-            problems.append(f"tracker.{part}.every_n_steps={every} must be >= 0 (0 {zero})")
-        elif every and tracker.every_n_steps >= 1 and every % tracker.every_n_steps:
-            problems.append(
-                f"tracker.{part}.every_n_steps={every} must be a multiple of"
-                f" tracker.every_n_steps={tracker.every_n_steps} ({what} at measured steps)"
-            )
-    unknown = sorted(set(tracker.measures) - set(MEASURES))
-    if unknown:
-        problems.append(f"tracker.measures has unknown {unknown}; known: {sorted(MEASURES)}")
-    unknown_dense = sorted(set(tracker.dense_measures) - set(MEASURES))
-    if unknown_dense:
-        problems.append(f"tracker.dense_measures has unknown {unknown_dense}; known: {sorted(MEASURES)}")
-    if tracker.share_rows not in ROWS:
-        problems.append(f"tracker.share_rows={tracker.share_rows!r} must be one of {ROWS}")
-    if tracker.share_centre not in CENTRES:
-        problems.append(f"tracker.share_centre={tracker.share_centre!r} must be one of {CENTRES}")
-    if not (math.isfinite(tracker.share_floor) and tracker.share_floor >= 0):
-        problems.append(f"tracker.share_floor={tracker.share_floor} must be a finite number >= 0")
-    if not tracker.measures:
-        problems.append("tracker.measures is empty: name at least one (e.g. [frobenius])")
-    if tracker.probe_n < 2:
-        problems.append(f"tracker.probe_n={tracker.probe_n} must be >= 2")
-    elif tracker.probe_batch_size >= 1 and not data_problems(cfg):
-        from conf.build import build_probe
+    """Problems of ``cfg.tracker`` (an enabled tracker): the tracker's own options', every tracked
+    quantity's and measure's (their ``problems()``), every schedule's against the snapshots', and
+    whether the task's probe fits the model."""
+    from conf.build import build_probe, from_config
 
+    model, trainer, tracker = cfg.model, cfg.trainer, cfg.tracker
+    own = from_config(TrackerOptions, tracker)
+    problems = own.problems()
+    for name, owner in [*tracked_quantities().items(), *MEASURES.items()]:
+        Options = getattr(owner, "Options", None)
+        if Options is None:
+            continue
+        root = getattr(owner, "root_options", False)
+        options = from_config(Options, tracker if root else tracker[name])
+        prefix = "tracker." if root else f"tracker.{name}."
+        problems += [prefix + problem for problem in (options.problems() if hasattr(options, "problems") else [])]
+        schedules = (
+            {"": options} if not root else {f"{f.name}.": getattr(options, f.name) for f in dataclasses.fields(options)}
+        )
+        for key, schedule in schedules.items():
+            every = getattr(schedule, "every_n_steps", 0)
+            if every > 0 and own.every_n_steps >= 1 and every % own.every_n_steps:
+                problems.append(
+                    f"{prefix}{key}every_n_steps={every} must be a multiple of tracker.every_n_steps={own.every_n_steps}"
+                    " (what it measures is measured at snapshots)"
+                )
+    if own.probe_n >= 2 and own.probe_batch_size >= 1 and not data_problems(cfg):
         probe_len = build_probe(cfg).tokens.shape[-1]
         if probe_len > model.n_ctx:
             problems.append(
@@ -423,20 +404,8 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
             )
     if not cfg.logger.csv:
         problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
-    for key, low in (
-        ("probe_batch_size", 1),
-        ("baseline_samples", 2),
-        ("max_pair_keys", 0),
-        ("top_pairs", 0),
-        ("chunk_mb", 1),
-        ("smoothing_window", 1),
-    ):
-        if tracker[key] < low:
-            problems.append(f"tracker.{key}={tracker[key]} must be >= {low}")
-    if tracker.num_threads is not None and tracker.num_threads < 1:
-        problems.append(f"tracker.num_threads={tracker.num_threads} must be >= 1 (or null: as training)")
     if resolved_accelerator(trainer.accelerator) == "mps":
-        if tracker.precision == "float64":
+        if own.precision == "float64":
             problems.append(
                 "tracker.precision=float64 is not available on MPS (no float64 there): use tracker.precision=model"
             )

@@ -71,11 +71,14 @@ BUILT_IN = "data.tasks"
 
 
 def tasks() -> dict[str, type[Task]]:
-    """Every task by name: the built-in ones (every module of ``data/tasks/``) and the subclasses of
-    :class:`Task` any already imported module defines (an extension's, ``conf/extensions.py``)."""
+    """Every task by name: the built-in ones (every module of ``data/tasks/``) and the extensions'
+    (:mod:`data.extensions`)."""
+    from data.extensions import load_extensions
+
     package = importlib.import_module(BUILT_IN)
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{BUILT_IN}.{module.name}")
+    load_extensions()
     found: dict[str, type[Task]] = {}
     stack = list(Task.__subclasses__())
     while stack:

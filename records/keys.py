@@ -1,77 +1,29 @@
-"""Stable, ``/``-namespaced metric keys, and the flattening of a snapshot into them.
+"""Stable, ``/``-namespaced metric keys: a snapshot's outputs (:mod:`metrics.tracked.base`) flattened
+into the W&B and CSV keys, by the kind of each output.
 
 A snapshot holds tensors over every (writer, reader) head pair: ``[L, H, L, H]``, NaN where the
 reader's layer is not later, so ``P = H² L (L - 1) / 2`` scored pairs. One key per pair is what a
-person wants on a small model and unusable on a big one (20,736 pair keys per snapshot at 4 × 8 with
-the eight weight-based measures and the share, 513,216 at 12 × 12: :func:`pair_key_count`, checked
-in tests/records/test_keys.py), so :func:`snapshot_metrics` has two modes.
+person wants on a small model and unusable on a big one (with the default measures, the
+:func:`pair_key_count` of 4 × 8 is 20,736 keys a snapshot, of 12 × 12 513,216), so the pair
+outputs are flattened in one of two modes, chosen once per run from how many keys a pair would get
+(``per_pair``: the tracked quantities' ``pair_keys`` summed, times ``P``, at most ``max_pair_keys``).
 
 Pair names are ``L0H1->L1H3`` (writer -> reader). Flat head indices are ``layer * n_heads + head``.
 
-Always emitted (when the snapshot part is present; a ``None`` part emits no keys)
-----------------------------------------------------------------------------------
-``loss/{first_occurrence,repeated,icl_score}``
-    loss views on the probe batch
-``comp/baseline/{measure}``, ``comp/baseline/{measure}_stderr``
-    the measure's random baseline and its standard error
-``circuit/K/{measure}``, ``circuit/K/{measure}_minus_baseline``, ``circuit/K/{measure}_minus_baseline_rank``
-    the circuit pair's K-composition, raw, minus baseline, its rank among all pairs (1 = top); the
-    data-aware share has no baseline: ``circuit/K/share`` only
-``circuit/share/{Q,K,V}/{tokens,positions,biases}``
-    what the circuit's reader reads besides the heads' writes: those parts' shares (with the share)
-``circuit/{writer,reader}_{layer,head}``
-    which heads the circuit pair is
-``circuit/match``, ``circuit/ablation/{loss_change,pattern_change}``
-    the circuit pair's matching score and ablation effects (when those parts ran)
-``validity/{loss_change,pattern_change}/{measure or match}/{rank_of_truth,spearman}``
-    agreement with the ablation over pairs (``spearman`` left out when undefined)
-``validity/loss_change/{measure or match}/{writer,reader}_{rank_of_truth,spearman}``
-    the same over writers (each summed over its readers) and over readers (summed over writers),
-    for the loss effect only (``HEAD_LEVEL_EFFECTS``)
-``heads/{induction,prev_token,duplicate,copying,copying_empirical,copying_top_rate}/top``
-    the best head's score
+``Scalar(name)``
+    one key, ``name``
+``PerHead(name)``, ``[L, H]``
+    ``{name}/L1H3`` for every head while ``L * H <= max_head_keys``, and ``{name}/top`` (the best
+    head's score); beyond it ``{name}/top_head`` (the best head as a flat index) instead of per head
+``PerPair(name, circuit, top)``, ``[L, H, L, H]``
+    per-pair mode: ``{name}/L0H1->L1H3`` for every scored pair; summary mode: ``{name}/{max,mean}``
+    over the scored pairs and, with ``top``, the ``top_pairs`` best ``{top}/{i}`` (i = 1 is the
+    highest) with ``{top}/{i}/writer`` and ``/reader`` as flat head indices; in both, with ``circuit``,
+    the circuit pair's value ``circuit/{circuit}``
 
-Per-pair mode: while the per-pair keys number at most ``max_pair_keys`` (the default 300)
-------------------------------------------------------------------------------------------
-Each pair costs ``6M + 3S + 3`` keys (M measures with a baseline: Q, K, V raw and minus baseline;
-S without, the share: Q, K, V raw; matching; two ablation effects), so with the eight weight-based
-measures and the share the default 2 × 2 model (4 pairs, 216 keys) logs every pair and 2 × 8 (64
-pairs, 3,456 keys) logs the summary.
-
-``comp/{Q,K,V}/{measure}/L0H1->L1H3``, ``comp/{Q,K,V}/{measure}_minus_baseline/L0H1->L1H3``
-    composition of every pair, raw and minus the baseline
-``match/L0H1->L1H3``
-    QK matching score of every pair
-``ablation/{loss_change,pattern_change}/L0H1->L1H3``
-    K-only path ablation effect of every pair
-
-Summary mode: beyond that
--------------------------
-``comp/{Q,K,V}/{measure}/{max,mean}``, ``comp/{Q,K,V}/{measure}_minus_baseline/{max,mean}``
-    over the scored pairs: each per-pair family becomes its max and mean
-``top/K/{measure}/{i}``, ``top/K/{measure}/{i}/writer``, ``top/K/{measure}/{i}/reader``
-    the i-th highest K-composition (i = 1 .. ``top_pairs``), raw, and its pair as flat head indices
-``match/{max,mean}``, ``top/match/{i}`` (+ ``/writer``, ``/reader``)
-    the matching score likewise
-``ablation/{effect}/{max,mean}``, ``top/ablation/{effect}/{i}`` (+ ``/writer``, ``/reader``)
-    the ablation effects likewise
-
-Head scores
------------
-``heads/{score}/L1H3`` for every head while ``L * H <= max_head_keys``; beyond it
-``heads/{score}/top_head`` instead: the best head as a flat index.
-
-Counts (M measures with a baseline, S shares, ``top_pairs`` T = 3, 2 ablation effects, 3 kinds)
------------------------------------------------------------------------------------------------
-summary mode: ``3 + 2M + 12M + 9M + (3M + 4) + 12 + 24 + 8(M + 1)`` = 323 at M = 8, and
-``6S + 9S + S + 8S + 9`` = 33 more with the share (its max and mean, top pairs, circuit key,
-validity, and the circuit reader's 9 part shares); plus the head keys: ``6 (L H + 1)`` while per
-head (at most 198, at 32 heads), else 12. So at most 554 keys for any shape with the defaults;
-368 at 12 × 12. The validity keys are ``8(M + S + 1)`` (every measure + match): rank and Spearman
-over pairs for 2 effects, and over writers and over readers for the loss effect; an undefined
-Spearman is one key fewer.
-per-pair mode: ``P (6M + 3S + 3) <= max_pair_keys`` pair keys besides the others: 386 keys in all
-for the default 2 × 2 model with the defaults and the ablation.
+Masked (NaN) pairs and heads are never emitted. Which names a snapshot has, and so every key of a
+run, is the tracked quantities' (docs/operations.md lists them; ``python -m reports.tracker_keys``
+counts them for any shape).
 """
 
 from __future__ import annotations
@@ -81,37 +33,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # only for annotations: the keys and the store import nothing heavier than numpy
-    from metrics.snapshot import Snapshot
-
-HEAD_SCORES = {
-    "induction": "induction",
-    "prev_token": "previous_token",
-    "duplicate": "duplicate_token",
-    "copying": "copying",
-    "copying_empirical": "empirical_copying",
-    "copying_top_rate": "copying_top_rate",
-}
-"""Key under ``heads/`` -> the Snapshot attribute holding that ``[L, H]`` score."""
-
-INTERVENTION_OFF = "intervention_off/"
-"""Prefix of the scores measured with a run's training-time interventions off (``loss/repeated``,
-``heads/prev_token/top``, ``heads/induction/top``), logged at the snapshots where one is on."""
-
-HEAD_LEVEL_EFFECTS = ("loss_change",)
-"""Ablation effects whose writer- and reader-level agreement is logged (the validity table reads
-only these); 4 keys per scorer and effect, so the pattern effect's would cost 4(M + 1) more."""
-
-KINDS_RANKED = "K"
-"""The kind whose top pairs are named in summary mode: K-composition is what induction heads use."""
+if TYPE_CHECKING:  # only for annotations: the keys import nothing heavier than numpy
+    from metrics.tracked.base import Output
 
 
 def head_name(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
-
-
-def pair_name(writer: tuple[int, int], reader: tuple[int, int]) -> str:
-    return f"{head_name(*writer)}->{head_name(*reader)}"
 
 
 def scored_pair_count(n_layers: int, n_heads: int) -> int:
@@ -119,80 +46,29 @@ def scored_pair_count(n_layers: int, n_heads: int) -> int:
     return n_heads * n_heads * n_layers * (n_layers - 1) // 2
 
 
-def pair_key_count(n_pairs: int, n_measures: int, n_shares: int = 0) -> int:
-    """Keys one snapshot spends on pairs in per-pair mode: ``6M + 3S + 3`` per pair (``M`` measures
-    with a baseline, ``S`` without: the data-aware share)."""
-    return n_pairs * (6 * n_measures + 3 * n_shares + 3)
+def pair_key_count(n_layers: int, n_heads: int, keys_per_pair: int) -> int:
+    """Keys one snapshot spends on pairs in per-pair mode."""
+    return scored_pair_count(n_layers, n_heads) * keys_per_pair
 
 
 def snapshot_metrics(
-    snap: Snapshot,
-    max_pair_keys: int = 300,
-    top_pairs: int = 3,
-    max_head_keys: int = 32,
-    measures: tuple[str, ...] | None = None,
+    outputs: list[Output], circuit, per_pair: bool, top_pairs: int, max_head_keys: int
 ) -> dict[str, float]:
-    """Every key of ``snap`` (see the module docstring): one key per pair while those keys number at
-    most ``max_pair_keys`` (:func:`pair_key_count`), else per-family max/mean, the ``top_pairs`` best pairs and the
-    circuit pair. Per-head keys while the model has at most ``max_head_keys`` heads. Masked (NaN)
-    pairs are never emitted; ``None`` parts of the snapshot emit nothing. ``measures``: the measures
-    a run tracks (default: those in ``snap``), so that a snapshot scoring only some of them (the
-    whitened ones have their own schedule) keeps the run's mode, per pair or summary."""
+    """Every key of a snapshot's ``outputs`` (see the module docstring): pair outputs one key per pair
+    (``per_pair``) or as their summaries and ``top_pairs`` best pairs; per-head keys while the model
+    has at most ``max_head_keys`` heads; ``circuit``: the snapshot's circuit pair (None: no ``circuit/`` keys of pairs)."""
+    from metrics.tracked.base import PerHead, PerPair, Scalar, as_numpy
+
+    families = PairFamilies(per_pair, top_pairs, circuit)
     metrics: dict[str, float] = {}
-    for key, value in (
-        ("loss/first_occurrence", snap.first_occurrence_loss),
-        ("loss/repeated", snap.repeated_loss),
-        ("loss/icl_score", snap.icl_score),
-    ):
-        if value is not None:
-            metrics[key] = float(value)
-    for key, attribute in HEAD_SCORES.items():
-        scores = getattr(snap, attribute)
-        if scores is not None:
-            metrics.update(head_metrics(f"heads/{key}", _as_numpy(scores), max_head_keys))
-    shape = _pair_shape(snap)
-    if shape is not None:
-        from metrics.composition.data_shares import DATA_MEASURES  # torch: only with a snapshot to flatten
-
-        tracked = tuple(snap.composition) if measures is None else measures
-        shares = sum(m in DATA_MEASURES for m in tracked)
-        per_pair = pair_key_count(scored_pair_count(*shape), len(tracked) - shares, shares) <= max_pair_keys
-        families = PairFamilies(per_pair, top_pairs, snap.circuit)
-        metrics.update(composition_metrics(snap, families))
-        if snap.matching is not None:
-            metrics.update(families.metrics("match", _as_numpy(snap.matching), "match", "top/match"))
-        if snap.ablation is not None:
-            for effect, values in snap.ablation.effects().items():
-                metrics.update(
-                    families.metrics(
-                        f"ablation/{effect}", _as_numpy(values), f"ablation/{effect}", f"top/ablation/{effect}"
-                    )
-                )
-    metrics.update(validity_metrics(snap))
-    if snap.circuit is not None and snap.share_parts is not None:
-        metrics.update(share_part_metrics(snap.share_parts, snap.circuit[1]))
-    if snap.circuit is not None:
-        (l1, h1), (l2, h2) = snap.circuit
-        metrics.update(
-            {
-                "circuit/writer_layer": l1,
-                "circuit/writer_head": h1,
-                "circuit/reader_layer": l2,
-                "circuit/reader_head": h2,
-            }
-        )
+    for output in outputs:
+        if isinstance(output, Scalar):
+            metrics[output.name] = float(output.value)
+        elif isinstance(output, PerHead):
+            metrics.update(head_metrics(output.name, as_numpy(output.values), max_head_keys))
+        elif isinstance(output, PerPair):
+            metrics.update(families.metrics(output.name, as_numpy(output.values), output.circuit, output.top))
     return metrics
-
-
-def share_part_metrics(parts, reader: tuple[int, int]) -> dict[str, float]:
-    """``circuit/share/{Q,K,V}/{tokens,positions,biases}``: the share of each part other than the
-    heads in what the circuit's reader reads (what the writer's share leaves)."""
-    layer, head = reader
-    return {
-        f"circuit/share/{kind}/{part}": float(getattr(parts, part)[kind][layer, head])
-        for kind in parts.heads
-        for part in ("tokens", "positions", "biases")
-    }
 
 
 def head_metrics(prefix: str, scores: np.ndarray, max_head_keys: int) -> dict[str, float]:
@@ -270,71 +146,6 @@ def top_pair_metrics(prefix: str, values: np.ndarray, count: int) -> dict[str, f
         metrics[f"{prefix}/{rank}/writer"] = writer
         metrics[f"{prefix}/{rank}/reader"] = reader
     return metrics
-
-
-def composition_metrics(snap: Snapshot, families: PairFamilies) -> dict[str, float]:
-    """``comp/`` keys of every measure and kind, ``comp/baseline/`` and ``circuit/K/`` keys, and in
-    summary mode ``top/K/`` keys."""
-    metrics: dict[str, float] = {}
-    for measure, by_kind in (snap.composition or {}).items():
-        baseline = snap.baselines.get(measure) if snap.baselines else None
-        if baseline is not None:
-            metrics[f"comp/baseline/{measure}"] = baseline.mean
-            metrics[f"comp/baseline/{measure}_stderr"] = baseline.stderr
-        raw = {kind: _as_numpy(scores) for kind, scores in by_kind.items() if scores is not None}
-        for kind, scores in raw.items():
-            top = f"top/{kind}/{measure}" if kind == KINDS_RANKED else None
-            metrics.update(families.metrics(f"comp/{kind}/{measure}", scores, top_prefix=top))
-            if baseline is not None:
-                metrics.update(families.metrics(f"comp/{kind}/{measure}_minus_baseline", scores - baseline.mean))
-        if snap.circuit is not None and "K" in raw:
-            (l1, h1), (l2, h2) = snap.circuit
-            circuit_k = raw["K"][l1, h1, l2, h2]  # a numpy scalar: minus the baseline in the tensor's precision
-            metrics[f"circuit/K/{measure}"] = float(circuit_k)
-            if baseline is not None:
-                metrics[f"circuit/K/{measure}_minus_baseline"] = float(circuit_k - baseline.mean)
-                metrics[f"circuit/K/{measure}_minus_baseline_rank"] = float(snap.pair_rank(measure, "K", snap.circuit))
-    return metrics
-
-
-def validity_metrics(snap: Snapshot) -> dict[str, float]:
-    """``validity/{effect}/{measure}/{rank_of_truth,spearman}`` (pair level) and, for the effects in
-    ``HEAD_LEVEL_EFFECTS`` when the agreement carries them, the head levels
-    ``.../{writer,reader}_{rank_of_truth,spearman}``; an undefined (NaN) Spearman is left out."""
-    metrics: dict[str, float] = {}
-    for effect, by_measure in (snap.validity or {}).items():
-        for measure, agreed in by_measure.items():
-            levels = [("", agreed)]
-            if effect in HEAD_LEVEL_EFFECTS:
-                levels += [(f"{level}_", getattr(agreed, level, None)) for level in ("writer", "reader")]
-            for prefix, level in levels:
-                if level is None:
-                    continue
-                metrics[f"validity/{effect}/{measure}/{prefix}rank_of_truth"] = float(level.rank_of_truth)
-                if level.spearman == level.spearman:  # undefined (NaN) when a side is constant
-                    metrics[f"validity/{effect}/{measure}/{prefix}spearman"] = level.spearman
-    return metrics
-
-
-def _pair_shape(snap: Snapshot) -> tuple[int, int] | None:
-    """``(n_layers, n_heads)`` from the first pair tensor present, None when there is none."""
-    candidates = [s for by_kind in (snap.composition or {}).values() for s in by_kind.values()]
-    candidates += [snap.matching] + (list(snap.ablation.effects().values()) if snap.ablation is not None else [])
-    for tensor in candidates:
-        if tensor is not None:
-            return tuple(tensor.shape[:2])
-    return None
-
-
-def _as_numpy(values) -> np.ndarray:
-    """A CPU numpy copy of a tensor (or an array as is), in its own precision if numpy has it
-    (float32, float64), else float32 (numpy has no bfloat16)."""
-    if not hasattr(values, "detach"):
-        return np.asarray(values)
-    values = values.detach()
-    if values.is_floating_point() and values.element_size() < 4:  # float16, bfloat16
-        values = values.float()
-    return values.cpu().numpy()
 
 
 def _without_nan(keys: tuple[str, ...], values: list[float]) -> dict[str, float]:

@@ -30,11 +30,10 @@ from urllib.parse import quote
 
 import numpy as np
 
-from records.keys import HEAD_SCORES
 from records.layout import INDEX_NAME
 
 if TYPE_CHECKING:  # only for annotations: reading a store needs numpy alone, not torch
-    from metrics.snapshot import Snapshot
+    from metrics.tracked.base import Output
 
 """The store's folder inside a run directory."""
 
@@ -152,30 +151,19 @@ def read_tensor_store(
     return out
 
 
-def snapshot_tensors(snap: Snapshot) -> dict[str, np.ndarray]:
-    """The tensors of ``snap`` worth storing, by name (parts that are None are left out):
+def snapshot_tensors(outputs: list[Output]) -> dict[str, np.ndarray]:
+    """The tensors of a snapshot's outputs worth storing, by name: every :class:`PerHead` ``[L, H]``
+    (``heads/induction``, ...), every :class:`PerPair` ``[L, H, L, H]`` it does not mark otherwise
+    (``comp/K/frobenius``, ``match``, ``ablation/loss_change``: NaN where the reader is not later),
+    every :class:`Stored` array (``comp/baseline/frobenius``: the baseline's mean and standard error)."""
+    from metrics.tracked.base import PerHead, PerPair, Stored
 
-    ``comp/{kind}/{measure}`` ``[L, H, L, H]`` raw composition (NaN where the reader is not later);
-    ``comp/baseline/{measure}`` ``[2]``: the baseline's mean and standard error;
-    ``match`` ``[L, H, L, H]``; ``ablation/{effect}`` ``[L, H, L, H]``;
-    ``heads/{score}`` ``[L, H]`` under the same names as the W&B keys (``heads/induction``, ...)."""
-    tensors: dict[str, np.ndarray] = {}
-    for measure, by_kind in (snap.composition or {}).items():
-        for kind, scores in by_kind.items():
-            if scores is not None:
-                tensors[f"comp/{kind}/{measure}"] = _as_float32(scores)
-        baseline = (snap.baselines or {}).get(measure)
-        if baseline is not None:
-            tensors[f"comp/baseline/{measure}"] = np.array([baseline.mean, baseline.stderr])
-    if snap.matching is not None:
-        tensors["match"] = _as_float32(snap.matching)
-    if snap.ablation is not None:
-        for effect, values in snap.ablation.effects().items():
-            tensors[f"ablation/{effect}"] = _as_float32(values)
-    for key, attribute in HEAD_SCORES.items():
-        scores = getattr(snap, attribute)
-        if scores is not None:
-            tensors[f"heads/{key}"] = _as_float32(scores)
+    tensors = {}
+    for output in outputs:
+        if isinstance(output, Stored):
+            tensors[output.name] = np.asarray(output.values)  # as given; float32 once appended
+        elif isinstance(output, PerHead) or (isinstance(output, PerPair) and output.store):
+            tensors[output.name] = _as_float32(output.values)
     return tensors
 
 

@@ -6,9 +6,10 @@ lays them out in the keys' sorted order, nine to a page; the tracker's key names
 logged as ``SECTION/K`` (the CSV and the tensor store keep ``K``):
 
 ==================  =============================================================================
-``1_story``         the curve of the phase change: repeated vs first-occurrence loss and their gap,
-                    the top induction and previous-token scores, the circuit pair's Frobenius
-                    K-composition (raw, its rank), its data-aware K share and its ablation loss change
+``1_story``         the keys the tracked quantities tell first (their ``story``): by default the curve
+                    of the phase change, repeated vs first-occurrence loss and their gap, the top
+                    induction and previous-token scores, the circuit pair's Frobenius K-composition
+                    (raw, its rank), its data-aware K share and its ablation loss change
 ``2_composition``   the circuit pair under every measure (``circuit/``) and the measures' random
                     baselines (``comp/baseline/``)
 ``3_ground_truth``  each measure's agreement with the ablation (``validity/``)
@@ -27,33 +28,22 @@ summary a runs table can show: the minimum and last value of a loss, the maximum
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 
 from lightning.pytorch.loggers import WandbLogger
-
-from metrics.composition.data_shares import SHARE
 
 STEP_KEY = "trainer/global_step"
 """The step axis of every key (Lightning's ``WandbLogger`` logs the step under it)."""
 
-STORY_MEASURE = "frobenius"
-"""The measure whose circuit-pair curve is told in ``1_story``: seed 002's, and the one the tracker
-logs most often by default."""
 
-STORY = frozenset(
-    {
-        "loss/repeated",
-        "loss/first_occurrence",
-        "loss/icl_score",
-        "heads/induction/top",
-        "heads/prev_token/top",
-        f"circuit/K/{STORY_MEASURE}",
-        f"circuit/K/{STORY_MEASURE}_minus_baseline_rank",
-        f"circuit/K/{SHARE}",
-        "circuit/ablation/loss_change",
-    }
-)
-"""The tracker keys of ``1_story``: nine, one page of ``wandb leet``. (The Frobenius curve minus its
-baseline is the raw curve moved by a constant: in ``2_composition``.)"""
+@cache
+def story() -> frozenset[str]:
+    """The tracker keys of ``1_story``: those the tracked quantities tell first (their ``story``; nine
+    by default, one page of ``wandb leet``)."""
+    from metrics.tracked.base import tracked_quantities
+
+    return frozenset(key for quantity in tracked_quantities().values() for key in quantity.story)
+
 
 SECTIONS = (
     ("2_composition", ("circuit/", "comp/baseline/")),
@@ -68,7 +58,7 @@ SECTION_NAMES = ("1_story", *(name for name, _ in SECTIONS))
 
 def section_of(key: str) -> str | None:
     """The W&B section of tracker key ``key``; None for keys that are not the tracker's."""
-    if key in STORY:
+    if key in story():
         return "1_story"
     return next((name for name, prefixes in SECTIONS if key.startswith(prefixes)), None)
 
@@ -91,7 +81,7 @@ def summary_of(key: str) -> str | None:
     and the best heads' scores, the last value (W&B's default, under the key itself) for the rest."""
     if key.startswith("loss/") or key.endswith("_rank"):
         return "min,last"
-    if key in STORY or (key.startswith("heads/") and key.endswith("/top")):
+    if key in story() or (key.startswith("heads/") and key.endswith("/top")):
         return "max,last"
     return None
 

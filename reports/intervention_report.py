@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from metrics.composition.data_shares import SHARE
 from reports.plots import plt
 
 CIRCUIT_PATTERN = 0.1
@@ -38,7 +39,6 @@ CURVES = {
     "circuit/K/share": "circuit pair K share\n(data-aware)",
 }
 """The series drawn per group, and their axis labels."""
-SHARE = "share"
 
 
 def circuit_values(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""When each measure rises, against the ground truth: the run's circuit pair through its phase change.
+"""When each measure rises, against the ground truth: the run's causal pair through its phase change.
 
     python -m reports.rise RUN_DIR                                 # one run
     python -m reports.rise multirun/DATE/TIME                      # every job of a sweep, then mean ± sd
@@ -9,8 +9,9 @@ rises to its final value. Whether a measure does that is a question about time, 
 ablation (docs/measures.md, "Ground truth: ablation") answers it for the model itself: how much the
 writer's write into the reader's keys moves the reader's pattern (``--effect pattern_change``, the
 default: what K composition acts on) or the repeated-token loss (``loss_change``). So every series
-here is the run's **circuit pair** (the pair whose ablation hurts the loss most at the last
-ablation step, the validity table's ground-truth pair), read from the run's tensor store (``tensors/``, every
+here is the run's **causal pair** (the pair whose ablation hurts the loss most at the last
+ablation step, the validity table's ground-truth pair; not always the circuit pair the tracker
+names from the head scores, docs/measures.md), read from the run's tensor store (``tensors/``, every
 pair at every snapshot), and put on one scale: its **rise** ``r(t) = (v(t) − v(t₀)) / (v_final −
 v(t₀))``, 0 at the first step and 1 at its final level (the mean over the last quarter of its steps,
 well after the phase change in the default run). The ablation's own rise is the reference row
@@ -124,7 +125,7 @@ def rise_row(
     }
 
 
-def circuit_pair(effects: np.ndarray) -> tuple[int, int, int, int]:
+def causal_pair(effects: np.ndarray) -> tuple[int, int, int, int]:
     """``effects [L, H, L, H]`` at the last ablation step: the pair that moves most (NaN pairs skipped)."""
     flat = np.where(np.isnan(effects), -np.inf, effects)
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(flat)), flat.shape))
@@ -140,7 +141,7 @@ def rise_table(source: Path, effect: str = "pattern_change", kind: str = "K") ->
     if f"ablation/{effect}" not in store:
         raise ValueError(f"{source / TENSORS_DIR} has no ablation/{effect} (was the ablation on, with tracker.store?)")
     truth_steps, truth_values = store[f"ablation/{effect}"]
-    pair = circuit_pair(store["ablation/loss_change"][1][-1] if "ablation/loss_change" in store else truth_values[-1])
+    pair = causal_pair(store["ablation/loss_change"][1][-1] if "ablation/loss_change" in store else truth_values[-1])
     index = (slice(None), *pair)
     truth = (truth_steps, rise(truth_steps, truth_values[index]))
     rows = {TRUTH: rise_row(truth_steps, truth_values[index], truth, change)}

@@ -25,9 +25,10 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW, PhaseChange, detect_phase_change
-from metrics.snapshot import MEASURES
+from metrics.tracked.base import registered_measures, tracked_quantities
+from metrics.tracked.probe_views import INTERVENTION_OFF
 from records.csv_log import write_rows
-from records.keys import INTERVENTION_OFF, scored_flat_indices
+from records.keys import scored_flat_indices
 from records.layout import (
     COMPOSITION_FIGURE,
     CSV_RELATIVE_PATH,
@@ -90,22 +91,14 @@ def phase_change_of(series, key: str, falling: bool, window: int) -> PhaseChange
 
 
 def summarize(series, window: int) -> dict[str, float]:
-    """Final values and phase-change steps of a run, from its logged series."""
+    """Final values and phase-change steps of a run, from its logged series: the keys each tracked
+    quantity names for them (its ``summary`` and ``phase_changes``)."""
+    quantities = tracked_quantities().values()
     summary: dict[str, float] = {}
-    for key in (
-        "loss/repeated",
-        "loss/first_occurrence",
-        "heads/induction/top",
-        "heads/prev_token/top",
-        "circuit/K/frobenius",
-        "circuit/K/frobenius_minus_baseline",
-        "circuit/K/frobenius_minus_baseline_rank",
-        "circuit/K/share",
-        *(INTERVENTION_OFF + k for k in ("loss/repeated", "heads/prev_token/top", "heads/induction/top")),
-    ):
+    for key in (key for quantity in quantities for key in quantity.summary):
         if key in series:
             summary[f"final/{key}"] = float(series[key][1][-1])
-    for name, key, falling in (("loss", "loss/repeated", True), ("induction", "heads/induction/top", False)):
+    for name, (key, falling) in ((n, change) for q in quantities for n, change in q.phase_changes.items()):
         change = phase_change_of(series, key, falling, window)
         if change is not None:
             summary[f"phase_change/{name}_onset_step"] = change.onset_step
@@ -174,9 +167,9 @@ def stored_other_pairs(
 
 
 def tracked_measures(names) -> list[str]:
-    """Measures with a stored ``comp/{kind}/{measure}`` among ``names``, in ``MEASURES`` order."""
+    """Measures with a stored ``comp/{kind}/{measure}`` among ``names``, in the registry's order."""
     found = {name.split("/")[2] for name in names if name.startswith("comp/") and not name.startswith("comp/baseline/")}
-    order = list(MEASURES)
+    order = list(registered_measures())
     return sorted(found, key=lambda m: (order.index(m) if m in order else len(order), m))
 
 

@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 
 from metrics.dynamics.phase_change import PhaseChange, smooth
 from metrics.ground_truth.validity import LEVELS, first_step_ranked_first_for_good
-from metrics.snapshot import MATCHING, MEASURES
+from metrics.heads.circuit_scores import MATCHING
+from metrics.tracked.base import registered_measures
 from reports.plots import Window, mark_interventions, mark_phase_change, plt
 
 EFFECTS = {"loss_change": "repeated-token loss", "pattern_change": "attention pattern"}
@@ -69,10 +70,10 @@ SUMMARY_COLUMNS = (
 
 def judged_measures(series) -> list[str]:
     """Measures with logged agreement (``validity/loss_change/{m}/rank_of_truth``), in the order of
-    ``MEASURES``, the matching score last."""
+    the measures' registry, the matching score last."""
     prefix, suffix = "validity/loss_change/", "/rank_of_truth"
     found = [k[len(prefix) : -len(suffix)] for k in series if k.startswith(prefix) and k.endswith(suffix)]
-    order = [*MEASURES, MATCHING]
+    order = [*registered_measures(), MATCHING]
     return sorted(found, key=lambda m: order.index(m) if m in order else len(order))
 
 

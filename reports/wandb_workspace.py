@@ -17,10 +17,12 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from metrics.snapshot import COMPOSITION_MEASURES, MEASURES
+from metrics.composition.measures import WEIGHT_MEASURES
+from metrics.heads.circuit_scores import MATCHING
+from metrics.tracked.base import registered_measures
 from records.wandb_log import wandb_key
 
-SCORERS = (*MEASURES, "match")
+SCORERS = (*registered_measures(), MATCHING)
 
 
 @dataclass(frozen=True)
@@ -82,17 +84,17 @@ SECTIONS = (
             Panel(
                 "line",
                 "circuit pair's K-composition minus baseline, every measure",
-                tracker(*(f"circuit/K/{m}_minus_baseline" for m in COMPOSITION_MEASURES)),
+                tracker(*(f"circuit/K/{m}_minus_baseline" for m in WEIGHT_MEASURES)),
             ),
             Panel(
                 "line",
                 "circuit pair's rank among all pairs (1 = first), every measure",
-                tracker(*(f"circuit/K/{m}_minus_baseline_rank" for m in COMPOSITION_MEASURES)),
+                tracker(*(f"circuit/K/{m}_minus_baseline_rank" for m in WEIGHT_MEASURES)),
             ),
             Panel(
                 "media",
                 "Q | K | V composition heatmaps (step slider)",
-                tuple(f"images/composition/{m}" for m in MEASURES),
+                tuple(f"images/composition/{m}" for m in registered_measures()),
             ),
         ),
     ),

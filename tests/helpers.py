@@ -20,14 +20,22 @@ from data.probe import ProbeBatch
 from data.tasks.repeated import Repeated
 from metrics.composition.baseline import Baseline
 from metrics.composition.data_shares import SHARE, DataShares
+from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.ground_truth.ablation import KeyAblation
 from metrics.ground_truth.validity import Agreement
-from metrics.snapshot import COMPOSITION_MEASURES, MATCHING, MEASURES, Snapshot
+from metrics.heads.circuit_scores import MATCHING
+from metrics.snapshot import Snapshot
+from metrics.tracked.base import registered_measures
+from metrics.tracked.circuit_scores import CopyingScores
+from metrics.tracked.composition import CompositionScores
+from metrics.tracked.ground_truth import AblationResult
+from metrics.tracked.probe_views import LossViewValues
 from models.lit_module import InductionLM
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records import wandb_records
 
 REPO = Path(__file__).resolve().parents[1]
+MEASURES = tuple(registered_measures())  # every built-in measure (the tests register no other)
 
 
 # --- a hand-built induction circuit ------------------------------------------------------------
@@ -140,7 +148,7 @@ def fit_repeated(trainer: L.Trainer, warmup_steps: int, weight_decay: float = 0.
     return module
 
 
-ALL_MEASURES = tuple(COMPOSITION_MEASURES)
+ALL_MEASURES = tuple(WEIGHT_MEASURES)
 
 
 def pair_tensor(n_layers: int, n_heads: int, generator: torch.Generator) -> torch.Tensor:
@@ -151,45 +159,91 @@ def pair_tensor(n_layers: int, n_heads: int, generator: torch.Generator) -> torc
     return values.masked_fill(~later, float("nan"))
 
 
-def fake_snapshot(n_layers: int, n_heads: int, measures=MEASURES, seed: int = 0, **overrides) -> Snapshot:
-    """A snapshot of random scores with every part present (the ablation and validity too), as
-    ``take_snapshot`` lays them out (a baseline for each weight-based measure; the data-aware share's
-    parts when it is among ``measures``); ``overrides`` replace fields (e.g. ``ablation=None``)."""
+def fake_results(n_layers: int, n_heads: int, measures=None, seed: int = 0) -> dict:
+    """Random results of every tracked quantity, as the quantities lay them out (a baseline for each
+    weight-based measure; the data-aware share's parts when it is among ``measures``, every built-in
+    measure by default); the ablation and validity too."""
+    measures = tuple(MEASURES) if measures is None else tuple(measures)
     g = torch.Generator().manual_seed(seed)
     heads = lambda: torch.rand(n_layers, n_heads, generator=g, dtype=torch.float64)
-    composition = {m: {kind: pair_tensor(n_layers, n_heads, g) for kind in "QKV"} for m in measures}
+    scores = {m: {kind: pair_tensor(n_layers, n_heads, g) for kind in "QKV"} for m in measures}
     parts = lambda: {kind: heads() for kind in "QKV"}
-    fields = dict(
-        composition=composition,
-        share_parts=DataShares(composition[SHARE], parts(), parts(), parts()) if SHARE in measures else None,
-        baselines={
-            m: Baseline(mean=0.1 + 0.01 * i, stderr=0.001, n_samples=100)
-            for i, m in enumerate(measures)
-            if m in COMPOSITION_MEASURES
-        },
-        previous_token=heads(),
-        induction=heads(),
-        duplicate_token=heads(),
-        copying=heads(),
-        empirical_copying=heads(),
-        copying_top_rate=heads(),
-        matching=pair_tensor(n_layers, n_heads, g),
-        first_occurrence_loss=5.0,
-        repeated_loss=2.0,
-        icl_score=-1.0,
-        circuit=((0, min(1, n_heads - 1)), (1, 0)) if n_layers > 1 else None,
-        ablation=KeyAblation(
-            pattern_change=pair_tensor(n_layers, n_heads, g), loss_change=pair_tensor(n_layers, n_heads, g)
+    extras = {SHARE: DataShares(scores[SHARE], parts(), parts(), parts())} if SHARE in measures else {}
+    baselines = {
+        m: Baseline(mean=0.1 + 0.01 * i, stderr=0.001, n_samples=100)
+        for i, m in enumerate(measures)
+        if m in WEIGHT_MEASURES
+    }
+    results = {
+        "loss_views": LossViewValues(first_occurrence=5.0, repeated=2.0, icl_score=-1.0),
+        "previous_token": heads(),
+        "induction": heads(),
+        "duplicate_token": heads(),
+        "circuit": ((0, min(1, n_heads - 1)), (1, 0)) if n_layers > 1 else None,
+        "composition": CompositionScores(scores, baselines, extras),
+        "copying": CopyingScores(heads(), heads(), heads()),
+        "matching": pair_tensor(n_layers, n_heads, g),
+        "ablation": AblationResult(
+            KeyAblation(
+                pattern_change=pair_tensor(n_layers, n_heads, g), loss_change=pair_tensor(n_layers, n_heads, g)
+            ),
+            "exact",
         ),
-        validity={
+        "validity": {
             effect: {
                 m: Agreement(2, 0.5, writer=Agreement(1, 1.0), reader=Agreement(1, 1.0)) for m in (*measures, MATCHING)
             }
             for effect in ("loss_change", "pattern_change")
         },
+    }
+    return results
+
+
+def fake_quantities(measures=None) -> dict:
+    """Every tracked quantity with its default options, the composition tracking ``measures``."""
+    from metrics.tracked.base import tracked_quantities
+    from metrics.tracked.composition import Composition, CompositionOptions
+
+    built = {name: cls() for name, cls in tracked_quantities().items()}
+    if measures is not None:
+        built["composition"] = Composition(CompositionOptions(measures=list(measures)))
+    return built
+
+
+def snapshot_of(results: dict, measures=None, step: int = 0) -> Snapshot:
+    """The snapshot of ``results`` (a quantity's result None: not measured), with the outputs each
+    quantity's own :meth:`outputs` makes of them."""
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(circuit=results.get("circuit"), step=step, results=results)
+    quantities = fake_quantities(measures)
+    outputs = [
+        output
+        for name, quantity in quantities.items()
+        if results.get(name) is not None
+        for output in quantity.outputs(results[name], run)
+    ]
+    return Snapshot(results, outputs)
+
+
+def fake_snapshot(n_layers: int, n_heads: int, measures=None, seed: int = 0, **overrides) -> Snapshot:
+    """A snapshot of random results of every quantity (:func:`fake_results`); ``overrides`` replace
+    results by quantity name (e.g. ``ablation=None``)."""
+    return snapshot_of({**fake_results(n_layers, n_heads, measures, seed), **overrides}, measures)
+
+
+def snapshot_keys(snap: Snapshot, measures=None, max_pair_keys: int = 300, top_pairs: int = 3, max_head_keys: int = 32):
+    """``records.keys.snapshot_metrics`` of ``snap`` in the mode a tracker of the default quantities
+    (tracking ``measures``) would log a model of its shape in."""
+    from records.keys import pair_key_count, snapshot_metrics
+
+    shape = next(
+        (tuple(o.values.shape[:2]) for o in snap.outputs if hasattr(o, "values") and getattr(o.values, "ndim", 0) == 4),
+        None,
     )
-    fields.update(overrides)
-    return Snapshot(**fields)
+    keys_per_pair = sum(q.pair_keys for q in fake_quantities(measures).values())
+    per_pair = shape is None or pair_key_count(*shape, keys_per_pair) <= max_pair_keys
+    return snapshot_metrics(snap.outputs, snap.circuit, per_pair, top_pairs, max_head_keys)
 
 
 def wandb_history(run_dir) -> list[dict]:
@@ -371,6 +425,15 @@ def tracker_settings(*dotlist: str):
     from conf.schema import TrackerConfig
 
     return OmegaConf.merge(OmegaConf.structured(TrackerConfig), OmegaConf.from_dotlist(list(dotlist)))
+
+
+def tracker_of(probe, settings, run_dir=None):
+    """The tracker ``settings`` (:func:`tracker_settings`) configure, on ``probe``, as train.py builds it."""
+    from callbacks.tracker import CompositionTracker
+    from conf.build import build_quantities, from_config
+    from metrics.tracked.options import TrackerOptions
+
+    return CompositionTracker(probe, build_quantities(settings), from_config(TrackerOptions, settings), run_dir)
 
 
 TINY = [  # a 60-step run that keeps its weights at 0, 1, 4, 15, 30, 60: for analyses of a finished run

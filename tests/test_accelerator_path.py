@@ -17,13 +17,14 @@ from omegaconf import OmegaConf
 
 from conf.schema import TrackerConfig
 from data.probe import make_probe_batch
-from metrics.snapshot import COMPOSITION_MEASURES, take_snapshot
+from metrics.composition.measures import WEIGHT_MEASURES
+from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import TINY, composed
+from tests.helpers import TINY, composed, tracker_of
 from tests.simulated_device import SimulatedAccelerator
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=13, d_vocab=20)
-ALL_MEASURES = tuple(COMPOSITION_MEASURES)
+ALL_MEASURES = tuple(WEIGHT_MEASURES)
 GRAM_PATH = ("whitened", "whitened_resid", "token_space")
 """Frobenius measures on whitened bases only, at d_model < d_head²: scored through Gram matrices,
 which first read each basis's condition number."""
@@ -41,20 +42,20 @@ def probe_batch():
 def test_a_snapshot_makes_every_tensor_where_it_belongs_and_no_float64_on_the_device():
     model, probe = trained_model(), probe_batch()
     with SimulatedAccelerator() as accelerator:
-        take_snapshot(model, probe, ALL_MEASURES, 50, ablate=True)  # every part: ablation, copying, matching, validity
-        take_snapshot(model, probe, GRAM_PATH, 50)
+        every = dict(ablation=True, copying=True, matching=True)  # every part: ablation, copying, matching, validity
+        take_snapshot(model, probe, composition={"measures": list(ALL_MEASURES), "baseline_samples": 50}, **every)
+        take_snapshot(model, probe, composition={"measures": list(GRAM_PATH), "baseline_samples": 50})
     assert not (
         accelerator.missing_device or accelerator.mixed or accelerator.float64_on_device or accelerator.not_on_mps
     )
 
 
 def test_a_tracker_step_logs_and_stores_from_the_right_devices(tmp_path):
-    from callbacks.tracker import CompositionTracker
     from records.csv_log import ResumableCSVLogger
 
     settings = OmegaConf.structured(TrackerConfig)
     settings.measures, settings.baseline_samples = list(ALL_MEASURES), 50
-    tracker = CompositionTracker(probe_batch(), settings, tmp_path)
+    tracker = tracker_of(probe_batch(), settings, tmp_path)
     model = trained_model()
     tracker.open(model, 0)
     with SimulatedAccelerator():
@@ -221,17 +222,24 @@ def test_half_precision_weights_are_measured_as_their_float32_copy():
     half = model.to(torch.bfloat16)
     as_float = AttentionOnlyTransformer(SHAPE)
     as_float.load_state_dict({k: v.float() for k, v in half.state_dict().items()})
-    got = take_snapshot(half, probe, ALL_MEASURES, 50, ablate=True, ablation_method="exact")
-    want = take_snapshot(as_float, probe, ALL_MEASURES, 50, ablate=True, ablation_method="exact")
+    options = dict(
+        composition={"measures": list(ALL_MEASURES), "baseline_samples": 50},
+        ablation={"method": "exact"},
+        copying=True,
+        matching=True,
+    )
+    got, want = take_snapshot(half, probe, **options), take_snapshot(as_float, probe, **options)
     close = lambda a, b: torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
     for measure in ALL_MEASURES:
         for kind in ("Q", "K", "V"):
-            close(got.composition[measure][kind], want.composition[measure][kind])
-    for part in ("previous_token", "induction", "copying", "empirical_copying", "matching"):
-        close(getattr(got, part), getattr(want, part))
-    close(got.ablation.pattern_change, want.ablation.pattern_change)
-    close(got.ablation.loss_change, want.ablation.loss_change)
-    assert got.repeated_loss == pytest.approx(want.repeated_loss, rel=1e-6)
+            close(got["composition"].scores[measure][kind], want["composition"].scores[measure][kind])
+    for part in ("previous_token", "induction", "matching"):
+        close(got[part], want[part])
+    close(got["copying"].weight, want["copying"].weight)
+    close(got["copying"].empirical, want["copying"].empirical)
+    for effect, values in got["ablation"].effects.effects().items():
+        close(values, want["ablation"].effects.effects()[effect])
+    assert got["loss_views"].repeated == pytest.approx(want["loss_views"].repeated, rel=1e-6)
     assert next(half.parameters()).dtype == torch.bfloat16  # the model itself is left as it was
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from metrics.composition.circuits import LowRank, head_circuits
 from metrics.composition.data_shares import SHARE, data_shares
-from metrics.composition.measures import COMPOSITION_MEASURES, Measure
+from metrics.composition.measures import WEIGHT_MEASURES, Measure
 from metrics.composition.reparametrize import (
     embedding_shift,
     ones_shift,
@@ -145,7 +145,7 @@ def pair_scores(model: AttentionOnlyTransformer, measures: tuple[str, ...], toke
     circuits = head_circuits(model)
     cache = model.run_with_cache(tokens, head_out=False)[1]
     flat = lambda t: t[~t.isnan()]
-    weighed = tuple(m for m in measures if m in COMPOSITION_MEASURES)
+    weighed = tuple(m for m in measures if m in WEIGHT_MEASURES)
     by_measure = composition_of(model, weighed, circuits, cache["resid_pre"])
     if SHARE in measures:  # every position of every sequence weighs
         weights = torch.ones(tokens.shape[-1], dtype=model.W_E.dtype, device=tokens.device)
@@ -181,7 +181,7 @@ class AxiomTable:
 def axiom_table(
     model: AttentionOnlyTransformer,
     tokens: Tensor,
-    measures: tuple[str, ...] = (*COMPOSITION_MEASURES, SHARE),
+    measures: tuple[str, ...] = (*WEIGHT_MEASURES, SHARE),
     seed: int = 0,
 ) -> AxiomTable:
     """Axioms 1-3 for each measure, and axiom 4 for each measure and the matching and copying scores
@@ -195,5 +195,5 @@ def axiom_table(
             logit_change=float((transformed(tokens) - logits).abs().max()),
             score_change={m: float((after[m] - before[m]).abs().max()) for m in before},
         )
-    constructed = {m: constructed_scores(COMPOSITION_MEASURES[m], seed) for m in measures if m in COMPOSITION_MEASURES}
+    constructed = {m: constructed_scores(WEIGHT_MEASURES[m], seed) for m in measures if m in WEIGHT_MEASURES}
     return AxiomTable(constructed, invariance)

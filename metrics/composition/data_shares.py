@@ -36,7 +36,7 @@ of the stream, a change of the reader's QK or VO basis, and under LayerNorm a co
 writer's rows change no share (bench.axiom_table). A share is a covariance ratio: it can be
 negative (the part works against the rest) or above 1.
 
-**The floor** (``floor``, ``tracker.share_floor``; 0 by default). A share is scale-free: on the
+**The floor** (``floor``, ``tracker.share.floor``; 0 by default). A share is scale-free: on the
 plateau, where a reader's content-dependent scores vary by a few hundredths of a logit, it shares
 that out as fully as a formed circuit's tens of logits². Softmax has a scale of its own: a score
 moved by one logit moves its weight e-fold. With ``floor = φ`` logit² a pair, the Q and K shares
@@ -72,20 +72,20 @@ from metrics.composition.measures import COMPOSITION_KINDS
 from models.transformer import AttentionOnlyTransformer
 
 SHARE = "share"
-"""The data-aware measure's name, beside the weight-based ones (``tracker.measures``)."""
-DATA_MEASURES = (SHARE,)
+"""The data-aware measure's name, beside the weight-based ones (``tracker.measures``;
+registered by :mod:`metrics.tracked.composition`)."""
 ROWS = ("all", "repeated", "induction")
 """Which of the probe's positions weigh: every one, the queries (for V: the writes) in the
 repeated half, where induction is what the probe asks for, or (Q, K) only each of those queries'
 induction pair, with the key after its token's first occurrence (V: the repeated half's writes)."""
 DEFAULT_ROWS = "repeated"
-"""The rows the tracker weighs unless told (``tracker.share_rows``)."""
+"""The rows the tracker weighs unless told (``tracker.share.rows``)."""
 CENTRES = ("sequences", "none")
 """What else is taken out of the scores (and writes) besides each query's mean: ``sequences``, their
 mean over the probe's sequences at each (query, key) position (for V: at each position), the part
 every sequence gets alike, whatever its tokens (a position-driven pattern); ``none``, nothing."""
 DEFAULT_CENTRE = "sequences"
-"""The centring the tracker uses unless told (``tracker.share_centre``)."""
+"""The centring the tracker uses unless told (``tracker.share.centre``)."""
 
 
 @dataclass(frozen=True)

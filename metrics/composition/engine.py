@@ -287,13 +287,13 @@ def composition_flops(
     ``well_conditioned``). Per basis: the pair products (cosines: one GEMM per reader layer; Grams: the
     writers' and readers' Gram blocks, then their products) plus, for a whitened basis, the whitening
     of every head's four weights. QRs, ``d_head``-sized factorisations and elementwise work are not counted."""
-    from metrics.composition.measures import COMPOSITION_MEASURES
+    from metrics.composition.measures import WEIGHT_MEASURES
 
     by_basis: dict[str, list[Measure]] = {}
     for m in measures:
-        if isinstance(m, str) and m not in COMPOSITION_MEASURES:
+        if isinstance(m, str) and m not in WEIGHT_MEASURES:
             continue  # the data-aware share: no weight products
-        m = COMPOSITION_MEASURES[m] if isinstance(m, str) else m
+        m = WEIGHT_MEASURES[m] if isinstance(m, str) else m
         by_basis.setdefault(m.basis, []).append(m)
     n = n_layers * n_heads
     layer_pairs = n_layers * (n_layers - 1) / 2  # Σ over reader layers of the layers before it

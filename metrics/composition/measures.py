@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -103,7 +103,7 @@ def best_component_share_score(p: PairStats) -> Tensor:
     return shares.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)
 
 
-BASES = ("raw", "embedding", "residual", "token")
+Basis = Literal["raw", "embedding", "residual", "token"]
 """Residual bases a measure is computed in: as the weights stand, or whitened by the covariance of
 the embeddings, by that of the residual stream observed on the probe, or by the token embeddings'
 uncentred Gram matrix ``W_Eᵀ W_E`` (token space) (:mod:`metrics.composition.whitening`)."""
@@ -111,10 +111,13 @@ uncentred Gram matrix ``W_Eᵀ W_E`` (token space) (:mod:`metrics.composition.wh
 
 @dataclass(frozen=True)
 class Measure:
-    """A composition measure: a score of :class:`PairStats`, computed in a residual ``basis``.
+    """A weight-based composition measure: a score of :class:`PairStats`, computed in a residual ``basis``.
 
     Called on aligned stacks ``(writer [P], reader [P])`` of :class:`LowRank` it scores each pair
     ``A = writer[p]``, ``B = reader[p]`` (in the given coordinates, whatever the basis) -> ``[P]``.
+    Every weight-based measure of a model is computed in one batched pass
+    (:func:`~metrics.composition.scores.composition_of`) and has a random baseline
+    (:mod:`metrics.composition.baseline`).
     """
 
     name: str
@@ -126,32 +129,56 @@ class Measure:
         return self.score(aligned_pair_stats(writer, reader))
 
 
-MeasureName = Literal[
-    "frobenius", "sv_bound", "whitened", "whitened_resid", "token_space", "subspace", "component", "component_share"
-]
-Basis = Literal["raw", "embedding", "residual", "token"]
+class DataMeasure:
+    """A data-aware composition measure: it reads the probe pass, not only the weights, and has no
+    random baseline. Subclass it with ``name``, ``Options`` (a dataclass of its options, or None;
+    they are ``tracker.NAME.*``), :meth:`scores` and, if it logs more than its scores, :meth:`outputs`;
+    register an instance with :func:`register_measure`."""
 
-COMPOSITION_MEASURES: dict[MeasureName, Measure] = {
-    m.name: m
-    for m in (
-        Measure("frobenius", frobenius_score),
-        Measure("sv_bound", singular_value_bound_score),
-        Measure("whitened", frobenius_score, basis="embedding"),
-        Measure("whitened_resid", frobenius_score, basis="residual"),
-        Measure("token_space", frobenius_score, basis="token"),
-        Measure("subspace", subspace_score, needs_cosine_mass=True),
-        Measure("component", best_component_score),
-        Measure("component_share", best_component_share_score),
-    )
-}
-"""The composition measures the tracker can compute, by name (in ``docs/measures.md``'s order): one line per measure."""
-assert tuple(COMPOSITION_MEASURES) == get_args(MeasureName), "MeasureName lists every measure, in order"
+    name: str = ""
+    Options: type | None = None
 
-frobenius_ratio = COMPOSITION_MEASURES["frobenius"]
-singular_value_bound_ratio = COMPOSITION_MEASURES["sv_bound"]
-subspace_overlap = COMPOSITION_MEASURES["subspace"]
-best_component_ratio = COMPOSITION_MEASURES["component"]
-best_component_share = COMPOSITION_MEASURES["component_share"]
+    def scores(self, run, options) -> tuple[dict[str, Tensor], object]:
+        """``({kind: [L, H, L, H]}, extra)`` for Q, K and V on ``run`` (a
+        :class:`~metrics.tracked.base.ProbeRun`); ``extra`` is handed to :meth:`outputs`."""
+        raise NotImplementedError
+
+    def outputs(self, extra, run) -> list:
+        """What the records write besides its scores (:mod:`metrics.tracked.base` output types)."""
+        return []
+
+
+MEASURES: dict[str, Measure | DataMeasure] = {}
+"""Every composition measure the tracker can score (``tracker.measures``), by name: the weight-based
+ones and the data-aware ones, the built-in ones and the extensions'."""
+WEIGHT_MEASURES: dict[str, Measure] = {}
+"""The weight-based ones among :data:`MEASURES`."""
+
+
+def register_measure(measure: Measure | DataMeasure) -> Measure | DataMeasure:
+    """Add ``measure`` to :data:`MEASURES` (and, if weight-based, :data:`WEIGHT_MEASURES`): one call in
+    the measure's module is all a new measure needs."""
+    if not measure.name or not measure.name.isidentifier():
+        raise ValueError(f"a measure's name must be an identifier, got {measure.name!r}")
+    known = MEASURES.get(measure.name)
+    if known is not None and known != measure:
+        raise ValueError(f"a measure named {measure.name!r} is registered already")
+    MEASURES[measure.name] = measure
+    if isinstance(measure, Measure):
+        WEIGHT_MEASURES[measure.name] = measure
+    return measure
+
+
+frobenius_ratio = register_measure(Measure("frobenius", frobenius_score))
+singular_value_bound_ratio = register_measure(Measure("sv_bound", singular_value_bound_score))
+register_measure(Measure("whitened", frobenius_score, basis="embedding"))
+register_measure(Measure("whitened_resid", frobenius_score, basis="residual"))
+register_measure(Measure("token_space", frobenius_score, basis="token"))
+subspace_overlap = register_measure(Measure("subspace", subspace_score, needs_cosine_mass=True))
+best_component_ratio = register_measure(Measure("component", best_component_score))
+best_component_share = register_measure(Measure("component_share", best_component_share_score))
+# the built-in weight-based measures, in docs/measures.md's order; the data-aware share is registered by
+# metrics/tracked/composition.py (metrics.tracked.base.registered_measures lists them all)
 
 
 @dataclass(frozen=True)

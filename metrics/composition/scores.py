@@ -7,7 +7,7 @@ from torch import Tensor
 
 from metrics.composition.circuits import HeadCircuits, LowRank, head_circuits
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES, composition_scores, uses_gram_products
-from metrics.composition.measures import COMPOSITION_MEASURES, frobenius_score
+from metrics.composition.measures import WEIGHT_MEASURES, frobenius_score
 from metrics.composition.whitening import Whitening, embedding_covariance, residual_covariance, token_gram, whiten
 from models.transformer import AttentionOnlyTransformer
 
@@ -52,16 +52,16 @@ def composition_of(
     ``{basis: Whitening}`` to use instead of computing them; filled in with those computed here (a
     tracker reuses them between refreshes).
     """
-    unknown = set(measures) - set(COMPOSITION_MEASURES)
+    unknown = set(measures) - set(WEIGHT_MEASURES)
     if unknown:
-        raise ValueError(f"unknown composition measures {sorted(unknown)}; known: {sorted(COMPOSITION_MEASURES)}")
+        raise ValueError(f"unknown composition measures {sorted(unknown)}; known: {sorted(WEIGHT_MEASURES)}")
     if not measures:
         return {}
     circuits = head_circuits(model, dtype) if circuits is None else circuits
     dtype = circuits.qk.left.dtype
     by_basis: dict[str, list[str]] = {}
     for m in measures:
-        by_basis.setdefault(COMPOSITION_MEASURES[m].basis, []).append(m)
+        by_basis.setdefault(WEIGHT_MEASURES[m].basis, []).append(m)
     bases = {}
     for basis in by_basis:
         bases[basis] = circuits
@@ -78,7 +78,7 @@ def composition_of(
             ov=LowRank(*(torch.stack([getattr(bases[b].ov, side) for b in group]) for side in ("left", "right"))),
         )
         names = tuple(m for b in group for m in by_basis[b])
-        measures_ = tuple(COMPOSITION_MEASURES[m] for m in names)
+        measures_ = tuple(WEIGHT_MEASURES[m] for m in names)
         # the Gram path sums products of whitened weights: accurate while the basis is well conditioned
         gram_path = all(m.score is frobenius_score for m in measures_) and uses_gram_products(
             *circuits.qk.left.shape[-2:]
@@ -90,7 +90,7 @@ def composition_of(
             stacked, measures_, max_chunk_bytes=max_chunk_bytes, allow_gram=well_conditioned
         )
         for m in names:
-            index = group.index(COMPOSITION_MEASURES[m].basis)
+            index = group.index(WEIGHT_MEASURES[m].basis)
             scores[m] = {kind: values[index] for kind, values in by_measure[m].items()}
     return {m: scores[m] for m in measures}
 

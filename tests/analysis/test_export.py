@@ -73,15 +73,14 @@ def test_our_snapshot_scores_a_transformer_lens_model_as_transformer_lens_does()
     snapshot = take_snapshot(
         from_hooked_transformer(tl_model),
         make_probe_batch(0, 4, 16, 39, True),
-        ("frobenius",),
-        100,
+        composition={"measures": ["frobenius"], "baseline_samples": 100},
         dtype=torch.float64,
     )
     theirs = tl_model.all_composition_scores("K")
     theirs = getattr(theirs, "scores", theirs)  # TransformerLens 4: a CompositionScores holding them
     for writer in range(3):
         for reader in range(3):
-            assert snapshot.composition["frobenius"]["K"][0, writer, 1, reader].item() == pytest.approx(
+            assert snapshot["composition"].scores["frobenius"]["K"][0, writer, 1, reader].item() == pytest.approx(
                 theirs[0, writer, 1, reader].item(), rel=1e-10
             )
 

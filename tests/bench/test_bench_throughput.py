@@ -22,9 +22,8 @@ def test_the_benchmark_runs_and_its_steady_state_charges_each_part_at_its_period
         results["tracker_overhead_steady_state"]
     )
     ms = results["tracker_part_ms"]
-    per_10_steps = (
-        ms["probe"] + ms["head scores"] + ms["composition"] + ms["logging"]
-    )  # every 10 steps: Frobenius alone
+    every_snapshot = ("probe", "loss_views", "previous_token", "induction", "duplicate_token", "circuit", "logging")
+    per_10_steps = sum(ms[part] for part in every_snapshot) + ms["composition"]  # every 10 steps: Frobenius alone
     others = ms[WITH_ALL] - ms["composition"]  # what every other measure adds, every 100
     per_step = (
         per_10_steps / 10 + (others + ms["matching"] + ms["ablation"] + ms["validity"]) / 100 + ms["copying"] / 20

@@ -9,11 +9,10 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from callbacks.tracker import CompositionTracker
 from data.probe import make_probe_batch
 from reports.run_report import read_series
 from reports.tracker_cost import WITH_ALL
-from tests.helpers import SMALL, LossRecorder, fit_repeated, quiet_trainer, tracker_settings
+from tests.helpers import SMALL, LossRecorder, fit_repeated, quiet_trainer, tracker_of, tracker_settings
 
 SHAPE = SMALL
 
@@ -34,7 +33,7 @@ def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_
             "measures=[frobenius,subspace]",
             "cost_report=false",
         )
-        tracker_cb = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
+        tracker_cb = tracker_of(make_probe_batch(0, 8, 8, 20), settings)
         callbacks.append(tracker_cb)
     trainer = quiet_trainer(
         callbacks,
@@ -61,7 +60,8 @@ def test_tracker_does_not_perturb_training(tmp_path):
 def test_snapshot_leaves_rng_and_mode_alone():
     """Training here draws no random numbers after init, so the loss test alone could not see a
     snapshot that consumed RNG state; check the state and the mode directly."""
-    from metrics.snapshot import COMPOSITION_MEASURES, take_snapshot
+    from metrics.composition.measures import WEIGHT_MEASURES
+    from metrics.snapshot import take_snapshot
     from models.transformer import AttentionOnlyTransformer
 
     model = AttentionOnlyTransformer(SHAPE)
@@ -69,7 +69,7 @@ def test_snapshot_leaves_rng_and_mode_alone():
     for training in (True, False):
         model.train(training)
         state = torch.random.get_rng_state()
-        take_snapshot(model, probe, tuple(COMPOSITION_MEASURES), baseline_samples=50)
+        take_snapshot(model, probe, composition={"measures": list(WEIGHT_MEASURES), "baseline_samples": 50})
         assert torch.equal(torch.random.get_rng_state(), state)
         assert model.training == training
 
@@ -132,14 +132,16 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
         "cost_report=false",
         "max_pair_keys=50",
     )
-    tracker = CompositionTracker(
+    tracker = tracker_of(
         make_probe_batch(0, 8, 8, 20), settings
     )  # 4 pairs: 36 keys for frobenius alone, 108 for all four
     trainer = quiet_trainer([tracker], 27, CSVLogger(tmp_path, name="csv", version=""), log_every_n_steps=5)
     fit_repeated(trainer, warmup_steps=0)
     trainer.loggers[0].save()
     series = read_series(tmp_path / "csv" / "metrics.csv")
-    assert tracker.dense_measures == ("frobenius",)  # a dense measure the run does not track is not scored
+    assert tracker.quantity("composition").dense() == (
+        "frobenius",
+    )  # a dense measure the run does not track is not scored
     assert series["comp/K/frobenius/max"][0].tolist() == [0, 5, 10, 15, 20, 25, 27]
     for measure in ("sv_bound", "whitened", "whitened_resid"):
         assert series[f"comp/K/{measure}/max"][0].tolist() == [0, 10, 15, 20, 27], measure
@@ -153,7 +155,7 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
     assert ledger.runs["composition"] == 2 and ledger.runs[WITH_ALL] == 5  # steps 5, 25; 0, 10, 15, 20, 27
     seconds = {
         "probe": 0.004,
-        "head scores": 0.001,
+        "induction": 0.001,
         "logging": 0.001,
         "composition": 0.002,
         WITH_ALL: 0.007,
@@ -162,7 +164,7 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
     per_step = tracker.cost.amortised_seconds_per_step(seconds)
     assert per_step["snapshot"] == pytest.approx(0.008 / 5) and per_step["other measures"] == pytest.approx(0.005 / 10)
     assert per_step["copying"] == pytest.approx(0.003 / 10)
-    tracker.schedule.all_measures = 0  # at every snapshot: the whole composition is charged to each one
+    tracker.quantity("composition").options.all_measures.every_n_steps = 0  # every snapshot: all charged to each
     assert tracker.cost.amortised_seconds_per_step(seconds)["snapshot"] == pytest.approx(0.013 / 5)
     assert "other measures" not in tracker.cost.amortised_seconds_per_step(seconds)
 
@@ -180,7 +182,7 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
         "baseline_samples=100",
         "measures=[frobenius]",
     )
-    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
+    tracker = tracker_of(make_probe_batch(0, 8, 8, 20), settings)
     trainer = quiet_trainer([tracker], 12)
     start = time.perf_counter()
     fit_repeated(trainer, warmup_steps=0)
@@ -211,10 +213,10 @@ def test_cost_report_leaves_out_the_first_heatmaps_until_drawn_again():
         "measures=[frobenius]",
         "cost_report=false",
     )
-    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
+    tracker = tracker_of(make_probe_batch(0, 8, 8, 20), settings)
     for part, seconds in (
         ("probe", 0.002),
-        ("head scores", 0.001),
+        ("loss_views", 0.001),
         ("composition", 0.001),
         ("logging", 0.001),
         ("images", 0.4),
@@ -252,7 +254,7 @@ def test_non_finite_weights_are_logged_as_nan_with_the_reason_not_a_crash(tmp_pa
         "measures=[frobenius,subspace]",
         "cost_report=false",
     )
-    tracker = CompositionTracker(make_probe_batch(0, 8, 8, 20), settings)
+    tracker = tracker_of(make_probe_batch(0, 8, 8, 20), settings)
     trainer = quiet_trainer(
         [PoisonWeights(at=7), tracker], 15, CSVLogger(tmp_path, name="csv", version=""), log_every_n_steps=5
     )

@@ -62,7 +62,7 @@ def test_multirun_with_several_devices_is_refused():
         (["tracker.whitening.every_n_steps=-5"], "must be >= 0 (0 at every snapshot)"),
         (
             ["tracker.all_measures.every_n_steps=15"],
-            "all_measures.every_n_steps=15 must be a multiple of tracker.every_n_steps=10 (every measure is scored",
+            "all_measures.every_n_steps=15 must be a multiple of tracker.every_n_steps=10",
         ),
         (["tracker.all_measures.every_n_steps=-1"], "all_measures.every_n_steps=-1 must be >= 0 (0 at every snapshot)"),
         (["tracker.every_n_steps=30"], "all_measures.every_n_steps=100 must be a multiple of tracker.every_n_steps=30"),

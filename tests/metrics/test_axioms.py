@@ -15,24 +15,24 @@ import torch
 from bench.axiom_table import train_small_model
 from data.probe import make_probe_batch
 from metrics.composition.axioms import PATH_POINTS, axiom_table, constructed_scores
-from metrics.snapshot import COMPOSITION_MEASURES
+from metrics.composition.measures import WEIGHT_MEASURES
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests.helpers import REPO, random_model
 
 S_A = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)  # the constructed writer's singular values
 S_B = torch.tensor([5.0, 0.5, 0.1], dtype=torch.float64)  # the reader's, same order
 THETA = torch.linspace(0, math.pi / 2, PATH_POINTS, dtype=torch.float64)
-SCORES = [m for m in COMPOSITION_MEASURES if m != "component_share"]  # a share, not a score
+SCORES = [m for m in WEIGHT_MEASURES if m != "component_share"]  # a share, not a score
 
 
-@pytest.mark.parametrize("measure", list(COMPOSITION_MEASURES))
+@pytest.mark.parametrize("measure", list(WEIGHT_MEASURES))
 def test_axiom_1_aligned_rank_one_scores_one(measure):
-    assert constructed_scores(COMPOSITION_MEASURES[measure]).aligned_rank_one == pytest.approx(1.0, rel=1e-12)
+    assert constructed_scores(WEIGHT_MEASURES[measure]).aligned_rank_one == pytest.approx(1.0, rel=1e-12)
 
 
 def test_axiom_1_aligned_rank_three_closed_forms():
     """A B = into diag(s_a s_b) outᵀ, so each measure has a closed form on the aligned pair."""
-    got = {m: constructed_scores(f).aligned for m, f in COMPOSITION_MEASURES.items()}
+    got = {m: constructed_scores(f).aligned for m, f in WEIGHT_MEASURES.items()}
     assert got["sv_bound"] == pytest.approx(1.0, rel=1e-12)  # its promise: aligned and same order
     assert got["subspace"] == pytest.approx(1.0, rel=1e-12)
     frobenius = ((S_A * S_B).norm() / (S_A.norm() * S_B.norm())).item()
@@ -47,30 +47,30 @@ def test_axiom_1_aligned_rank_three_closed_forms():
 
 @pytest.mark.parametrize("measure", SCORES)
 def test_axiom_2_orthogonal_scores_zero(measure):
-    assert abs(constructed_scores(COMPOSITION_MEASURES[measure]).orthogonal) < 1e-12
+    assert abs(constructed_scores(WEIGHT_MEASURES[measure]).orthogonal) < 1e-12
 
 
 def test_component_share_is_undefined_when_nothing_composes():
-    assert math.isnan(constructed_scores(COMPOSITION_MEASURES["component_share"]).orthogonal)
+    assert math.isnan(constructed_scores(WEIGHT_MEASURES["component_share"]).orthogonal)
 
 
 @pytest.mark.parametrize("measure", SCORES)
 def test_axiom_3_monotone_and_smooth_down_to_zero(measure):
-    c = constructed_scores(COMPOSITION_MEASURES[measure])
+    c = constructed_scores(WEIGHT_MEASURES[measure])
     assert c.monotone and c.smooth
     assert abs(c.rotation_path[-1]) < 1e-12
 
 
 def test_axiom_3_paths_follow_the_angle():
     """Rotating every write direction by θ scales A B by cos θ and the overlap by cos² θ."""
-    frobenius = constructed_scores(COMPOSITION_MEASURES["frobenius"]).rotation_path
+    frobenius = constructed_scores(WEIGHT_MEASURES["frobenius"]).rotation_path
     torch.testing.assert_close(frobenius, frobenius[0] * THETA.cos(), rtol=1e-9, atol=1e-12)
-    subspace = constructed_scores(COMPOSITION_MEASURES["subspace"]).rotation_path
+    subspace = constructed_scores(WEIGHT_MEASURES["subspace"]).rotation_path
     torch.testing.assert_close(subspace, THETA.cos().square(), rtol=1e-9, atol=1e-12)
 
 
 def test_a_jump_or_a_rise_is_caught():
-    c = constructed_scores(COMPOSITION_MEASURES["frobenius"])
+    c = constructed_scores(WEIGHT_MEASURES["frobenius"])
     jumpy = type(c)(c.aligned_rank_one, c.aligned, c.orthogonal, torch.where(THETA < 0.7, c.rotation_path[0], 0.0))
     rising = type(c)(c.aligned_rank_one, c.aligned, c.orthogonal, c.rotation_path.flip(0))
     assert jumpy.monotone and not jumpy.smooth
@@ -78,7 +78,7 @@ def test_a_jump_or_a_rise_is_caught():
 
 
 # what docs/measures.md and the seeds lead one to expect; the table confirms it
-EVERY_SCORE = set(COMPOSITION_MEASURES) | {"share", "match", "copying"}
+EVERY_SCORE = set(WEIGHT_MEASURES) | {"share", "match", "copying"}
 INVARIANT_UNDER = {
     "residual rotation": EVERY_SCORE,
     # the data-aware share reads the probe pass: each part's term of a score, which no reparametrisation moves
@@ -188,7 +188,7 @@ def test_axioms_command_prints_the_table():
         for line in result.stdout.splitlines()
         if line.startswith("| ") and "---" not in line
     }
-    assert set(rows) == {"measure", *COMPOSITION_MEASURES, "share", "match", "copying"}
+    assert set(rows) == {"measure", *WEIGHT_MEASURES, "share", "match", "copying"}
     assert rows["whitened"].count("invariant") == rows["whitened_resid"].count("invariant") == 5
     assert rows["share"].count("invariant") == 5 and "n/a (reads the probe pass)" in rows["share"]
     assert (

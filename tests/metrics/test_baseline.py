@@ -12,7 +12,7 @@ import torch
 
 from metrics.composition import baseline as baseline_module
 from metrics.composition.baseline import random_baselines, random_low_rank, sample_pair_stats
-from metrics.composition.measures import COMPOSITION_MEASURES, aligned_pair_stats
+from metrics.composition.measures import WEIGHT_MEASURES, aligned_pair_stats
 
 SHAPES = [(64, 16), (24, 16), (16, 16), (12, 3)]  # d - r >= r, 0 < d - r < r, d = r, rank 3 in 12
 
@@ -25,7 +25,7 @@ def test_d_head_sampler_has_the_law_of_gaussian_factors(d_model, d_head):
     cheap = sample_pair_stats(d_model, d_head, n, seed=1)
     g = torch.Generator().manual_seed(2)
     direct = aligned_pair_stats(random_low_rank(n, d_model, d_head, g), random_low_rank(n, d_model, d_head, g))
-    for name, measure in COMPOSITION_MEASURES.items():
+    for name, measure in WEIGHT_MEASURES.items():
         a, b = measure.score(cheap), measure.score(direct)
         a, b = a[a.isfinite()], b[b.isfinite()]
         se = math.hypot(a.std() / math.sqrt(len(a)), b.std() / math.sqrt(len(b)))

@@ -283,10 +283,11 @@ def test_under_layernorm_a_constant_added_to_a_writers_rows_changes_no_share(flo
 def test_the_snapshot_scores_the_share_beside_the_weight_measures():
     model = seed002_like("standard", False, "layernorm")
     probe = probe_for(model)
-    snap = take_snapshot(model, probe, ("frobenius", "share"), 50, share=("all", "sequences", 0.0))
+    composition = {"measures": ["frobenius", "share"], "baseline_samples": 50}
+    snap = take_snapshot(model, probe, composition=composition, share={"rows": "all", "centre": "sequences"})
     direct = shares_of(model, probe, "all")
     for kind in "QKV":
-        torch.testing.assert_close(snap.composition["share"][kind], direct.heads[kind], equal_nan=True)
-    assert "share" not in snap.baselines and snap.share_parts is not None
+        torch.testing.assert_close(snap["composition"].scores["share"][kind], direct.heads[kind], equal_nan=True)
+    assert "share" not in snap["composition"].baselines and snap["composition"].extras["share"] is not None
     with pytest.raises(ValueError, match="rows must be one of"):
         row_weights(probe, "odd", "cpu")

@@ -164,10 +164,10 @@ def loop_reference(model, tokens, first_query):
 def test_empirical_copying_matches_a_per_position_loop(normalization):
     model = random_model(normalization, n_layers=2, n_heads=3)
     probe = make_probe_batch(0, 3, 8, 10)  # d_vocab 11: 10 random tokens + BOS
-    snap = take_snapshot(model, probe, baseline_samples=20)
+    snap = take_snapshot(model, probe, composition={"baseline_samples": 20}, copying=True)
     scores, rates = loop_reference(model, probe.tokens, 1)
-    torch.testing.assert_close(snap.empirical_copying, scores, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(snap.copying_top_rate, rates)
+    torch.testing.assert_close(snap["copying"].empirical, scores, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(snap["copying"].top_rate, rates)
     assert 0 < rates.mean() < 1  # neither reading is vacuous on random heads
     assert (-1 < scores).all() and (scores < 1).all()
 
@@ -185,5 +185,6 @@ def test_hand_built_induction_head_copies_what_it_attends_to():
     everywhere = empirical_copying(head_out, pattern, tokens, W_U)
     assert everywhere.score[0, 0].item() == pytest.approx(-1.0)  # writes PREV, which W_U never reads: raises nothing
     assert everywhere.top_rate[0, 0].item() == 0.0
-    snap = take_snapshot(model, ProbeBatch(tokens=tokens, n=4, first_start=1), baseline_samples=20)
-    torch.testing.assert_close(snap.empirical_copying, everywhere.score.double())
+    probe = ProbeBatch(tokens=tokens, n=4, first_start=1)
+    snap = take_snapshot(model, probe, composition={"baseline_samples": 20}, copying=True)
+    torch.testing.assert_close(snap["copying"].empirical, everywhere.score.double())

@@ -17,21 +17,21 @@ from metrics.composition.engine import (
     head_spectra,
     uses_gram_products,
 )
-from metrics.composition.measures import COMPOSITION_MEASURES
+from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.composition.scores import composition_of
 from metrics.composition.whitening import embedding_covariance, residual_covariance, symmetric_powers
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests import reference_engine as old
 from tests.helpers import random_model
 
-RAW = [m for m, measure in COMPOSITION_MEASURES.items() if measure.basis == "raw"]
+RAW = [m for m, measure in WEIGHT_MEASURES.items() if measure.basis == "raw"]
 FLOAT32_TOLERANCE = 2e-4  # relative, on random weights (measured max ~1e-5; see test_float32_agrees_with_float64)
 
 
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
 def test_new_engine_equals_old_engine(normalization):
     model = random_model(normalization, n_layers=3, n_heads=3).double()
-    new = composition_scores(head_circuits(model), tuple(COMPOSITION_MEASURES[m] for m in RAW))
+    new = composition_scores(head_circuits(model), tuple(WEIGHT_MEASURES[m] for m in RAW))
     circuits = old.head_circuits(model)
     for name in RAW:
         want = old.composition_scores(circuits, old.OLD_MEASURES[name])
@@ -63,7 +63,7 @@ def test_whitened_measures_equal_old_engine(normalization):
 def test_chunking_changes_nothing():
     """A chunk budget that fits one writer at a time gives bit-for-bit the same pair statistics' scores."""
     model = random_model(n_layers=4, n_heads=3).double()
-    measures = tuple(COMPOSITION_MEASURES[m] for m in RAW)
+    measures = tuple(WEIGHT_MEASURES[m] for m in RAW)
     whole = composition_scores(head_circuits(model), measures)
     one_writer = composition_scores(head_circuits(model), measures, max_chunk_bytes=1)
     for name in RAW:
@@ -85,7 +85,7 @@ def test_gram_frobenius_equals_the_cosines_path(normalization, max_chunk_bytes):
     assert uses_gram_products(24, 5)  # random_model's d_model, d_head
     kinds = ("Q", "K", "V")
     stats = all_pair_stats(*head_spectra(circuits), 4, 3)
-    want = COMPOSITION_MEASURES["frobenius"].score(stats).reshape(3, 4, 3, 4, 3)
+    want = WEIGHT_MEASURES["frobenius"].score(stats).reshape(3, 4, 3, 4, 3)
     got = gram_frobenius(circuits, kinds, max_chunk_bytes).reshape(3, 4, 3, 4, 3)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, equal_nan=True)
     single = gram_frobenius(head_circuits(model.float()), kinds, max_chunk_bytes).reshape(3, 4, 3, 4, 3)
@@ -147,13 +147,13 @@ def test_float32_agrees_with_float64(normalization):
     residual = model.run_with_cache(tokens)[1]["resid_pre"]
     # random_model has d_vocab 11 < d_model 24: its token Gram W_Eᵀ W_E is singular, and token_space
     # there depends on how the null directions are regularised (eps differs by dtype); see the full-rank case below
-    names = tuple(m for m in COMPOSITION_MEASURES if m != "token_space")
+    names = tuple(m for m in WEIGHT_MEASURES if m != "token_space")
     whitenings = {}
     single = composition_of(model, names, residual=residual)
     double = composition_of(model, names, residual=residual, dtype=torch.float64, whitenings=whitenings)
     for name in names:
         # a whitened basis loses κ(Σ)·eps to rounding (7e3·eps for this LayerNorm model's embeddings)
-        basis = COMPOSITION_MEASURES[name].basis
+        basis = WEIGHT_MEASURES[name].basis
         rounding = 0.0 if basis == "raw" else whitenings[basis].condition * torch.finfo(torch.float32).eps
         for kind in "QKV":
             assert single[name][kind].dtype == torch.float32 and double[name][kind].dtype == torch.float64

@@ -64,12 +64,14 @@ def test_hand_built_circuit_runs_as_induction():
     """The hand-built weights really do induction, and the tracker finds the pair."""
     model = induction_circuit_model()  # d_vocab 9: tokens 0..7 random, 8 = BOS
     tokens = torch.tensor([[8, 0, 1, 2, 3, 0, 1, 2, 3], [8, 5, 7, 6, 4, 5, 7, 6, 4]])
-    snap = take_snapshot(model, ProbeBatch(tokens=tokens, n=N, first_start=START), baseline_samples=200)
-    assert snap.previous_token[0, 0] > 0.95
-    assert snap.induction[1, 0] > 0.95
-    assert snap.induction[1, 1] < 0.5
-    assert snap.repeated_loss < 0.01
-    assert snap.first_occurrence_loss > 1.0
+    snap = take_snapshot(
+        model, ProbeBatch(tokens=tokens, n=N, first_start=START), composition={"baseline_samples": 200}
+    )
+    assert snap["previous_token"][0, 0] > 0.95
+    assert snap["induction"][1, 0] > 0.95
+    assert snap["induction"][1, 1] < 0.5
+    assert snap["loss_views"].repeated < 0.01
+    assert snap["loss_views"].first_occurrence > 1.0
     assert snap.circuit == ((0, 0), (1, 0))
 
 

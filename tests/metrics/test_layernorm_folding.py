@@ -17,7 +17,7 @@ import torch
 from data.probe import make_probe_batch
 from metrics.composition.circuits import HeadCircuits, LowRank, centre_writing, head_circuits
 from metrics.composition.engine import composition_scores
-from metrics.composition.measures import COMPOSITION_MEASURES, frobenius_ratio
+from metrics.composition.measures import WEIGHT_MEASURES, frobenius_ratio
 from metrics.composition.reparametrize import ones_shift
 from metrics.composition.scores import composition_of
 from metrics.composition.whitening import Whitening, embedding_covariance, residual_covariance, token_gram
@@ -223,7 +223,7 @@ def test_how_much_the_centring_changes_each_measure():
     tokens = make_probe_batch(0, 4, 8, 10).tokens
     with torch.no_grad():
         residual = model.run_with_cache(tokens)[1]["resid_pre"]
-    measures = tuple(COMPOSITION_MEASURES)
+    measures = tuple(WEIGHT_MEASURES)
     new = composition_of(model, measures, residual=residual, dtype=torch.float64)
     old = composition_of(model, measures, circuits=gain_only_circuits(model), residual=residual, dtype=torch.float64)
     flat = lambda by_kind: torch.cat([v[~v.isnan()] for v in by_kind.values()])
@@ -239,11 +239,12 @@ def snapshot_scores(model, probe) -> dict[str, torch.Tensor]:
     """Every weight-based score of a float64 snapshot, flattened: each composition measure (every
     scored pair, kinds Q, K, V), the matching score of every pair, the weight and empirical copying
     scores of every head."""
-    snap = take_snapshot(model, probe, tuple(COMPOSITION_MEASURES), baseline_samples=50, dtype=torch.float64)
+    composition = {"measures": list(WEIGHT_MEASURES), "baseline_samples": 50}
+    snap = take_snapshot(model, probe, composition=composition, matching=True, copying=True, dtype=torch.float64)
     flat = lambda t: t[~t.isnan()]
-    scores = {m: torch.cat([flat(v) for v in by_kind.values()]) for m, by_kind in snap.composition.items()}
-    scores |= {"match": flat(snap.matching), "copying": snap.copying.flatten()}
-    return scores | {"empirical copying": snap.empirical_copying.flatten()}
+    scores = {m: torch.cat([flat(v) for v in by_kind.values()]) for m, by_kind in snap["composition"].scores.items()}
+    scores |= {"match": flat(snap["matching"]), "copying": snap["copying"].weight.flatten()}
+    return scores | {"empirical copying": snap["copying"].empirical.flatten()}
 
 
 def shifts(model, writer: str, generator) -> dict[str, torch.Tensor]:

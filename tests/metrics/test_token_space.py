@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from metrics.composition.measures import COMPOSITION_MEASURES
+from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.composition.reparametrize import residual_transform
 from metrics.composition.scores import basis_whitening, composition_of
 from metrics.composition.whitening import embedding_covariance, symmetric_powers, token_gram
@@ -35,10 +35,10 @@ def norm(X: torch.Tensor) -> float:
 
 
 def test_token_space_is_registered_after_whitened_resid_in_the_token_basis():
-    names = list(COMPOSITION_MEASURES)
+    names = list(WEIGHT_MEASURES)
     assert names.index("token_space") == names.index("whitened_resid") + 1
-    assert COMPOSITION_MEASURES["token_space"].basis == "token"
-    assert COMPOSITION_MEASURES["token_space"].score is COMPOSITION_MEASURES["whitened"].score
+    assert WEIGHT_MEASURES["token_space"].basis == "token"
+    assert WEIGHT_MEASURES["token_space"].score is WEIGHT_MEASURES["whitened"].score
 
 
 def test_token_gram_is_the_uncentred_mean_second_moment_of_the_token_embeddings():
@@ -151,29 +151,29 @@ def test_a_global_scale_of_the_gram_matrix_changes_no_ratio():
 def test_the_tracker_keeps_the_token_basis_like_the_embedding_one():
     """A snapshot returns the token whitening beside the embedding one; a tracker's state_dict carries
     both, and scores computed with the kept ones equal fresh ones (the refresh policy is per basis)."""
-    from callbacks.tracker import CompositionTracker
     from data.probe import make_probe_batch
-    from metrics.snapshot import take_snapshot
-    from tests.helpers import tracker_settings
+    from metrics.snapshot import measure, take_snapshot
+    from metrics.tracked.composition import Composition, CompositionOptions
+    from tests.helpers import tracker_of, tracker_settings
 
     model = small_model()
     probe = make_probe_batch(0, 4, 4, SHAPE.d_vocab - 1)
     measures = ("whitened", "token_space")
-    snap = take_snapshot(model, probe, measures, baseline_samples=50, dtype=torch.float64)
-    assert set(snap.whitenings) == {"embedding", "token"}
-    settings = tracker_settings("measures=[whitened,token_space]")
-    tracker = CompositionTracker(probe, settings)
-    tracker.whitenings = snap.whitenings
-    restored = CompositionTracker(probe, settings)
+    composition = Composition(CompositionOptions(measures=list(measures), baseline_samples=50))
+    snap = take_snapshot(model, probe, composition=composition, dtype=torch.float64)
+    assert set(composition.whitenings) == {"embedding", "token"}
+    settings = tracker_settings("measures=[whitened,token_space]", "dense_measures=[whitened,token_space]")
+    tracker = tracker_of(probe, settings)
+    tracker.quantity("composition").whitenings = composition.whitenings
+    restored = tracker_of(probe, settings)
     restored.load_state_dict(tracker.state_dict())
-    torch.testing.assert_close(restored.whitenings["token"].half, snap.whitenings["token"].half, rtol=0, atol=0)
-    again = take_snapshot(
-        model, probe, measures, baseline_samples=50, dtype=torch.float64, whitenings=restored.whitenings
-    )
+    kept = restored.quantity("composition")
+    torch.testing.assert_close(kept.whitenings["token"].half, composition.whitenings["token"].half, rtol=0, atol=0)
+    again = measure(model, probe, [kept], step=5, last=False, dtype=torch.float64)  # between refreshes: reused
     for kind in "QKV":
         torch.testing.assert_close(
-            again.composition["token_space"][kind],
-            snap.composition["token_space"][kind],
+            again["composition"].scores["token_space"][kind],
+            snap["composition"].scores["token_space"][kind],
             rtol=1e-12,
             atol=0,
             equal_nan=True,

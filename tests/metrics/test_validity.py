@@ -20,7 +20,7 @@ from metrics.ground_truth.validity import (
     head_totals,
     spearman,
 )
-from records.keys import validity_metrics
+from metrics.tracked.ground_truth import Validity
 
 NAN = float("nan")
 
@@ -263,13 +263,12 @@ def test_pair_level_is_unchanged_by_the_head_levels():
 
 def test_validity_keys_name_the_levels():
     levels = Agreement(2, 0.8, writer=Agreement(1, 1.0), reader=Agreement(1, NAN))
-    snap = SimpleNamespace(
-        validity={
-            "loss_change": {"frobenius": levels, "match": Agreement(3, 0.5)},
-            "pattern_change": {"frobenius": levels},
-        }
-    )
-    assert validity_metrics(snap) == {
+    validity = {
+        "loss_change": {"frobenius": levels, "match": Agreement(3, 0.5)},
+        "pattern_change": {"frobenius": levels},
+    }
+    outputs = Validity().outputs(validity, SimpleNamespace(circuit=None, step=0))
+    assert {output.name: output.value for output in outputs} == {
         "validity/loss_change/frobenius/rank_of_truth": 2.0,
         "validity/loss_change/frobenius/spearman": 0.8,
         "validity/loss_change/frobenius/writer_rank_of_truth": 1.0,

@@ -11,8 +11,9 @@ from metrics.composition.circuits import head_circuits
 from metrics.composition.engine import composition_scores
 from metrics.composition.measures import frobenius_ratio
 from metrics.composition.reparametrize import residual_transform
+from metrics.composition.scores import composition_of
 from metrics.composition.whitening import embedding_covariance
-from metrics.snapshot import composition_of, take_snapshot
+from metrics.snapshot import take_snapshot
 from tests.helpers import dense_reader_factors, hand_centre, random_model
 
 
@@ -79,17 +80,14 @@ def test_residual_gl_preserves_logits_and_whitened_scores_but_not_frobenius():
     torch.testing.assert_close(transformed(tokens), model(tokens), rtol=1e-4, atol=1e-5)  # same function
     probe = ProbeBatch(tokens=tokens, n=8, first_start=1)
     measures = ("frobenius", "whitened", "whitened_resid")
-    before = take_snapshot(model, probe, measures, baseline_samples=50, dtype=torch.float64)
-    after = take_snapshot(transformed, probe, measures, baseline_samples=50, dtype=torch.float64)
+    options = {"measures": list(measures), "baseline_samples": 50}
+    before = take_snapshot(model, probe, composition=options, dtype=torch.float64)["composition"].scores
+    after = take_snapshot(transformed, probe, composition=options, dtype=torch.float64)["composition"].scores
     for kind in "QKV":
-        valid = ~before.composition["whitened"][kind].isnan()
+        valid = ~before["whitened"][kind].isnan()
         for whitened in ("whitened", "whitened_resid"):
-            torch.testing.assert_close(
-                after.composition[whitened][kind][valid], before.composition[whitened][kind][valid], rtol=1e-4, atol=0
-            )
-        change = (
-            (after.composition["frobenius"][kind][valid] - before.composition["frobenius"][kind][valid]).abs().max()
-        )
+            torch.testing.assert_close(after[whitened][kind][valid], before[whitened][kind][valid], rtol=1e-4, atol=0)
+        change = (after["frobenius"][kind][valid] - before["frobenius"][kind][valid]).abs().max()
         assert change > 1e-2, kind  # the plain ratio is not invariant
 
 
@@ -123,12 +121,14 @@ def test_with_shortformer_positions_the_embedding_covariance_is_the_tokens_alone
 
 def test_a_snapshot_of_a_model_with_seed_002s_options_has_every_part():
     from data.probe import make_probe_batch
-    from metrics.snapshot import COMPOSITION_MEASURES, take_snapshot
+    from metrics.composition.measures import WEIGHT_MEASURES
+    from metrics.snapshot import take_snapshot
     from tests.helpers import seed002_like
 
     model = seed002_like("shortformer", True, "layernorm")
+    composition = {"measures": list(WEIGHT_MEASURES), "baseline_samples": 200}
     snap = take_snapshot(
-        model, make_probe_batch(0, 4, 4, 10), tuple(COMPOSITION_MEASURES), 200, ablate=True, dtype=torch.float64
+        model, make_probe_batch(0, 4, 4, 10), composition=composition, ablation=True, copying=True, dtype=torch.float64
     )
-    assert snap.ablation is not None and snap.validity is not None and snap.copying is not None
-    assert all(torch.isfinite(snap.composition[m]["K"][0, :, 1]).all() for m in COMPOSITION_MEASURES)
+    assert all(snap.get(name) is not None for name in ("ablation", "validity", "copying"))
+    assert all(torch.isfinite(snap["composition"].scores[m]["K"][0, :, 1]).all() for m in WEIGHT_MEASURES)

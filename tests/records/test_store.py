@@ -114,7 +114,7 @@ def test_names_that_differ_only_in_case_get_their_own_files(tmp_path):
 
 def test_snapshot_tensors_names_shapes_and_values(tmp_path):
     snap = fake_snapshot(3, 2, ("frobenius", "subspace"))
-    tensors = snapshot_tensors(snap)
+    tensors = snapshot_tensors(snap.outputs)
     assert sorted(tensors) == sorted(
         [f"comp/{k}/{m}" for m in ("frobenius", "subspace") for k in "QKV"]
         + [
@@ -134,12 +134,12 @@ def test_snapshot_tensors_names_shapes_and_values(tmp_path):
     with TensorStore(tmp_path) as store:
         store.append(30, tensors)
     steps, values = read_tensor_store(tmp_path)["comp/K/subspace"]
-    np.testing.assert_array_equal(values[0], snap.composition["subspace"]["K"].float().numpy())  # NaN where masked
+    np.testing.assert_array_equal(
+        values[0], snap["composition"].scores["subspace"]["K"].float().numpy()
+    )  # NaN where masked
     assert np.isnan(values[0, 2, 0, 1, 1]) and steps.tolist() == [30]
-    partial = snapshot_tensors(
-        fake_snapshot(2, 2, ("frobenius",), ablation=None, empirical_copying=None, matching=None)
-    )
-    assert not [name for name in partial if name.startswith(("ablation", "match", "heads/copying_empirical"))]
+    partial = snapshot_tensors(fake_snapshot(2, 2, ("frobenius",), ablation=None, copying=None, matching=None).outputs)
+    assert not [name for name in partial if name.startswith(("ablation", "match", "heads/copying"))]
 
 
 # --- heatmap images ------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def rgb(index: int) -> list[int]:
 def test_heatmap_image_layout_and_colours():
     """3 layers x 2 heads: 4 writers x 4 readers per panel, 5-pixel cells, a line between layers."""
     snap = fake_snapshot(3, 2, ("frobenius",))
-    scores = {kind: snap.composition["frobenius"][kind].numpy() - 0.5 for kind in "QK"}
+    scores = {kind: snap["composition"].scores["frobenius"][kind].numpy() - 0.5 for kind in "QK"}
     scores["K"][0, 1, 2, 0] = 2.0  # writer row 1, reader column 2 (L2H0): the largest |value|
     scores["K"][0, 0, 1, 1] = -2.0  # writer row 0, reader column 1 (L1H1)
     scores["Q"][1, 0, 2, 1] = 0.0  # writer row 2 (L1H0), reader column 3
@@ -174,10 +174,10 @@ def test_heatmap_image_layout_and_colours():
 
 def test_heatmap_image_default_cells_and_one_layer():
     snap = fake_snapshot(2, 2, ("frobenius",))
-    scores = {kind: snap.composition["frobenius"][kind].numpy() for kind in "QKV"}
+    scores = {kind: snap["composition"].scores["frobenius"][kind].numpy() for kind in "QKV"}
     assert heatmap_image(scores).shape == (96, 3 * 96 + 2 * 8, 3)  # 48-pixel cells for a 2 x 2 grid
     big = fake_snapshot(12, 12, ("frobenius",))
-    image = heatmap_image({kind: big.composition["frobenius"][kind].numpy() for kind in "QKV"})
+    image = heatmap_image({kind: big["composition"].scores["frobenius"][kind].numpy() for kind in "QKV"})
     assert image.shape == (132 * 4 + 10, 3 * 538 + 16, 3)  # 4-pixel cells, 10 lines between 11 writer layers
     with pytest.raises(ValueError, match="one-layer"):
         heatmap_image({"K": np.full((1, 2, 1, 2), np.nan)})
@@ -196,7 +196,7 @@ def write_run(run_dir, n_layers: int, n_heads: int, per_pair_csv: bool = False, 
     k = (
         np.stack(
             [
-                fake_snapshot(n_layers, n_heads, ("frobenius",), seed=i).composition["frobenius"]["K"].numpy()
+                fake_snapshot(n_layers, n_heads, ("frobenius",), seed=i)["composition"].scores["frobenius"]["K"].numpy()
                 for i in range(len(STEPS))
             ]
         ).astype(np.float32)

@@ -6,8 +6,10 @@ quantities, named under the ``induction_composition_tracker`` entry points of th
 
 Importing such a module is what adds its task (a :class:`data.task.Task` subclass), its measure
 (:func:`metrics.composition.measures.register_measure`) or its tracked quantity (a
-:class:`metrics.tracked.base.TrackedQuantity` subclass); the schema is built after them, so their
-options are config options like any other (docs/operations.md, "Extending the tracker").
+:class:`metrics.tracked.base.TrackedQuantity` subclass); every registry loads them before it lists
+its entries, and the config schema is built from the registries, so their options are config options
+like any other (docs/operations.md, "Extending the tracker"). The loader sits in the lowest room so
+that every registry can call it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class ExtensionError(ImportError):
 
 
 def load_extensions() -> list[str]:
-    """Import every extension module (once per process; importing twice is a no-op) and return their names."""
+    """Import every extension module and return their names (a module imported before is not run again)."""
     loaded = []
     for point in entry_points(group=ENTRY_POINTS):
         try:
