@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 
 from analysis.protocol import Analysis, Conclusion, main
 from analysis.saved_run import AnalysisError, Request
-from conf.build import llc_sequences, n_beta_of
+from conf.objects import llc_sequences, n_beta_of
 from conf.validate import stages_problems
 from metrics.dynamics.llc import LLCUnavailable, SGLDSettings, require_devinterp
 from records.layout import CALIBRATION_FIGURE, CALIBRATION_TABLE, SUMMARY_NAME

@@ -5,7 +5,6 @@ its output directory ``RUN_DIR/analysis/NAME/``. :mod:`analysis.protocol` runs i
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from dataclasses import dataclass, field
@@ -15,15 +14,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from conf.schema import Config
+from conf.schema import Config, typed_tracker, upgraded
 from conf.validate import wandb_environment_problem
 from models.interventions import HeadChange, Intervention, named_heads, plan_of
 from records.layout import ANALYSIS_DIR, INTERVENTION_RECORD
 from records.trajectory import Trajectory, describe_steps
-
-RETIRED_KEYS = ("stages.window", "stages.min_turn")
-"""Settings a run trained by an earlier version may carry that this version no longer has (the
-turning-point finder's smoothing and threshold): dropped when the run is analysed."""
 
 
 class AnalysisError(ValueError):
@@ -56,12 +51,10 @@ def run_config(trajectory: Trajectory, overrides: list[str], section: str | None
     """The run's resolved config on the typed schema, with ``overrides`` applied; only ``SECTION.*``
     keys may change (the weights are fixed; no key when ``section`` is None). ``example`` is a valid
     override, for the error message."""
-    saved = copy.deepcopy(trajectory.config)
-    for key in RETIRED_KEYS:  # written by earlier versions, read by none: not a reason to refuse the run
-        group, _, name = key.partition(".")
-        saved.get(group, {}).pop(name, None)
+    saved = upgraded(trajectory.config)  # an earlier version's config in this version's keys
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
+        cfg.tracker = typed_tracker(saved.get("tracker"))
     except OmegaConfBaseException as error:
         raise AnalysisError(f"the run's config does not fit this version's schema ({first_line(error)})") from None
     for override in overrides:

@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from analysis.protocol import Analysis, Conclusion, main
 from analysis.saved_run import Request
-from conf.build import held_out_sequences, llc_sequences, sgld_settings, stage_settings
+from conf.objects import held_out_sequences, llc_sequences, sgld_settings, stage_settings
 from conf.validate import llc_calibration_warning, stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.dynamics.stages import MIN_STEPS, Boundary, boundary_columns

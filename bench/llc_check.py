@@ -95,7 +95,7 @@ def product_settings() -> SGLDSettings:
     """The SGLD settings ``stages.llc`` defaults to (``conf/schema.py``)."""
     from omegaconf import OmegaConf
 
-    from conf.build import sgld_settings
+    from conf.objects import sgld_settings
 
     return sgld_settings(OmegaConf.structured(LLCConfig))
 

@@ -39,7 +39,7 @@ from metrics.composition.data_shares import CENTRES, data_shares
 from records.layout import SUMMARY_NAME, TENSORS_DIR, run_label
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory
-from reports.rise import circuit_pair
+from reports.rise import causal_pair
 from reports.sweep_report import job_dirs
 
 DEFAULT_STEPS = (0, 200, 250, 300, 340, 380, 420, 470, 600, 1000, 1500)
@@ -93,8 +93,8 @@ def run_rows(run: Path, wanted: tuple[int, ...], shift: int, batch: int) -> tupl
         raise ValueError(f"n_ctx={shape.n_ctx} leaves no room for two copies with --shift {shift}")
     store = read_tensor_store(run / TENSORS_DIR)
     if "ablation/loss_change" not in store:
-        raise ValueError(f"{run / TENSORS_DIR} has no ablation/loss_change: no circuit pair to read")
-    pair = circuit_pair(store["ablation/loss_change"][1][-1])
+        raise ValueError(f"{run / TENSORS_DIR} has no ablation/loss_change: no causal pair to read")
+    pair = causal_pair(store["ablation/loss_change"][1][-1])
     fixed, moving = offset_probes(batch, n, shift, shape.d_vocab - 1)
     probes = (fixed, moving, offset_probes(batch, n, shift, shape.d_vocab - 1, seed=1)[0])
     rows = []

@@ -27,7 +27,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from conf.build import stage_settings
+from conf.objects import stage_settings
 from conf.schema import StagesConfig
 from metrics.dynamics.stages import Boundary, StageSettings, dynamics_boundaries, llc_boundaries
 

@@ -45,14 +45,8 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from callbacks.tracker import CompositionTracker
-from conf.build import (
-    build_datamodule,
-    build_module,
-    build_sampler,
-    build_shape,
-    build_tracker,
-    silence_known_warnings,
-)
+from conf.build import build_datamodule, build_module, build_tracker, silence_known_warnings
+from conf.objects import build_sampler, model_shape
 from conf.schema import register_schemas
 from conf.validate import ConfigError, validate
 from data.datamodule import TokenStream
@@ -87,7 +81,7 @@ def run_bare(cfg: DictConfig, steps: int, changes: dict | None = None) -> float:
     ``changes``: training-time interventions set on the model (``bench/interventions.py``)."""
     data, optim = cfg.data, cfg.optim
     torch.manual_seed(cfg.seed)
-    model = AttentionOnlyTransformer(build_shape(cfg), init=str(cfg.model.init.value), init_std=cfg.model.init_std)
+    model = AttentionOnlyTransformer(model_shape(cfg), init=str(cfg.model.init.value), init_std=cfg.model.init_std)
     model.set_changes(changes or {})
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
@@ -126,7 +120,7 @@ def run_lightning(cfg: DictConfig, steps: int, tracker: CompositionTracker | Non
     """Seconds for ``trainer.fit`` end to end (Lightning's own setup and teardown included)."""
     torch.manual_seed(cfg.seed)
     module, datamodule = build_module(cfg), build_datamodule(cfg)
-    assert module.model.shape == build_shape(cfg), "bare and Lightning must train the same model"
+    assert module.model.shape == model_shape(cfg), "bare and Lightning must train the same model"
     t = cfg.trainer
     with tempfile.TemporaryDirectory() as root:
         trainer = L.Trainer(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import secrets
 import string
@@ -13,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
@@ -29,17 +26,21 @@ from callbacks.progress import ProgressLines, loss_bar
 from callbacks.run_record import RunRecord
 from callbacks.tracker import CompositionTracker
 from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
-from conf.validate import intervention_plan, llc_calibration_warning, model_shape, trajectory_events
+from conf.objects import (
+    build_probe,
+    build_quantities,
+    build_sampler,
+    from_config,
+    intervention_plan,
+    llc_sequences,
+    model_shape,
+    sgld_settings,
+    trajectory_events,
+)
+from conf.validate import llc_calibration_warning
 from data.datamodule import TokenDataModule
-from data.probe import ProbeBatch
-from data.task import Task, TokenSampler, tasks
-from metrics.composition.measures import MEASURES
-from metrics.dynamics.llc import SGLDSettings
-from metrics.dynamics.stages import StageSettings
-from metrics.tracked.base import TrackedQuantity, tracked_quantities
 from metrics.tracked.options import TrackerOptions
-from models.lit_module import InductionLM
-from models.transformer import TransformerShape
+from models.lit_module import InductionLM, OptimizerSettings
 from records.csv_log import ResumableCSVLogger
 from records.layout import (
     CHECKPOINTS,
@@ -70,48 +71,14 @@ def torch_threads(cfg: DictConfig, launcher: DictConfig | None) -> int | None:
     return None
 
 
-def from_config(cls, node, **values):
-    """An instance of dataclass ``cls`` from the config ``node``'s values of its fields (``values``
-    given here win), type-checked and converted as the schema would (nested dataclasses too): how
-    every object the config describes is built, so a new option of ``cls`` needs no edit here. A key
-    ``cls`` does not have is left out (an earlier version's, in a saved run's config)."""
-    given = OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else dict(node)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    known = {key: value for key, value in given.items() if key in names}
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), known, values))
-
-
-def task_of(cfg: DictConfig) -> Task:
-    """The run's task (``cfg.data``; :mod:`data.task`), from a composed config or a saved run's."""
-    found = tasks()
-    if cfg.data.name not in found:
-        raise ValueError(f"data.name={cfg.data.name!r}: no such task; choose one of {', '.join(found)}")
-    return from_config(found[cfg.data.name], cfg.data)
-
-
-def build_sampler(cfg: DictConfig) -> TokenSampler:
-    """The run's data generator, as a sample-ids -> tokens function."""
-    return task_of(cfg).sampler(cfg.model.d_vocab - int(cfg.data.bos))
-
-
 def build_datamodule(cfg: DictConfig) -> TokenDataModule:
     return TokenDataModule(build_sampler(cfg), cfg.data.batch_size)
 
 
-def build_shape(cfg: DictConfig) -> TransformerShape:
-    return model_shape(cfg)
-
-
 def build_module(cfg: DictConfig) -> InductionLM:
-    model, optim = cfg.model, cfg.optim
+    model = cfg.model
     return InductionLM(
-        build_shape(cfg),
-        lr=optim.lr,
-        weight_decay=optim.weight_decay,
-        betas=tuple(optim.betas),
-        warmup_steps=optim.warmup_steps,
-        init=str(model.init.value),
-        init_std=model.init_std,
+        model_shape(cfg), from_config(OptimizerSettings, cfg.optim), str(model.init.value), model.init_std
     )
 
 
@@ -297,34 +264,12 @@ def build_trajectory(
     )
 
 
-def build_quantities(tracker: DictConfig) -> list[TrackedQuantity]:
-    """Every tracked quantity the ``tracker`` section turns on (:mod:`metrics.tracked`), built from
-    its options, in the order they run; one that runs with another (the matching score with the
-    ablation) while that one is on."""
-    registry = tracked_quantities()
-    options = {}
-    for name, owner in [*registry.items(), *MEASURES.items()]:
-        Options = getattr(owner, "Options", None)
-        if Options is not None and (getattr(owner, "root_options", False) or name in tracker):
-            options[name] = from_config(Options, tracker if getattr(owner, "root_options", False) else tracker[name])
-    built = [quantity.from_options(options) for quantity in registry.values()]
-    on = {q.name for q in built if q.enabled and (q.every_n_steps is not None or not q.runs_with)}
-    return [q for q in built if q.name in on or on & set(q.runs_with)]
-
-
 def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     """The tracker as ``cfg.tracker`` configures it (``run_dir`` None: no tensor store)."""
     tracker = cfg.tracker
     return CompositionTracker(
         build_probe(cfg), build_quantities(tracker), from_config(TrackerOptions, tracker), run_dir
     )
-
-
-def build_probe(cfg: DictConfig) -> ProbeBatch:
-    """The tracker's probe batch, the task's (also what chooses an intervention's heads by score)."""
-    tracker = cfg.tracker
-    n_random = cfg.model.d_vocab - int(cfg.data.bos)
-    return task_of(cfg).probe(tracker.probe_seed, tracker.probe_batch_size, tracker.probe_n, n_random)
 
 
 def silence_known_warnings() -> None:
@@ -375,52 +320,4 @@ def build_trainer(
         # under SLURM the runtime requeues, with our checkpoint (runtime/slurm.py); Lightning's own
         # handler would also requeue a job whose warning signal comes after training has finished
         plugins=[SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None,
-    )
-
-
-HELD_OUT_IDS = 10**12
-"""First sample id of the held-out sequences: the training stream draws ids from 0 upward, so these
-are never trained on (the generators are counter-based: any id is a fresh sample)."""
-
-
-def llc_sequences(cfg: DictConfig) -> torch.Tensor:
-    """The held-out sequences SGLD samples the LLC's loss on: ``stages.llc.batches × batch_size``."""
-    llc = cfg.stages.llc
-    return held_out_sequences(cfg, llc.batches * llc.batch_size)
-
-
-def held_out_sequences(cfg: DictConfig, count: int, offset: int = 0) -> torch.Tensor:
-    """``[count, seq_len]`` token sequences of the run's training distribution that it never trained on."""
-    return build_sampler(cfg)(np.arange(HELD_OUT_IDS + offset, HELD_OUT_IDS + offset + count))
-
-
-def n_beta_of(llc: DictConfig) -> float:
-    """nβ: the configured value, or devinterp's ``default_nbeta``: batch_size / ln(batch_size)."""
-    return float(llc.n_beta) if llc.n_beta is not None else llc.batch_size / math.log(llc.batch_size)
-
-
-def stage_settings(stages: DictConfig) -> StageSettings:
-    """How stage boundaries are read, from ``stages``."""
-    return StageSettings(
-        bandwidth=stages.bandwidth,
-        alpha=stages.alpha,
-        plateau=stages.plateau,
-        min_share=stages.min_share,
-        resamples=stages.resamples,
-        min_support=stages.min_support,
-        seed=stages.llc.seed,
-    )
-
-
-def sgld_settings(llc: DictConfig) -> SGLDSettings:
-    """The SGLD settings of one LLC estimate, from ``stages.llc``."""
-    return SGLDSettings(
-        lr=llc.lr,
-        n_beta=n_beta_of(llc),
-        localization=llc.localization,
-        chains=llc.chains,
-        draws=llc.draws,
-        burnin=llc.burnin,
-        batch_size=llc.batch_size,
-        seed=llc.seed,
     )

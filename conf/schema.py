@@ -3,7 +3,9 @@ so a misspelt key, a wrong type or an unknown enum value fails before anything i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -13,9 +15,12 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from data.task import Task, tasks
 from metrics.composition.measures import MEASURES
+from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.tracked.base import tracked_quantities
 from metrics.tracked.options import TrackerOptions
-from models.interventions import CIRCUITS, KEEPS, KINDS, REPLACEMENTS, TARGETS
+from models.interventions import CIRCUITS, KEEPS, KINDS, REPLACEMENTS, TARGETS, Intervention
+from models.lit_module import OptimizerSettings
+from models.transformer import TransformerShape, init_problems
 
 
 class Normalization(str, Enum):
@@ -33,6 +38,10 @@ class InitScheme(str, Enum):
     fan_in = "fan_in"  # N(0, 1/fan-in)
     normal = "normal"  # every W_* N(0, init_std²)
     gpt2 = "gpt2"  # every W_* N(0, (0.8/sqrt(d_model))²): EasyTransformer's init_mode="gpt2"
+
+
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
+PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 
 
 class WandbMode(str, Enum):
@@ -55,13 +64,13 @@ class ModelConfig:
     init: InitScheme = InitScheme.fan_in
     init_std: float | None = None  # with init=normal: every W_* N(0, init_std²) (aslvrstn 2022: 0.02)
 
-
-@dataclass
-class OptimConfig:
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 100
+    def problems(self) -> list[str]:
+        """The model's sizes and options as :class:`~models.transformer.TransformerShape` and the
+        initialisation check them, every problem at once."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(TransformerShape)}
+        init = str(getattr(self.init, "value", self.init))  # an enum in the schema, its value once built
+        problems = TransformerShape.check(**fields) + init_problems(init, self.init_std)
+        return [f"model.{problem}" for problem in problems]
 
 
 @dataclass
@@ -78,6 +87,23 @@ class TrainerConfig:
     deterministic: bool = False
     checkpoint_every_n_steps: int = 500
     num_threads: int | None = None  # torch threads; None: torch's default, or the cores' share of a parallel sweep job
+
+    def problems(self) -> list[str]:
+        positive = ("max_steps", "devices", "accumulate_grad_batches", "log_every_n_steps", "checkpoint_every_n_steps")
+        problems = [
+            f"trainer.{key}={getattr(self, key)} must be >= 1"
+            for key in (*positive, "progress_every_n_steps")
+            if getattr(self, key) < 1
+        ]
+        if self.num_threads is not None and self.num_threads < 1:
+            problems.append(f"trainer.num_threads={self.num_threads} must be >= 1 (or null: automatic)")
+        if self.accelerator not in ACCELERATORS:
+            problems.append(f"trainer.accelerator={self.accelerator!r} must be one of {ACCELERATORS}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"trainer.precision={self.precision!r} must be one of {PRECISIONS}")
+        if self.gradient_clip_val is not None and self.gradient_clip_val <= 0:
+            problems.append(f"trainer.gradient_clip_val={self.gradient_clip_val} must be > 0 (or null: no clipping)")
+        return problems
 
 
 @dataclass
@@ -97,6 +123,14 @@ class WandbConfig:
 class LoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     csv: bool = True
+
+    def problems(self) -> list[str]:
+        problems = []
+        if self.wandb.enabled and not str(self.wandb.project).strip():
+            problems.append("logger.wandb.project is empty: name a project (or logger=csv for no W&B)")
+        if self.wandb.connect_timeout_s <= 0:
+            problems.append(f"logger.wandb.connect_timeout_s={self.wandb.connect_timeout_s} must be > 0")
+        return problems
 
 
 def tracker_config() -> type:
@@ -149,6 +183,16 @@ class TrajectoryConfig:
     # None: 40 MB, raised for a larger model to hold 16 of its steps (records/trajectory.py, default_budget)
     budget_mb: float | None = None
 
+    def problems(self) -> list[str]:
+        """Out-of-range values (the budget against the model's size: conf/validate.py)."""
+        lows = (("log_steps", 0), ("every_n_steps", 0), ("window", 1), ("look_back", 0))
+        problems = [f"trajectory.{k}={getattr(self, k)} must be >= {low}" for k, low in lows if getattr(self, k) < low]
+        for key in ("threshold", "settle", "budget_mb"):
+            value = getattr(self, key)
+            if value is not None and not (math.isfinite(value) and value > 0):  # a budget of None follows the model
+                problems.append(f"trajectory.{key}={value} must be a finite number > 0")
+        return problems
+
 
 @dataclass
 class LLCConfig:
@@ -175,6 +219,39 @@ class LLCConfig:
     # size gets one warning line (conf/validate.py, llc_calibration_warning)
     calibrated_on: list[int] = field(default_factory=lambda: [2, 2, 64, 16])
 
+    def problems(self) -> list[str]:
+        problems = [
+            f"stages.llc.{k}={getattr(self, k)}: must be >= 1"
+            for k in ("chains", "batch_size", "batches")
+            if getattr(self, k) < 1
+        ]
+        if self.draws < 3:
+            problems.append(f"stages.llc.draws={self.draws}: must be >= 3")
+        if self.burnin < 0:
+            problems.append(f"stages.llc.burnin={self.burnin}: must be >= 0")
+        for name in ("lr", "localization", "settle_tolerance"):
+            value = getattr(self, name)
+            if not value >= 0 or (name == "lr" and value == 0):
+                problems.append(f"stages.llc.{name}={value}: must be {'> 0' if name == 'lr' else '>= 0'}")
+        if self.n_beta is not None and not self.n_beta > 0:
+            problems.append(f"stages.llc.n_beta={self.n_beta}: must be > 0 (or null for batch_size / ln batch_size)")
+        if self.n_beta is None and self.batch_size < 2:
+            problems.append(
+                "stages.llc.batch_size=1 leaves nβ = batch_size / ln(batch_size) undefined: set stages.llc.n_beta"
+            )
+        if self.chains == 1:
+            problems.append(
+                f"stages.llc.chains={self.chains}: the LLC's boundaries need the spread of at least 2 chains"
+            )
+        if self.every_n_steps < 0:
+            problems.append(f"stages.llc.every_n_steps={self.every_n_steps}: must be >= 0 (0: not during training)")
+        elif self.every_n_steps > 0:
+            try:
+                require_devinterp()
+            except LLCUnavailable as error:
+                problems.append(f"stages.llc.every_n_steps={self.every_n_steps}: {error}")
+        return problems
+
 
 @dataclass
 class StagesConfig:
@@ -194,6 +271,25 @@ class StagesConfig:
     resamples: int = 200  # bootstrap resamples (chains; tokens) behind each boundary's support and interval
     min_support: float = 0.5  # a boundary is kept when at least this share of the resamples finds it again
 
+    def problems(self) -> list[str]:
+        """Every out-of-range setting (``analysis.stages``, and the LLC during training), one message
+        each; asking for the LLC during training without the ``llc`` extra is one of them."""
+        problems = self.llc.problems()
+        if self.sequences < 1:
+            problems.append(f"stages.sequences={self.sequences}: must be >= 1")
+        if self.components < 2:
+            problems.append(f"stages.components={self.components}: must be >= 2")
+        if not self.bandwidth > 0:
+            problems.append(f"stages.bandwidth={self.bandwidth}: must be > 0 (a half-width in ln(step + 1))")
+        for name in ("alpha", "plateau", "min_share"):
+            if not 0 < getattr(self, name) < 1:
+                problems.append(f"stages.{name}={getattr(self, name)}: must be in (0, 1)")
+        if not 0 <= self.min_support <= 1:
+            problems.append(f"stages.min_support={self.min_support}: must be in [0, 1]")
+        if self.resamples < 0:
+            problems.append(f"stages.resamples={self.resamples}: must be >= 0")
+        return problems
+
 
 InterventionKind = Enum("InterventionKind", [(k, k) for k in KINDS], type=str)
 PatternTarget = Enum("PatternTarget", [(t, t) for t in TARGETS], type=str)
@@ -203,27 +299,32 @@ FrozenCircuit = Enum("FrozenCircuit", [(c, c) for c in CIRCUITS], type=str)
 """The intervention options' values: ``models/interventions.py`` says what each does."""
 
 
+NO_INTERVENTION = Intervention()
+"""Where every intervention option's default is written (models/interventions.py)."""
+
+
 @dataclass
 class InterventionSpec:
     """One intervention during training (``models/interventions.py``, ``callbacks/interventions.py``):
     each kind reads its own options, the rest are ignored."""
 
-    kind: InterventionKind = InterventionKind.none
+    kind: InterventionKind = InterventionKind(NO_INTERVENTION.kind)
     # L0H1 (a head), L0 (every head of layer 0), top_prev_token / top_induction (the model's top head at from_step)
     heads: list[str] = field(default_factory=list)
-    from_step: int = 0
-    until_step: int | None = None  # active while from_step <= step < until_step; None: to the end
-    target: PatternTarget = PatternTarget.prev_token  # clamp: the pattern imposed
-    strength: float = 1.0  # clamp: (1 - strength)·own pattern + strength·target
-    replacement: AblationReplacement = AblationReplacement.zero  # ablate: zero, the batch mean, another sequence's
-    keep: AblationKeep = (
-        AblationKeep.none
-    )  # ablate: none (the output), pattern (ablate values), values (ablate pattern)
-    circuit: FrozenCircuit = FrozenCircuit.both  # freeze: qk, ov or both
-    factor: float = 1.0  # temperature: the scores are multiplied by it
-    source: str | None = None  # graft: a run directory with trajectory/
-    source_step: int | None = None  # graft: its saved step to copy (None: its last)
-    frozen: bool = False  # graft: hold the grafted weights until until_step
+    from_step: int = NO_INTERVENTION.from_step
+    until_step: int | None = NO_INTERVENTION.until_step  # active while from_step <= step < until_step; None: to the end
+    target: PatternTarget = PatternTarget(NO_INTERVENTION.target)  # clamp: the pattern imposed
+    strength: float = NO_INTERVENTION.strength  # clamp: (1 - strength)·own pattern + strength·target
+    # ablate: zero, the batch mean, another sequence's
+    replacement: AblationReplacement = AblationReplacement(NO_INTERVENTION.replacement)
+    keep: AblationKeep = AblationKeep(
+        NO_INTERVENTION.keep
+    )  # ablate: none (the output), pattern (values), values (pattern)
+    circuit: FrozenCircuit = FrozenCircuit(NO_INTERVENTION.circuit)  # freeze: qk, ov or both
+    factor: float = NO_INTERVENTION.factor  # temperature: the scores are multiplied by it
+    source: str | None = NO_INTERVENTION.source  # graft: a run directory with trajectory/
+    source_step: int | None = NO_INTERVENTION.source_step  # graft: its saved step to copy (None: its last)
+    frozen: bool = NO_INTERVENTION.frozen  # graft: hold the grafted weights until until_step
 
 
 @dataclass
@@ -240,14 +341,46 @@ class Config:
     # with objective: a run whose loss cliff (midpoint) is later, or absent, scores NaN
     objective_cliff_by: int | None = None
     model: ModelConfig = MISSING
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimizerSettings = field(default_factory=OptimizerSettings)
     data: Any = MISSING  # a task's own options (data/task.py): the data group stores each task's dataclass
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
-    tracker: TrackerConfig = MISSING  # type: ignore[valid-type]
+    tracker: Any = MISSING  # TrackerConfig, stored anew by register_schemas (an extension's options with it)
     trajectory: TrajectoryConfig = field(default_factory=TrajectoryConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
     intervention: InterventionConfig = MISSING
+
+
+RENAMED = {
+    "tracker.share_rows": "tracker.share.rows",
+    "tracker.share_centre": "tracker.share.centre",
+    "tracker.share_floor": "tracker.share.floor",
+}
+"""Options an earlier version named otherwise: its name -> this version's."""
+RETIRED = ("stages.window", "stages.min_turn")
+"""Options an earlier version had that no version reads now (the turning-point finder's)."""
+
+
+def upgraded(saved: dict) -> dict:
+    """A resolved config an earlier version wrote (a run's, a checkpoint's), in this version's keys:
+    renamed options moved, retired ones dropped (a copy; ``saved`` is left as it is)."""
+    config = copy.deepcopy(saved)
+    for old, new in RENAMED.items():
+        (section, name), (_, new_section, new_name) = old.split("."), new.split(".")
+        if name in config.get(section, {}):
+            config[section].setdefault(new_section, {})[new_name] = config[section].pop(name)
+    for key in RETIRED:
+        section, name = key.split(".")
+        config.get(section, {}).pop(name, None)
+    return config
+
+
+def typed_tracker(node) -> DictConfig:
+    """A saved run's ``tracker`` section on this version's schema (an option it does not know, e.g. of
+    an extension not installed now, is left out)."""
+    known = {f.name for f in dataclasses.fields(TrackerConfig)}
+    given = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
+    return OmegaConf.merge(OmegaConf.structured(TrackerConfig), {k: v for k, v in given.items() if k in known})
 
 
 def task_node(task: type[Task]) -> DictConfig:
@@ -260,6 +393,8 @@ def task_node(task: type[Task]) -> DictConfig:
 def register_schemas() -> None:
     """Make the schemas available to ``conf/config.yaml`` and each group's YAML files; every task
     (the built-in ones and the extensions', data/extensions.py) is an option of the data group."""
+    global TrackerConfig
+    TrackerConfig = tracker_config()  # again: an extension imported since adds its options
     store = ConfigStore.instance()
     for name, task in tasks().items():
         store.store(group="data", name=name, node=task_node(task))

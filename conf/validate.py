@@ -1,4 +1,6 @@
-"""Cross-field checks the typed schema cannot express; run before anything heavy is built."""
+"""Every problem of a config before anything heavy is built: the schema's types (Hydra), each
+section's values (its dataclass's ``problems()``: conf/schema.py, and the task's, each tracked
+quantity's and measure's own), and what depends on several sections or on this machine."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from conf.objects import build_probe, from_config, intervention_plan, model_shape, n_random, task_of, trajectory_events
+from conf.schema import LoggerConfig, ModelConfig, StagesConfig, TrainerConfig, TrajectoryConfig, upgraded
 from data.task import Task, tasks
 from metrics.composition.measures import MEASURES
-from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.tracked.base import tracked_quantities
 from metrics.tracked.options import TrackerOptions
-from models.interventions import HEAD_NAME, Intervention, event_steps, plan_of
+from models.interventions import HEAD_NAME, Intervention
+from models.lit_module import OptimizerSettings
 from models.transformer import TransformerShape
 from records.keys import flatten
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
@@ -25,10 +29,6 @@ from records.trajectory import HEADER_BYTES, Trajectory, TrajectoryError, Trajec
 
 class ConfigError(ValueError):
     """A config that type-checks but cannot run; the message says which keys and why."""
-
-
-ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
-PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 
 
 WANDB_ENV_MODES = ("offline", "online", "disabled", "dryrun", "run", "shared")
@@ -64,6 +64,7 @@ def config_changes(trained: dict, now: dict, sections: tuple[str, ...] = RESUME_
     two resolved configs. A key the trained config lacks (an option added since) counts as its schema
     default; one the current config lacks (an option of an earlier version, or of another task) is not compared."""
     defaults = schema_defaults(sections, (now.get("data") or {}).get("name", "repeated"))
+    trained = upgraded(trained)  # an earlier version's keys in this version's
     before = {**defaults, **flatten({k: trained.get(k) for k in sections})}
     after = flatten({k: now.get(k) for k in sections})
     return [f"{key}: {before.get(key)!r} -> {after[key]!r}" for key in sorted(after) if before.get(key) != after[key]]
@@ -163,108 +164,47 @@ def wandb_environment_problem() -> str | None:
 
 
 def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
-    """Every problem found in ``cfg``, as one readable sentence each (empty when it can run)."""
-    if unknown := unknown_keys(cfg):
-        return [
-            f"unknown option{'s' * (len(unknown) > 1)} {', '.join(sorted(unknown))} (not in the schema, conf/schema.py; a typo?)"
-        ]
-    if non_finite := non_finite_floats(cfg):
-        return [f"{', '.join(non_finite)}: need a finite number"]
-    model, data, trainer, tracker = cfg.model, cfg.data, cfg.trainer, cfg.tracker
+    """Every problem found in ``cfg``, as one readable sentence each (empty when it can run): each
+    section's own (its dataclass's ``problems()``), then what depends on several; a check that
+    needs another section's values runs once those are fine."""
     problems = []
-    for key in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx"):
-        if model[key] < 1:
-            problems.append(f"model.{key}={model[key]} must be >= 1")
-    if model.d_head > model.d_model:
-        problems.append(f"model.d_head={model.d_head} must be <= model.d_model={model.d_model}")
-    n_random = model.d_vocab - int(data.bos)
-    if n_random < 2:
-        problems.append(f"model.d_vocab={model.d_vocab} leaves {n_random} random tokens (BOS takes one); need >= 2")
-    problems.extend(data_problems(cfg))
-    if model.init == "normal" and (model.init_std is None or not math.isfinite(model.init_std) or model.init_std <= 0):
-        problems.append(f"model.init=normal needs model.init_std > 0 (got {model.init_std})")
-    elif model.init != "normal" and model.init_std is not None:
-        problems.append(f"model.init_std={model.init_std} goes with model.init=normal (model.init={model.init.value})")
-    if trainer.max_steps < 1:
-        problems.append(f"trainer.max_steps={trainer.max_steps} must be >= 1")
-    for key in (
-        "devices",
-        "accumulate_grad_batches",
-        "log_every_n_steps",
-        "checkpoint_every_n_steps",
-        "progress_every_n_steps",
-    ):
-        if trainer[key] < 1:
-            problems.append(f"trainer.{key}={trainer[key]} must be >= 1")
-    if trainer.num_threads is not None and trainer.num_threads < 1:
-        problems.append(f"trainer.num_threads={trainer.num_threads} must be >= 1 (or null: automatic)")
-    if trainer.accelerator not in ACCELERATORS:
-        problems.append(f"trainer.accelerator={trainer.accelerator!r} must be one of {ACCELERATORS}")
-    if trainer.precision not in PRECISIONS:
-        problems.append(f"trainer.precision={trainer.precision!r} must be one of {PRECISIONS}")
+    if unknown := unknown_keys(cfg):
+        problems.append(
+            f"unknown option{'s' * (len(unknown) > 1)} {', '.join(sorted(unknown))} (not in the schema, conf/schema.py; a typo?)"
+        )
+    if non_finite := non_finite_floats(cfg):
+        problems.append(f"{', '.join(non_finite)}: need a finite number")
+    model, trainer = from_config(ModelConfig, cfg.model), from_config(TrainerConfig, cfg.trainer)
+    problems += model.problems()
+    problems += data_problems(cfg)
+    if n_random(cfg) < 2:
+        problems.append(
+            f"model.d_vocab={cfg.model.d_vocab} leaves {n_random(cfg)} random tokens (BOS takes one); need >= 2"
+        )
+    problems += [f"optim.{problem}" for problem in from_config(OptimizerSettings, cfg.optim).problems()]
+    problems += trainer.problems()
     if multirun and trainer.devices > 1:
         problems.append(
             "a multirun (-m) with trainer.devices > 1 is not supported: Lightning re-launches DDP workers with the sweep's arguments"
         )
-    optim = cfg.optim
-    if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
-        problems.append(f"optim.betas={list(optim.betas)} must be two numbers in [0, 1)")
-    if optim.lr <= 0:
-        problems.append(f"optim.lr={optim.lr} must be > 0")
-    if optim.weight_decay < 0:
-        problems.append(f"optim.weight_decay={optim.weight_decay} must be >= 0")
-    if optim.warmup_steps < 0:
-        problems.append(f"optim.warmup_steps={optim.warmup_steps} must be >= 0")
-    if trainer.gradient_clip_val is not None and trainer.gradient_clip_val <= 0:
-        problems.append(f"trainer.gradient_clip_val={trainer.gradient_clip_val} must be > 0 (or null: no clipping)")
-    if cfg.logger.wandb.enabled and not str(cfg.logger.wandb.project).strip():
-        problems.append("logger.wandb.project is empty: name a project (or logger=csv for no W&B)")
-    if cfg.logger.wandb.enabled and (problem := wandb_environment_problem()):
-        problems.append(problem)
-    if cfg.logger.wandb.connect_timeout_s <= 0:
-        problems.append(f"logger.wandb.connect_timeout_s={cfg.logger.wandb.connect_timeout_s} must be > 0")
-    if cfg.resume is not None:
-        problems.extend(resume_problems(cfg))
     if (problem := accelerator_problem(trainer.accelerator)) is not None:
         problems.append(problem)
-    if tracker.enabled:
-        problems.extend(tracker_problems(cfg))
-    if cfg.trajectory.enabled and not problems:
-        problems.extend(trajectory_problems(cfg))
-    if not problems:
-        problems.extend(stages_problems(cfg.stages))
-    if not problems:
-        problems.extend(intervention_problems(cfg))
+    logger = from_config(LoggerConfig, cfg.logger)
+    problems += logger.problems()
+    if logger.wandb.enabled and (problem := wandb_environment_problem()):
+        problems.append(problem)
+    if cfg.resume is not None:
+        problems += resume_problems(cfg)
+    model_ok = not model.problems()
+    if cfg.tracker.enabled:
+        problems += tracker_problems(cfg, probe=model_ok)
+    if cfg.trajectory.enabled:
+        own = from_config(TrajectoryConfig, cfg.trajectory).problems()
+        problems += own if own or not model_ok or trainer.max_steps < 1 else trajectory_budget_problems(cfg)
+    problems += from_config(StagesConfig, cfg.stages).problems()
+    if model_ok and trainer.max_steps >= 1:
+        problems += intervention_problems(cfg)
     return problems
-
-
-def model_shape(cfg: DictConfig) -> TransformerShape:
-    """The model's shape from ``cfg.model``."""
-    model = cfg.model
-    return TransformerShape(
-        n_layers=model.n_layers,
-        n_heads=model.n_heads,
-        d_model=model.d_model,
-        d_head=model.d_head,
-        n_ctx=model.n_ctx,
-        d_vocab=model.d_vocab,
-        normalization=str(model.normalization.value),
-        positions=str(model.positions.value),
-        biases=model.biases,
-    )
-
-
-def intervention_plan(cfg: DictConfig) -> list[Intervention]:
-    """The run's interventions, from its config's ``intervention`` (none where the config has none)."""
-    node = OmegaConf.select(cfg, "intervention")
-    return plan_of(None if node is None else OmegaConf.to_container(node, resolve=True, enum_to_str=True))
-
-
-def trajectory_events(cfg: DictConfig) -> tuple[int, ...]:
-    """The steps the weight trajectory keeps around each intervention's window edges
-    (:func:`models.interventions.event_steps`, at the tracker's period)."""
-    every = cfg.tracker.every_n_steps if cfg.tracker.enabled else 10
-    return event_steps(intervention_plan(cfg), cfg.trainer.max_steps, max(every, 1))
 
 
 def intervention_problems(cfg: DictConfig) -> list[str]:
@@ -311,8 +251,6 @@ def graft_source_problem(intervention: Intervention, shape: TransformerShape) ->
 def data_problems(cfg: DictConfig) -> list[str]:
     """The task's problems (:meth:`data.task.Task.problems`), once ``data.name`` is the task the data
     group chose."""
-    from conf.build import task_of
-
     chosen = OmegaConf.get_type(cfg.data)
     if isinstance(chosen, type) and issubclass(chosen, Task) and cfg.data.name != chosen.name:
         return [
@@ -338,20 +276,9 @@ def llc_calibration_warning(cfg: DictConfig) -> str | None:
     )
 
 
-def trajectory_problems(cfg: DictConfig) -> list[str]:
-    """Problems of ``cfg.trajectory`` (enabled), the budget against this model's size among them."""
-    t, problems = cfg.trajectory, []
-    for key, low in (("log_steps", 0), ("every_n_steps", 0), ("window", 1), ("look_back", 0)):
-        if t[key] < low:
-            problems.append(f"trajectory.{key}={t[key]} must be >= {low}")
-    for key in ("threshold", "settle", "budget_mb"):
-        if key == "budget_mb" and t[key] is None:
-            continue  # follows the model's size
-        if not math.isfinite(t[key]) or t[key] <= 0:
-            problems.append(f"trajectory.{key}={t[key]} must be a finite number > 0")
-    if problems:
-        return problems
-    shape = model_shape(cfg)
+def trajectory_budget_problems(cfg: DictConfig) -> list[str]:
+    """Whether ``trajectory.budget_mb`` holds the steps the trajectory must keep of this model."""
+    t = cfg.trajectory
     itemsize = 8 if cfg.trainer.precision in ("64", "64-true") else 4
     adaptive = cfg.tracker.enabled and t.trigger.value != "none"
     try:
@@ -359,22 +286,20 @@ def trajectory_problems(cfg: DictConfig) -> list[str]:
             cfg.trainer.max_steps,
             t.log_steps,
             t.every_n_steps,
-            shape.parameter_count * itemsize + HEADER_BYTES,
+            model_shape(cfg).parameter_count * itemsize + HEADER_BYTES,
             None if t.budget_mb is None else int(t.budget_mb * 2**20),
             adaptive,
             trajectory_events(cfg),
         )
     except ValueError as error:
-        problems.append(f"trajectory.budget_mb={t.budget_mb}: {error}; raise it, or trajectory.enabled=false")
-    return problems
+        return [f"trajectory.budget_mb={t.budget_mb}: {error}; raise it, or trajectory.enabled=false"]
+    return []
 
 
-def tracker_problems(cfg: DictConfig) -> list[str]:
+def tracker_problems(cfg: DictConfig, probe: bool = True) -> list[str]:
     """Problems of ``cfg.tracker`` (an enabled tracker): the tracker's own options', every tracked
     quantity's and measure's (their ``problems()``), every schedule's against the snapshots', and
-    whether the task's probe fits the model."""
-    from conf.build import build_probe, from_config
-
+    (``probe``: once the model is known to be fine) whether the task's probe fits the model."""
     model, trainer, tracker = cfg.model, cfg.trainer, cfg.tracker
     own = from_config(TrackerOptions, tracker)
     problems = own.problems()
@@ -396,7 +321,7 @@ def tracker_problems(cfg: DictConfig) -> list[str]:
                     f"{prefix}{key}every_n_steps={every} must be a multiple of tracker.every_n_steps={own.every_n_steps}"
                     " (what it measures is measured at snapshots)"
                 )
-    if own.probe_n >= 2 and own.probe_batch_size >= 1 and not data_problems(cfg):
+    if probe and own.probe_n >= 2 and own.probe_batch_size >= 1 and not data_problems(cfg):
         probe_len = build_probe(cfg).tokens.shape[-1]
         if probe_len > model.n_ctx:
             problems.append(
@@ -446,45 +371,5 @@ def validate(cfg: DictConfig, multirun: bool = False) -> None:
 
 
 def stages_problems(stages: DictConfig) -> list[str]:
-    """Every out-of-range ``stages`` setting (``analysis.stages``, and the LLC during training), one
-    message each; asking for the LLC during training without the ``llc`` extra is one of them."""
-    llc, problems = stages.llc, []
-    for name in ("chains", "batch_size", "batches"):
-        if llc[name] < 1:
-            problems.append(f"stages.llc.{name}={llc[name]}: must be >= 1")
-    if llc.draws < 3:
-        problems.append(f"stages.llc.draws={llc.draws}: must be >= 3")
-    if llc.burnin < 0:
-        problems.append(f"stages.llc.burnin={llc.burnin}: must be >= 0")
-    for name in ("lr", "localization", "settle_tolerance"):
-        if not llc[name] >= 0 or (name == "lr" and llc.lr == 0):
-            problems.append(f"stages.llc.{name}={llc[name]}: must be {'> 0' if name == 'lr' else '>= 0'}")
-    if llc.n_beta is not None and not llc.n_beta > 0:
-        problems.append(f"stages.llc.n_beta={llc.n_beta}: must be > 0 (or null for batch_size / ln batch_size)")
-    if llc.n_beta is None and llc.batch_size < 2:
-        problems.append(
-            "stages.llc.batch_size=1 leaves nβ = batch_size / ln(batch_size) undefined: set stages.llc.n_beta"
-        )
-    if stages.sequences < 1:
-        problems.append(f"stages.sequences={stages.sequences}: must be >= 1")
-    if stages.components < 2:
-        problems.append(f"stages.components={stages.components}: must be >= 2")
-    if not stages.bandwidth > 0:
-        problems.append(f"stages.bandwidth={stages.bandwidth}: must be > 0 (a half-width in ln(step + 1))")
-    for name in ("alpha", "plateau", "min_share"):
-        if not 0 < stages[name] < 1:
-            problems.append(f"stages.{name}={stages[name]}: must be in (0, 1)")
-    if not 0 <= stages.min_support <= 1:
-        problems.append(f"stages.min_support={stages.min_support}: must be in [0, 1]")
-    if stages.resamples < 0:
-        problems.append(f"stages.resamples={stages.resamples}: must be >= 0")
-    if llc.chains < 2 and not problems:
-        problems.append(f"stages.llc.chains={llc.chains}: the LLC's boundaries need the spread of at least 2 chains")
-    if llc.every_n_steps < 0:
-        problems.append(f"stages.llc.every_n_steps={llc.every_n_steps}: must be >= 0 (0: not during training)")
-    elif llc.every_n_steps > 0 and not problems:
-        try:
-            require_devinterp()
-        except LLCUnavailable as error:
-            problems.append(f"stages.llc.every_n_steps={llc.every_n_steps}: {error}")
-    return problems
+    """Every problem of the ``stages`` section (the analyses of developmental stages check it alone)."""
+    return from_config(StagesConfig, stages).problems()

@@ -20,6 +20,7 @@ Freezing and grafting act on weights, not activations: ``callbacks/interventions
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -156,38 +157,27 @@ class Intervention:
     :data:`CHOSEN` (the model's top head by that score at ``from_step``). Active on the optimizer
     steps ``from_step <= global_step < until_step`` (None: to the end of training)."""
 
-    kind: Kind
+    kind: Kind = "none"
     heads: tuple[str, ...] = ()
     from_step: int = 0
     until_step: int | None = None
-    target: Target = "prev_token"
-    strength: float = 1.0
-    replacement: Replacement = "zero"
-    keep: Keep = "none"
+    target: Target = HeadChange.target
+    strength: float = HeadChange.strength
+    replacement: Replacement = HeadChange.replacement
+    keep: Keep = HeadChange.keep
     circuit: Circuit = "both"
-    factor: float = 1.0
+    factor: float = HeadChange.factor
     source: str | None = None
     source_step: int | None = None
     frozen: bool = False
 
     @classmethod
     def from_config(cls, node: dict) -> Intervention:
-        """From one config entry (a dict with the schema's keys, enums as strings)."""
-        return cls(
-            kind=str(node["kind"]),
-            heads=tuple(str(h) for h in node.get("heads") or ()),
-            from_step=int(node.get("from_step", 0)),
-            until_step=None if node.get("until_step") is None else int(node["until_step"]),
-            target=str(node.get("target", "prev_token")),
-            strength=float(node.get("strength", 1.0)),
-            replacement=str(node.get("replacement", "zero")),
-            keep=str(node.get("keep", "none")),
-            circuit=str(node.get("circuit", "both")),
-            factor=float(node.get("factor", 1.0)),
-            source=node.get("source"),
-            source_step=node.get("source_step"),
-            frozen=bool(node.get("frozen", False)),
-        )
+        """From one config entry (a dict with the schema's keys, enums as strings; a key it lacks
+        takes the default here, the one place the defaults are written)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"heads"}
+        values = {key: value for key, value in node.items() if key in names}
+        return cls(**values, heads=tuple(str(h) for h in node.get("heads") or ()))
 
     def active(self, step: int) -> bool:
         return self.from_step <= step and (self.until_step is None or step < self.until_step)

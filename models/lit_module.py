@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,29 @@ def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
 
 
+@dataclass
+class OptimizerSettings:
+    """AdamW (lr, weight decay, betas) after a linear warmup of ``warmup_steps`` (0: none)."""
+
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 100
+
+    def problems(self) -> list[str]:
+        """Every problem of these values at once, one sentence each naming the field."""
+        problems = []
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            problems.append(f"betas={list(self.betas)} must be two numbers in [0, 1)")
+        if self.lr <= 0:
+            problems.append(f"lr={self.lr} must be > 0")
+        if self.weight_decay < 0:
+            problems.append(f"weight_decay={self.weight_decay} must be >= 0")
+        if self.warmup_steps < 0:
+            problems.append(f"warmup_steps={self.warmup_steps} must be >= 0")
+        return problems
+
+
 class InductionLM(L.LightningModule):
     """Trains the transformer with AdamW, a linear warmup, and logs ``train/loss``.
 
@@ -24,17 +49,13 @@ class InductionLM(L.LightningModule):
     def __init__(
         self,
         shape: TransformerShape,
-        *,
-        lr: float,
-        weight_decay: float,
-        betas: tuple[float, float],
-        warmup_steps: int,
+        optim: OptimizerSettings | None = None,
         init: InitScheme = "fan_in",
         init_std: float | None = None,
     ) -> None:
         super().__init__()
         self.model = AttentionOnlyTransformer(shape, init, init_std)
-        self.lr, self.weight_decay, self.betas, self.warmup_steps = lr, weight_decay, tuple(betas), warmup_steps
+        self.optim = optim or OptimizerSettings()
 
     def training_step(self, tokens: Tensor, batch_idx: int) -> Tensor:
         loss = next_token_loss(self.model(tokens), tokens)
@@ -53,10 +74,11 @@ class InductionLM(L.LightningModule):
         return (self.global_step + 1) % trainer.log_every_n_steps == 0  # Lightning's own rule
 
     def configure_optimizers(self):
+        o = self.optim
         optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay, betas=self.betas
+            self.model.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas)
         )
-        if self.warmup_steps <= 0:
+        if o.warmup_steps <= 0:
             return optimizer
-        warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / self.warmup_steps))
+        warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / o.warmup_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}

@@ -8,6 +8,7 @@ the model is a product of the weight matrices below.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -52,13 +53,24 @@ class TransformerShape:
     biases: bool = False  # b_Q, b_K, b_V [n_heads, d_head] and b_O [d_model] per layer, b_U [d_vocab]
 
     def __post_init__(self) -> None:
-        if self.normalization not in NORMALIZATIONS:
-            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
-        for name in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx", "d_vocab"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if problems := self.check(**dataclasses.asdict(self)):
+            raise ValueError("; ".join(problems))
+
+    @staticmethod
+    def check(**fields) -> list[str]:
+        """Every problem of these sizes and options at once, one sentence each naming the field."""
+        problems = [
+            f"{name}={fields[name]} must be >= 1"
+            for name in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx", "d_vocab")
+            if fields[name] < 1
+        ]
+        if fields["d_head"] > fields["d_model"]:
+            problems.append(f"d_head={fields['d_head']} must be <= d_model={fields['d_model']}")
+        if fields.get("normalization", "none") not in NORMALIZATIONS:
+            problems.append(f"normalization={fields['normalization']!r} must be one of {NORMALIZATIONS}")
+        if fields.get("positions", "standard") not in POSITIONS:
+            problems.append(f"positions={fields['positions']!r} must be one of {POSITIONS}")
+        return problems
 
     @property
     def parameter_count(self) -> int:
@@ -67,6 +79,17 @@ class TransformerShape:
         layer_biases, unembed_bias = (3 * self.n_heads * self.d_head + d, self.d_vocab) if self.biases else (0, 0)
         per_layer = 4 * self.n_heads * d * self.d_head + gains + layer_biases
         return self.d_vocab * d + self.n_ctx * d + self.n_layers * per_layer + gains + d * self.d_vocab + unembed_bias
+
+
+def init_problems(init: str, init_std: float | None) -> list[str]:
+    """What is wrong with an initialisation (:data:`INITS`; ``init_std`` goes with ``normal`` alone, > 0)."""
+    if init not in INITS:
+        return [f"init={init!r} must be one of {INITS}"]
+    if init == "normal" and (init_std is None or not math.isfinite(init_std) or init_std <= 0):
+        return [f"init=normal needs init_std > 0 (got {init_std})"]
+    if init != "normal" and init_std is not None:
+        return [f"init_std={init_std} goes with init=normal (init={init})"]
+    return []
 
 
 def make_norm(kind: Normalization, d_model: int) -> nn.Module:
@@ -245,8 +268,8 @@ class AttentionOnlyTransformer(nn.Module):
         old library default of 0.02 that aslvrstn 2022's script documents), ``gpt2`` from
         N(0, (0.8/sqrt(d_model))²), EasyTransformer's ``init_mode="gpt2"``; biases stay 0, gains 1."""
         super().__init__()
-        if init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        if problems := init_problems(init, init_std):
+            raise ValueError("; ".join(problems))
         self.shape = shape
         d = shape.d_model
         self.W_E = nn.Parameter(torch.randn(shape.d_vocab, d) / math.sqrt(d))
@@ -256,8 +279,6 @@ class AttentionOnlyTransformer(nn.Module):
         self.W_U = nn.Parameter(torch.randn(d, shape.d_vocab) / math.sqrt(d))
         self.register_parameter("b_U", nn.Parameter(torch.zeros(shape.d_vocab)) if shape.biases else None)
         std = {"fan_in": None, "normal": init_std, "gpt2": 0.8 / math.sqrt(d)}[init]
-        if (init == "normal") != (init_std is not None) or (init_std is not None and init_std <= 0):
-            raise ValueError(f"init_std={init_std} goes with init='normal' (and > 0) only; init={init!r}")
         if std is not None:  # drawn after the fan-in weights, as before: a run's random stream does not move
             with torch.no_grad():
                 for name, weight in self.named_parameters():

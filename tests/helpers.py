@@ -30,7 +30,7 @@ from metrics.tracked.circuit_scores import CopyingScores
 from metrics.tracked.composition import CompositionScores
 from metrics.tracked.ground_truth import AblationResult
 from metrics.tracked.probe_views import LossViewValues
-from models.lit_module import InductionLM
+from models.lit_module import InductionLM, OptimizerSettings
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records import wandb_records
 
@@ -142,7 +142,7 @@ def quiet_trainer(callbacks: list, max_steps: int, logger=False, **options) -> L
 def fit_repeated(trainer: L.Trainer, warmup_steps: int, weight_decay: float = 0.0, ckpt_path=None) -> InductionLM:
     """Train a fresh :data:`SMALL` model with ``trainer`` on repeated blocks of 4-8 tokens (batch
     8, Adam at 3e-3), from ``ckpt_path`` if given; returns the module."""
-    module = InductionLM(SMALL, lr=3e-3, weight_decay=weight_decay, betas=(0.9, 0.999), warmup_steps=warmup_steps)
+    module = InductionLM(SMALL, OptimizerSettings(lr=3e-3, weight_decay=weight_decay, warmup_steps=warmup_steps))
     data = TokenDataModule(Repeated(seq_len=17, n_min=4, n_max=8).sampler(20), 8)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return module
@@ -430,7 +430,7 @@ def tracker_settings(*dotlist: str):
 def tracker_of(probe, settings, run_dir=None):
     """The tracker ``settings`` (:func:`tracker_settings`) configure, on ``probe``, as train.py builds it."""
     from callbacks.tracker import CompositionTracker
-    from conf.build import build_quantities, from_config
+    from conf.objects import build_quantities, from_config
     from metrics.tracked.options import TrackerOptions
 
     return CompositionTracker(probe, build_quantities(settings), from_config(TrackerOptions, settings), run_dir)

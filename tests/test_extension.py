@@ -181,7 +181,7 @@ def test_the_new_score_is_the_attention_to_bos_of_the_saved_weights_on_the_tasks
     code = f"""
 import json, torch
 from conf.schema import register_schemas
-from conf.build import build_probe
+from conf.objects import build_probe
 from tests.helpers import composed
 register_schemas()
 probe = build_probe(composed(*{RUN!r}))

@@ -14,7 +14,7 @@ import torch
 from callbacks.interventions import Interventions
 from data.probe import make_probe_batch
 from models.interventions import Intervention
-from models.lit_module import InductionLM
+from models.lit_module import InductionLM, OptimizerSettings
 from records.trajectory import Trajectory, TrajectoryWriter
 from tests.helpers import SMALL, TINY, fit_repeated, quiet_trainer, run_train, run_train_until
 
@@ -79,7 +79,7 @@ def test_a_frozen_circuit_is_bit_identical_through_its_window_while_the_rest_tra
 
 def test_a_graft_equals_the_source_step_and_stays_there_frozen(tmp_path):
     torch.manual_seed(7)
-    source = InductionLM(SHAPE, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=0).model
+    source = InductionLM(SHAPE, OptimizerSettings(lr=1e-3, warmup_steps=0)).model
     writer = TrajectoryWriter(tmp_path / "source" / "trajectory", SHAPE, {"seed": 7})
     writer.add(40, source.state_dict(), ["a test step"])
     plan = [Intervention("graft", ("L0H1",), from_step=3, until_step=12, source=str(tmp_path / "source"), frozen=True)]
@@ -102,7 +102,7 @@ def test_a_chosen_head_is_the_top_scorer_at_from_step_and_is_recorded(tmp_path):
     (layer, head) = interventions.heads[0][0]
     assert record["interventions"][0]["heads"] == [f"L{layer}H{head}"]
     assert record["interventions"][0]["named"] == ["top_prev_token"]
-    model = InductionLM(SHAPE, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), warmup_steps=0).model
+    model = InductionLM(SHAPE, OptimizerSettings(lr=1e-3, warmup_steps=0)).model
     model.load_state_dict(steps[10])
     assert choose_head(model, PROBE, "prev_token") == (layer, head)
 

@@ -43,19 +43,19 @@ BAD_INPUTS = [
     (["optim.betas=[0.9"], "no viable alternative"),
     # ranges and cross-field checks (conf/validate.py)
     (["model.n_layers=0"], "model.n_layers=0 must be >= 1"),
-    (["model.d_head=128"], "must be <= model.d_model"),
+    (["model.d_head=128"], "model.d_head=128 must be <= d_model=64"),
     (["model.d_vocab=2"], "leaves 1 random tokens"),
     (["data.seq_len=99"], "exceeds model.n_ctx"),
     (["data.batch_size=0"], "data.batch_size=0 must be >= 1"),
     (["data.n_min=9", "data.n_max=4"], "need 1 <= n_min <= n_max"),
     (["trainer.max_steps=0"], "trainer.max_steps=0 must be >= 1"),
     (["trainer.checkpoint_every_n_steps=0"], "must be >= 1"),
-    (["model.init=normal"], "model.init=normal needs model.init_std > 0 (got None)"),
+    (["model.init=normal"], "model.init=normal needs init_std > 0 (got None)"),
     (
         ["data=sentence_gap_copy", "data.min_sentence=60"],
         "data.min_sentence=60, data.max_sentence=50, data.max_gap=50: need 1 <= min_sentence",
     ),
-    (["model.init_std=0.02"], "model.init_std=0.02 goes with model.init=normal (model.init=fan_in)"),
+    (["model.init_std=0.02"], "model.init_std=0.02 goes with init=normal (init=fan_in)"),
     (["model.positions=sideways"], "expected one of"),
     (
         ["trajectory.budget_mb=0.1"],

@@ -141,7 +141,7 @@ def test_initialisations_by_name(init, std):
             assert torch.equal(
                 parameter, torch.ones_like(parameter) if last == "weight" else torch.zeros_like(parameter)
             ), name
-    with pytest.raises(ValueError, match="goes with init='normal'"):
+    with pytest.raises(ValueError, match="goes with init=normal"):
         AttentionOnlyTransformer(TransformerShape(2, 2, 16, 4, 9, 11), "fan_in", 0.02)
-    with pytest.raises(ValueError, match="goes with init='normal'"):
+    with pytest.raises(ValueError, match="init=normal needs init_std > 0"):
         AttentionOnlyTransformer(TransformerShape(2, 2, 16, 4, 9, 11), "normal")
