@@ -97,7 +97,7 @@ TOKENS = torch.tensor([[8, 0, 1, 2, 3, 0, 1, 2, 3], [8, 5, 7, 6, 4, 5, 7, 6, 4],
 PROBE = ProbeBatch(tokens=TOKENS, n=4, first_start=1)
 
 
-def seed002_like(positions: str, biases: bool, normalization: str = "none") -> AttentionOnlyTransformer:
+def easytransformer_like(positions: str, biases: bool, normalization: str = "none") -> AttentionOnlyTransformer:
     """A small model with the options of seed 002's library, biases drawn away from their zero start."""
     torch.manual_seed(0)
     model = AttentionOnlyTransformer(

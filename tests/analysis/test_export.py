@@ -105,9 +105,9 @@ def test_transformer_lens_models_we_cannot_score_are_refused_in_one_line():
 @pytest.mark.parametrize("normalization", ["none", "layernorm"])
 def test_seed_002s_positions_and_biases_open_in_transformer_lens_with_our_logits(tmp_path, positions, normalization):
     """Biases, and shortformer positions in TransformerLens 3; TransformerLens 4 refuses those in one line."""
-    from tests.helpers import seed002_like
+    from tests.helpers import easytransformer_like
 
-    model = seed002_like(positions, True, normalization)
+    model = easytransformer_like(positions, True, normalization)
     TrajectoryWriter(tmp_path / "trajectory", model.shape, {}).add(7, model.state_dict(), ["log"])
     if positions == "shortformer" and transformer_lens_major() >= 4:
         with pytest.raises(ValueError, match=r"^TransformerLens 4's native model has no shortformer positions: .*<4"):

@@ -144,14 +144,14 @@ def test_a_run_made_before_an_option_existed_resumes_unchanged():
 
 
 def test_seed_002s_presets_are_its_library_s_model_and_the_others_documented_overrides():
-    """experiment=seed002 is the study's matching variant (docs/results.md, "Seed 002's run"):
-    shortformer positions and biases, init N(0, 0.02²), no norm; seed002_cpu changes only the batch,
+    """experiment=aslvrstn_2022 is the study's matching variant (docs/results.md, "Seed 002's run"):
+    shortformer positions and biases, init N(0, 0.02²), no norm; aslvrstn_2022_cpu changes only the batch,
     the vocabulary and the steps; the study's other variants compose as overrides."""
-    cfg = composed("experiment=seed002")
+    cfg = composed("experiment=aslvrstn_2022")
     assert config_problems(cfg) == []
     assert (cfg.model.positions, cfg.model.biases, cfg.model.normalization) == ("shortformer", True, "none")
     assert (cfg.model.init, cfg.model.init_std, cfg.data.batch_size, cfg.model.d_vocab) == ("normal", 0.02, 1000, 1000)
-    laptop = composed("experiment=seed002_cpu")
+    laptop = composed("experiment=aslvrstn_2022_cpu")
     assert (laptop.data.batch_size, laptop.model.d_vocab, laptop.trainer.max_steps) == (100, 100, 4000)
     exact = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     assert sorted(config_changes(exact, OmegaConf.to_container(laptop, resolve=True, enum_to_str=True))) == [
@@ -164,7 +164,7 @@ def test_seed_002s_presets_are_its_library_s_model_and_the_others_documented_ove
         ["model.init=gpt2", "model.init_std=null"],
         ["data.min_sentence=2", "data.max_sentence=51"],  # the script's copy lengths
     ):
-        assert config_problems(composed("experiment=seed002", *variant)) == []
+        assert config_problems(composed("experiment=aslvrstn_2022", *variant)) == []
 
 
 def test_the_models_option_defaults_are_the_schemas():

@@ -10,10 +10,15 @@ from hydra import compose, initialize_config_dir
 
 from conf.schema import register_schemas
 from conf.validate import config_problems
+from runtime.run_guard import RENAMED_EXPERIMENTS, renamed_experiment_warning
 from tests.helpers import REPO, run_train
 
 register_schemas()
-PRESETS = sorted(path.stem for path in (REPO / "conf" / "experiment").glob("*.yaml"))
+
+PRESETS = sorted(
+    path.stem for path in (REPO / "conf" / "experiment").glob("*.yaml") if path.stem not in RENAMED_EXPERIMENTS
+)
+"""The presets, without the old names kept as aliases of renamed ones."""
 SHRUNK = [
     "trainer.max_steps=4",
     "data.batch_size=4",
@@ -35,7 +40,9 @@ SHRUNK = [
 
 
 def test_every_preset_is_listed():
-    assert {"phase_change", "one_layer", "elhage_2l", "seed002", "seed002_cpu", "smallest_cliff"} <= set(PRESETS)
+    assert {"phase_change", "one_layer", "elhage_2l", "aslvrstn_2022", "aslvrstn_2022_cpu", "smallest_cliff"} <= set(
+        PRESETS
+    )
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -86,3 +93,15 @@ def test_a_preset_states_only_what_differs_from_the_schema_and_its_parent(preset
     value = lambda cfg, key: OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}), resolve=True)
     restated = [f"{key}={value(ours, key)['v']}" for key in keys if value(ours, key) == value(theirs, key)]
     assert not restated, f"conf/experiment/{preset}.yaml restates: {restated}"
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED_EXPERIMENTS.items()))
+def test_a_renamed_preset_still_composes_under_its_old_name_and_says_so(old, new):
+    from tests.helpers import composed
+
+    assert composed(f"experiment={old}") == composed(f"experiment={new}")
+    assert (
+        renamed_experiment_warning([old])
+        == f"warning: experiment={old} is now experiment={new} (the old name still works)"
+    )
+    assert renamed_experiment_warning([f"experiment={new}", "seed=2"]) is None

@@ -148,9 +148,9 @@ def test_the_entry_point_says_which_method_it_used():
 def test_attribution_with_shortformer_positions_and_biases_is_the_derivative_of_the_ablation(normalization):
     """Seed 002's library options: attribution's own forward pass (positions into the queries' and
     keys' inputs only, every bias) is the derivative of the exact ablation, which equals its loop."""
-    from tests.helpers import seed002_like
+    from tests.helpers import easytransformer_like
 
-    model = seed002_like("shortformer", True, normalization).eval()
+    model = easytransformer_like("shortformer", True, normalization).eval()
     probe = make_probe_batch(0, 4, 4, 10)
     eps = 1e-4
     estimate = later(key_attribution_effects(model, probe).loss_change)

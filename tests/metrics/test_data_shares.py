@@ -14,7 +14,7 @@ from data.probe import make_probe_batch
 from metrics.composition.data_shares import CENTRES, ROWS, data_shares, induction_keys, row_weights
 from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import induction_circuit_model, seed002_like
+from tests.helpers import easytransformer_like, induction_circuit_model
 
 
 def probe_for(model, batch: int = 4, seed: int = 0):
@@ -281,7 +281,7 @@ def test_under_layernorm_a_constant_added_to_a_writers_rows_changes_no_share(flo
 
 
 def test_the_snapshot_scores_the_share_beside_the_weight_measures():
-    model = seed002_like("standard", False, "layernorm")
+    model = easytransformer_like("standard", False, "layernorm")
     probe = probe_for(model)
     composition = {"measures": ["frobenius", "share"], "baseline_samples": 50}
     snap = take_snapshot(model, probe, composition=composition, share={"rows": "all", "centre": "sequences"})

@@ -24,7 +24,7 @@ from metrics.composition.whitening import Whitening, embedding_covariance, resid
 from metrics.heads.circuit_scores import folded_unembedding
 from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import random_model, seed002_like
+from tests.helpers import easytransformer_like, random_model
 
 
 def transformerlens_fold(model):
@@ -300,7 +300,7 @@ def test_with_shortformer_positions_and_biases_the_tokens_heads_and_biases_shift
     ``b_O`` (the positions join the queries' and keys' input after the norm, so ``W_pos`` is no
     writer). Shifting all of them along ``1`` changes no logit and no score (``b_O`` reaches the
     scores through the observed stream ``whitened_resid`` whitens by)."""
-    model = seed002_like("shortformer", True, "layernorm")
+    model = easytransformer_like("shortformer", True, "layernorm")
     g = torch.Generator().manual_seed(2)
     shifted = ones_shift(model, **shifts(model, "W_O of every head", g), **shifts(model, "W_E", g))
     with torch.no_grad():

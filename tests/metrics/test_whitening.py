@@ -106,10 +106,10 @@ def test_with_shortformer_positions_the_embedding_covariance_is_the_tokens_alone
     """Under shortformer the stream layer 0 reads holds no position (docs/measures.md, "Biases and
     shortformer positions"): the covariance whitened by ``whitened`` is that of ``W_E``'s rows."""
     from metrics.composition.whitening import embedding_covariance
-    from tests.helpers import seed002_like
+    from tests.helpers import easytransformer_like
 
     for positions in ("standard", "shortformer"):
-        model = seed002_like(positions, True)
+        model = easytransformer_like(positions, True)
         rows = (
             model.W_E.detach()
             if positions == "shortformer"
@@ -123,9 +123,9 @@ def test_a_snapshot_of_a_model_with_seed_002s_options_has_every_part():
     from data.probe import make_probe_batch
     from metrics.composition.measures import WEIGHT_MEASURES
     from metrics.snapshot import take_snapshot
-    from tests.helpers import seed002_like
+    from tests.helpers import easytransformer_like
 
-    model = seed002_like("shortformer", True, "layernorm")
+    model = easytransformer_like("shortformer", True, "layernorm")
     composition = {"measures": list(WEIGHT_MEASURES), "baseline_samples": 200}
     snap = take_snapshot(
         model, make_probe_batch(0, 4, 4, 10), composition=composition, ablation=True, copying=True, dtype=torch.float64

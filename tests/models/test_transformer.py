@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import random_model, seed002_like
+from tests.helpers import easytransformer_like, random_model
 
 
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
@@ -92,7 +92,7 @@ def by_hand(model: AttentionOnlyTransformer, tokens: torch.Tensor) -> torch.Tens
 @pytest.mark.parametrize("normalization", ["none", "layernorm"])
 @pytest.mark.parametrize("positions, biases", [("shortformer", False), ("standard", True), ("shortformer", True)])
 def test_shortformer_and_biases_equal_the_forward_pass_written_by_hand(positions, biases, normalization):
-    model = seed002_like(positions, biases, normalization)
+    model = easytransformer_like(positions, biases, normalization)
     tokens = torch.randint(0, 11, (3, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = by_hand(model, tokens)
@@ -104,9 +104,9 @@ def test_shortformer_and_biases_equal_the_forward_pass_written_by_hand(positions
 
 
 def test_shortformer_values_never_see_a_position():
-    model = seed002_like("shortformer", True)
+    model = easytransformer_like("shortformer", True)
     tokens = torch.randint(0, 11, (2, 9), generator=torch.Generator().manual_seed(2))
-    moved = seed002_like("shortformer", True)
+    moved = easytransformer_like("shortformer", True)
     with torch.no_grad():
         moved.W_pos.normal_(0, 5.0)  # other positions: the patterns change, the values do not
         x, pos, other_pos = model.embed(tokens), model.positions(9), moved.positions(9)
