@@ -108,17 +108,13 @@ def training_outcome(run_dir: Path) -> Iterator[None]:
     """Around ``trainer.fit``: a preemption, a divergence or any other failure ends the W&B run as
     preempted or failed (never successful) and becomes a :class:`JobEnded` with the command that
     continues; a preempted SLURM job is requeued and leaves at once, as submitit does."""
-    import wandb
-
     from callbacks.divergence import TrainingDiverged
     from callbacks.preemption import Preempted
 
     try:
         yield
     except Preempted as stop:
-        if wandb.run is not None:
-            wandb.run.mark_preempting()
-        wandb.finish(exit_code=stop.exit_code)
+        finish_wandb(stop.exit_code, preempting=True)
         ended = JobEnded(
             stop.exit_code,
             f"stopped by {stop.signum.name} at step {stop.step}; checkpoint: {stop.checkpoint};"
@@ -136,14 +132,25 @@ def training_outcome(run_dir: Path) -> Iterator[None]:
             os._exit(stop.exit_code)
         raise ended from None
     except TrainingDiverged as error:
-        wandb.finish(exit_code=1)
+        finish_wandb(1)
         last = run_dir / CHECKPOINTS / LAST_CHECKPOINT
         kept = f"the last finite checkpoint is {last}" if last.is_file() else "no checkpoint was written before it"
         raise JobEnded(1, f"error: {error}; {kept}") from None
     except BaseException:
-        wandb.finish(exit_code=1)  # any other failure (a second Ctrl-C too)
+        finish_wandb(1)  # any other failure (a second Ctrl-C too)
         raise
-    wandb.finish()
+    finish_wandb(0)
+
+
+def finish_wandb(exit_code: int, preempting: bool = False) -> None:
+    """End the run's W&B run with ``exit_code`` (marked preempting first, if so); nothing to end
+    where W&B was never loaded (``logger.wandb.enabled=false``)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is None:
+        return
+    if preempting and wandb.run is not None:
+        wandb.run.mark_preempting()
+    wandb.finish(exit_code=exit_code)
 
 
 def resume_command(run_dir: Path) -> str:

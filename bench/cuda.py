@@ -1,0 +1,158 @@
+"""The tracker on a CUDA GPU against the CPU: one snapshot of a trained model with every tracked
+quantity on (every measure, the exact ablation and the attribution, copying, matching), on the GPU
+in float32 and in float64, each against the CPU's float64 snapshot, beside the CPU's own float32
+error as the yardstick; and what a snapshot takes on each, at the default shape and at paper scale.
+
+    python -m bench.cuda [--steps 400] [--repeats 5] [--out results.json]
+
+Needs a CUDA device (exits 2 without one). Training here is a plain torch loop on the GPU (AdamW at
+the default experiment's settings, repeated random tokens), so the snapshot reads a model with an
+induction circuit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from data.probe import make_probe_batch
+from data.tasks.repeated import Repeated
+from metrics.composition.measures import WEIGHT_MEASURES
+from metrics.snapshot import take_snapshot
+from models.lit_module import next_token_loss
+from models.transformer import AttentionOnlyTransformer, TransformerShape
+
+DEFAULT = TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=16, n_ctx=33, d_vocab=257)
+PAPER = TransformerShape(n_layers=2, n_heads=12, d_model=768, d_head=64, n_ctx=33, d_vocab=257)
+
+
+def trained(shape: TransformerShape, steps: int, device: str) -> AttentionOnlyTransformer:
+    """``steps`` AdamW steps (lr 3e-3, 100 warm-up) on repeated random tokens, batch 32."""
+    torch.manual_seed(0)
+    model = AttentionOnlyTransformer(shape).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 100))
+    sample = Repeated(seq_len=shape.n_ctx).sampler(shape.d_vocab - 1)
+    for step in range(steps):
+        tokens = sample(np.arange(32 * step, 32 * (step + 1))).to(device)
+        loss = next_token_loss(model(tokens), tokens)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        warmup.step()
+    return model.cpu()
+
+
+def results_of(snap) -> dict[str, torch.Tensor]:
+    """Every tensor a snapshot holds, by name, on the CPU in float64."""
+    out = {f"{m}/{k}": s for m, by_kind in snap["composition"].scores.items() for k, s in by_kind.items()}
+    out |= {name: snap[name] for name in ("previous_token", "induction", "duplicate_token", "matching")}
+    out |= {"copying": snap["copying"].weight, "copying_empirical": snap["copying"].empirical}
+    out |= {f"ablation/{e}": v for e, v in snap["ablation"].effects.effects().items()}
+    out["loss/repeated"] = torch.tensor(snap["loss_views"].repeated)
+    return {name: value.detach().double().cpu() for name, value in out.items()}
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest ``|got - want|`` over ``max |want|`` (entries finite in both; NaN where neither is)."""
+    finite = got.isfinite() & want.isfinite()
+    if not finite.any():
+        return 0.0
+    scale = want[finite].abs().max().clamp_min(1e-30)
+    return float(((got - want)[finite].abs().max() / scale).item())
+
+
+def snapshot(model, probe, method: str, dtype=None):
+    return take_snapshot(
+        model,
+        probe,
+        composition={"measures": [*WEIGHT_MEASURES, "share"], "baseline_samples": 200},
+        ablation={"method": method},
+        copying=True,
+        matching=True,
+        dtype=dtype,
+    )
+
+
+def seconds(model, probe, method: str, repeats: int, device: str) -> float:
+    """Median wall seconds of one snapshot (synchronised), after one warm-up."""
+    model = model.to(device)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        snapshot(model, probe, method)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=400, help="training steps before the snapshot")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="the CPU in the GPU's place (checks the script, not a GPU)"
+    )
+    args = parser.parse_args(argv)
+    device = "cpu" if args.dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)"
+    report = {"device": name, "torch": torch.__version__, "steps": args.steps}
+    model = trained(DEFAULT, args.steps, device)
+    probe = make_probe_batch(0, 16, 16, DEFAULT.d_vocab - 1)
+    errors = {}
+    copy_of = lambda: copy.deepcopy(model)
+    for method in ("exact", "attribution"):
+        reference = results_of(snapshot(copy_of().double(), probe, method))
+        runs = {
+            "cpu float32": results_of(snapshot(copy_of(), probe, method)),
+            "cuda float32": results_of(snapshot(copy_of().to(device), probe, method)),
+            "cuda float64": results_of(snapshot(copy_of().to(device), probe, method, torch.float64)),
+        }
+        for run, got in runs.items():
+            for name, want in reference.items():
+                if name.startswith("ablation/"):
+                    errors.setdefault(f"{name} ({method})", {})[run] = relative_error(got[name], want)
+                elif method == "exact":
+                    errors.setdefault(name, {})[run] = relative_error(got[name], want)
+    report["relative_error_against_cpu_float64"] = errors
+    timing = {}
+    for label, shape, where in (("default", DEFAULT, ("cpu", device)), ("paper", PAPER, (device,))):
+        torch.manual_seed(0)
+        timed = AttentionOnlyTransformer(shape)
+        timed_probe = make_probe_batch(0, 16 if shape is DEFAULT else 32, 16, shape.d_vocab - 1)
+        for method in ("exact", "attribution"):
+            for on in where:
+                timing[f"{label} {method} {on}"] = seconds(copy.deepcopy(timed), timed_probe, method, args.repeats, on)
+    report["snapshot_seconds"] = timing
+    print(f"{report['device']}, torch {report['torch']}; a snapshot of every quantity after {args.steps} steps")
+    print("relative error against the CPU's float64 snapshot (largest |diff| / largest |value|):")
+    columns = sorted({c for row in errors.values() for c in row})
+    print("  " + "quantity".ljust(34) + "".join(c.rjust(14) for c in columns))
+    for name, row in errors.items():
+        cells = "".join((f"{row[c]:.1e}" if c in row and math.isfinite(row[c]) else "-").rjust(14) for c in columns)
+        print("  " + name.ljust(34) + cells)
+    print("seconds per snapshot (median):")
+    for key, value in timing.items():
+        print(f"  {key:<28}{value:>10.4f}")
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(report, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
