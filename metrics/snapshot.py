@@ -109,15 +109,19 @@ def quantities_with(options: Mapping[str, Any]) -> list[TrackedQuantity]:
     """The quantities of a one-off snapshot, in their order: every registered one that runs at every
     snapshot, and each scheduled one ``options`` names (one that runs with another, as the matching
     score with the ablation, when that one is named too). ``options[NAME]``: the quantity itself, its
-    ``Options``, a dict of them, or True for its defaults; a measure's (``share``) go to the composition."""
+    ``Options``, a dict of them, True for its defaults, or False to leave it out (even one that runs at
+    every snapshot); a measure's (``share``) go to the composition."""
     from metrics.composition.measures import MEASURES
 
     registry = tracked_quantities()
     unknown = set(options) - set(registry) - set(MEASURES)
     if unknown:
         raise ValueError(f"unknown tracked quantities {sorted(unknown)}; known: {sorted(registry)}")
+    left_out = {name for name, value in options.items() if value is False}
     built = {}
     for name, value in options.items():
+        if value is False:
+            continue
         Options = getattr(registry.get(name) or MEASURES[name], "Options", None)
         if isinstance(value, Mapping) and Options is not None:
             value = Options(**value)
@@ -126,6 +130,8 @@ def quantities_with(options: Mapping[str, Any]) -> list[TrackedQuantity]:
         built[name] = value
     chosen = []
     for name, cls in registry.items():
+        if name in left_out:
+            continue
         if isinstance(built.get(name), TrackedQuantity):
             chosen.append(built[name])
         elif name in built or cls.Options is None or cls.root_options:

@@ -127,6 +127,12 @@ class SimulatedAccelerator(TorchFunctionMode):
         torch.from_numpy = self.original_from_numpy
         return super().__exit__(*exc)
 
+    def keep_on_host(self, *tensors: torch.Tensor) -> None:
+        """Mark tensors made before entering as the host's, as a GPU run holds them (a probe's tokens):
+        moving one to the device then copies it, under whatever inference mode is on, as CUDA does."""
+        for tensor in tensors:
+            self.host[id(tensor)] = weakref.ref(tensor)
+
     def on_host(self, tensor) -> bool:
         known = self.host.get(id(tensor))
         return known is not None and known() is tensor

@@ -42,9 +42,11 @@ def probe_batch():
 def test_a_snapshot_makes_every_tensor_where_it_belongs_and_no_float64_on_the_device():
     model, probe = trained_model(), probe_batch()
     with SimulatedAccelerator() as accelerator:
+        accelerator.keep_on_host(probe.tokens)
         every = dict(ablation=True, copying=True, matching=True)  # every part: ablation, copying, matching, validity
         take_snapshot(model, probe, composition={"measures": list(ALL_MEASURES), "baseline_samples": 50}, **every)
         take_snapshot(model, probe, composition={"measures": list(GRAM_PATH), "baseline_samples": 50})
+        take_snapshot(model, probe, composition=False, ablation={"method": "attribution"})  # a backward pass
     assert not (
         accelerator.missing_device or accelerator.mixed or accelerator.float64_on_device or accelerator.not_on_mps
     )
@@ -58,7 +60,8 @@ def test_a_tracker_step_logs_and_stores_from_the_right_devices(tmp_path):
     tracker = tracker_of(probe_batch(), settings, tmp_path)
     model = trained_model()
     tracker.open(model, 0)
-    with SimulatedAccelerator():
+    with SimulatedAccelerator() as accelerator:
+        accelerator.keep_on_host(tracker.probe.tokens)
         tracker.snapshot([ResumableCSVLogger(tmp_path)], model, 0, last=True)
     tracker.close()
     assert (tmp_path / "tensors").is_dir()

@@ -141,7 +141,7 @@ def _first_order_loss_changes(
     (``write'``: the replacement of ``kind``); ``writes[l]``: the clean run's head outputs ``[b, H, t, d]``."""
     L, H = model.shape.n_layers, model.shape.n_heads
     gradients = _key_input_gradients(model, tokens, probe)  # [l2 - 1]: (H, b·t·d)
-    loss_change = torch.full((L, H, L, H), float("nan"), dtype=torch.float64)
+    loss_change = torch.full((L, H, L, H), float("nan"), dtype=torch.float64, device="cpu")
     for l1 in range(L - 1):
         write = writes[l1].to(gradients[0].dtype)  # (b, H, t, d)
         shift = (replacement_of(write, kind) - write).transpose(0, 1).flatten(1)  # (H, b·t·d)
@@ -159,8 +159,9 @@ def _key_input_gradients(model: AttentionOnlyTransformer, tokens: Tensor, probe:
     asks for the keys alone, so no weight gradient is computed and every ``.grad`` is left alone.
     """
     scored = probe.repeated
-    targets = tokens[:, scored.start + 1 : scored.stop + 1]
     with torch.inference_mode(False), torch.enable_grad():
+        tokens = tokens.clone()  # a copy made under inference mode (a GPU's) cannot be saved for backward
+        targets = tokens[:, scored.start + 1 : scored.stop + 1]
         logits, cache = model.run_with_cache(tokens, head_out=False)
         loss = F.cross_entropy(logits[:, scored].flatten(0, 1), targets.flatten())  # the repeated-token loss
         key_gradients = torch.autograd.grad(loss, cache["k"][1:], materialize_grads=True)

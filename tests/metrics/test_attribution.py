@@ -3,6 +3,8 @@ exact ablation it approximates."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -100,6 +102,18 @@ def test_attribution_runs_inside_inference_mode_with_a_given_clean_run():
         given = key_attribution_effects(model, probe, model.run_with_cache(probe.tokens))
     for name, values in given.effects().items():
         torch.testing.assert_close(values, fresh.effects()[name], equal_nan=True)
+
+
+def test_attribution_takes_probe_tokens_made_under_inference_mode():
+    """On a GPU the probe's tokens are copied to the device inside the snapshot's inference mode, so
+    they arrive as inference tensors; the attribution's backward pass must not save them."""
+    model = random_model(n_layers=3, n_heads=2).eval()
+    probe = make_probe_batch(0, 4, 8, 10)
+    with torch.inference_mode():
+        on_device = dataclasses.replace(probe, tokens=probe.tokens.clone())
+        assert on_device.tokens.is_inference()
+        given = key_attribution_effects(model, on_device)
+    torch.testing.assert_close(given.loss_change, key_attribution_effects(model, probe).loss_change, equal_nan=True)
 
 
 def test_a_float32_model_is_attributed_in_float32_close_to_float64():
