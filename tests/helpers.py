@@ -25,9 +25,8 @@ from metrics.ground_truth.ablation import KeyAblation
 from metrics.ground_truth.validity import Agreement
 from metrics.heads.circuit_scores import MATCHING
 from metrics.snapshot import Snapshot
-from metrics.tracked.base import registered_measures
 from metrics.tracked.circuit_scores import CopyingScores
-from metrics.tracked.composition import CompositionScores
+from metrics.tracked.composition import CompositionOptions, CompositionScores
 from metrics.tracked.ground_truth import AblationResult
 from metrics.tracked.probe_views import LossViewValues
 from models.lit_module import InductionLM, OptimizerSettings
@@ -35,7 +34,7 @@ from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records import wandb_records
 
 REPO = Path(__file__).resolve().parents[1]
-MEASURES = tuple(registered_measures())  # every built-in measure (the tests register no other)
+MEASURES = tuple(CompositionOptions().measures)  # the measures a run tracks by default
 
 
 # --- a hand-built induction circuit ------------------------------------------------------------
@@ -161,8 +160,8 @@ def pair_tensor(n_layers: int, n_heads: int, generator: torch.Generator) -> torc
 
 def fake_results(n_layers: int, n_heads: int, measures=None, seed: int = 0) -> dict:
     """Random results of every tracked quantity, as the quantities lay them out (a baseline for each
-    weight-based measure; the data-aware share's parts when it is among ``measures``, every built-in
-    measure by default); the ablation and validity too."""
+    weight-based measure; the data-aware share's parts when it is among ``measures``, the default
+    measures by default); the ablation and validity too."""
     measures = tuple(MEASURES) if measures is None else tuple(measures)
     g = torch.Generator().manual_seed(seed)
     heads = lambda: torch.rand(n_layers, n_heads, generator=g, dtype=torch.float64)

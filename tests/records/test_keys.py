@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from metrics.tracked.base import PerHead, PerPair, Scalar
+from metrics.tracked.base import PerHead, PerPair, Scalar, registered_measures
 from records.keys import pair_key_count, scored_pair_count
 from tests.helpers import MEASURES, fake_quantities, fake_results, fake_snapshot, snapshot_keys, snapshot_of
 
@@ -227,6 +227,7 @@ def test_a_real_snapshot_flows_through_keys_store_and_heatmap(tmp_path):
     assert image.shape == (6 * 33 + 1, 3 * 199 + 16, 3)  # 6 writers x 6 readers, 33-pixel cells, one line
 
 
-def test_the_default_measures_are_every_registered_one():
+def test_the_default_measures_are_registered_ones():
     assert MEASURES == tuple(fake_quantities()["composition"].options.measures)
+    assert set(MEASURES) <= set(registered_measures())
     assert torch.is_tensor(fake_results(2, 2)["induction"])
