@@ -35,15 +35,16 @@ from models.transformer import AttentionOnlyTransformer, TransformerShape
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=16, n_ctx=33, d_vocab=257)
 
 
-def train_small_model(steps: int, seed: int = 0, batch_size: int = 32) -> AttentionOnlyTransformer:
-    """The default experiment's model and data (AdamW 3e-3, 100 warmup steps, clip 1), plain torch."""
+def train_small_model(steps: int, seed: int = 0, batch_size: int = 32, device: str = "cpu") -> AttentionOnlyTransformer:
+    """The default experiment's model and data (AdamW 3e-3, 100 warmup steps, clip 1), plain torch,
+    trained on ``device`` (initialized on the CPU, so the same model wherever it trains)."""
     torch.manual_seed(seed)
-    model = AttentionOnlyTransformer(SHAPE)
+    model = AttentionOnlyTransformer(SHAPE).to(device)
     sample = Repeated(seed=seed, seq_len=SHAPE.n_ctx).sampler(SHAPE.d_vocab - 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 100))
     for step in range(steps):
-        tokens = sample(np.arange(step * batch_size, (step + 1) * batch_size))
+        tokens = sample(np.arange(step * batch_size, (step + 1) * batch_size)).to(device)
         loss = next_token_loss(model(tokens), tokens)
         optimizer.zero_grad()
         loss.backward()

@@ -20,36 +20,16 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 
+from bench.axiom_table import SHAPE as DEFAULT
+from bench.axiom_table import train_small_model
 from data.probe import make_probe_batch
-from data.tasks.repeated import Repeated
 from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.snapshot import take_snapshot
-from models.lit_module import next_token_loss
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
-DEFAULT = TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=16, n_ctx=33, d_vocab=257)
 PAPER = TransformerShape(n_layers=2, n_heads=12, d_model=768, d_head=64, n_ctx=33, d_vocab=257)
-
-
-def trained(shape: TransformerShape, steps: int, device: str) -> AttentionOnlyTransformer:
-    """``steps`` AdamW steps (lr 3e-3, 100 warm-up) on repeated random tokens, batch 32."""
-    torch.manual_seed(0)
-    model = AttentionOnlyTransformer(shape).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 100))
-    sample = Repeated(seq_len=shape.n_ctx).sampler(shape.d_vocab - 1)
-    for step in range(steps):
-        tokens = sample(np.arange(32 * step, 32 * (step + 1))).to(device)
-        loss = next_token_loss(model(tokens), tokens)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        warmup.step()
-    return model.cpu()
 
 
 def results_of(snap) -> dict[str, torch.Tensor]:
@@ -111,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)"
     report = {"device": name, "torch": torch.__version__, "steps": args.steps}
-    model = trained(DEFAULT, args.steps, device)
+    model = train_small_model(args.steps, device=device).cpu()
     probe = make_probe_batch(0, 16, 16, DEFAULT.d_vocab - 1)
     errors = {}
     copy_of = lambda: copy.deepcopy(model)
