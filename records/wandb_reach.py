@@ -25,10 +25,12 @@ def server_url() -> str:
     settings files (``wandb login --host`` writes it), else W&B's cloud."""
     if url := os.environ.get("WANDB_BASE_URL"):
         return url.rstrip("/")
-    try:  # wandb's own settings, loaded by its public wandb.setup() as wandb.init would load them
-        import wandb
+    try:  # wandb's settings loaded by its public setup, as wandb.init loads them; mode "disabled" starts
+        import wandb  # no service (one started now would miss WANDB_ERROR_REPORTING), teardown forgets them
 
-        return wandb.setup().settings.base_url
+        url = wandb.setup(wandb.Settings(mode="disabled")).settings.base_url
+        wandb.teardown()
+        return url
     except Exception:
         return CLOUD_URL
 

@@ -76,13 +76,16 @@ def exit_code(path: Path) -> int | None:
     return codes[-1] if codes else None
 
 
-RUN_FIELDS = {"run_id": "", "display_name": "", "run_group": "", "job_type": "", "tags": []}
+RUN_FIELDS = {"run_id": "", "display_name": "", "run_group": "", "job_type": "", "tags": ()}
 """The run record's fields the readers ask for, with the value W&B leaves out of its record when empty."""
 
 
 def run(path: Path) -> dict[str, object]:
-    """The run record: ``run_id``, ``display_name``, ``run_group``, ``job_type``, ``tags`` (and the rest W&B keeps)."""
-    record = next(iter(_of_type(path, "run")), {})
+    """The run record: ``run_id``, ``display_name``, ``run_group``, ``job_type``, ``tags`` (and the rest W&B
+    keeps); :class:`WandbFileError` when the file has none (a run file cut off before its first record)."""
+    record = next(iter(_of_type(path, "run")), None)
+    if record is None:
+        raise WandbFileError(f"{path}: no run record (not a W&B run file, or cut off before its first record)")
     return {**RUN_FIELDS, **record}
 
 

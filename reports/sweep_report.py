@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         report = sweep_report(args.paths, args.out, args.analysis)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, wandb_records.WandbFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print_sweep_report(report)
