@@ -114,11 +114,11 @@ def key_pattern_changes(
     return pattern_change
 
 
-def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> float:
+def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int, n_scored: int | None = None) -> float:
     """Matmul FLOPs (2 per multiply-add) of :func:`key_ablation_effects`, given the clean run.
 
-    ``b = probe_batch`` sequences of ``t = probe_len`` tokens; ``s = probe_len // 2 - 1`` scored
-    positions (the repeated tokens ``t_2 .. t_n``); ``L, H, d, e, V`` the model's layers, heads,
+    ``b = probe_batch`` sequences of ``t = probe_len`` tokens; ``s = n_scored`` scored positions (the
+    repeated tokens ``t_2 .. t_n``; None: ``probe_len // 2 - 1``, a probe without a gap); ``L, H, d, e, V`` the model's layers, heads,
     ``d_model``, ``d_head``, vocabulary; ``He = H·e``; ``W = l2·H`` writers before reader layer l2.
     Softmaxes, norms and other elementwise work are left out (lower order). Term by term:
 
@@ -145,7 +145,8 @@ def ablation_cost(shape: TransformerShape, probe_batch: int, probe_len: int) -> 
     depth, which is why large models use :mod:`metrics.ground_truth.attribution` instead.
     """
     L, H, d, e, V = shape.n_layers, shape.n_heads, shape.d_model, shape.d_head, shape.d_vocab
-    b, t, s, He = probe_batch, probe_len, probe_len // 2 - 1, shape.n_heads * shape.d_head
+    b, t, He = probe_batch, probe_len, shape.n_heads * shape.d_head
+    s = probe_len // 2 - 1 if n_scored is None else n_scored
     linear = shape.normalization == "none"
 
     def attention_and_output(rows: int) -> int:  # per sequence, ``rows`` query positions

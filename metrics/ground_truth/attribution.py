@@ -102,14 +102,16 @@ def choose_method(
     probe_len: int,
     method: AblationMethod = "auto",
     max_exact_flops: float = EXACT_MAX_FLOPS,
+    n_scored: int | None = None,
 ) -> str:
     """``"exact"`` or ``"attribution"``: ``method`` itself unless it is ``"auto"``, which picks exact
-    while :func:`~metrics.ground_truth.ablation.ablation_cost` is below ``max_exact_flops``."""
+    while :func:`~metrics.ground_truth.ablation.ablation_cost` is below ``max_exact_flops``
+    (``n_scored``: the probe's scored positions, :func:`~metrics.ground_truth.ablation.ablation_cost`)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method != "auto":
         return method
-    return "exact" if ablation_cost(shape, probe_batch, probe_len) < max_exact_flops else "attribution"
+    return "exact" if ablation_cost(shape, probe_batch, probe_len, n_scored) < max_exact_flops else "attribution"
 
 
 def ablation_effects(
@@ -125,7 +127,8 @@ def ablation_effects(
     """The K-only ablation effects of every pair and the method that computed them
     (``"exact"`` or ``"attribution"``, see :func:`choose_method`)."""
     b, t = probe.tokens.shape
-    used = choose_method(model.shape, b, t, method, max_exact_flops)
+    scored = probe.repeated.stop - probe.repeated.start
+    used = choose_method(model.shape, b, t, method, max_exact_flops, scored)
     compute = key_ablation_effects if used == "exact" else key_attribution_effects
     return compute(model, probe, clean_run, max_chunk_bytes=max_chunk_bytes, kind=kind), used
 

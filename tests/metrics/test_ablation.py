@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from data.probe import make_probe_batch
+from data.probe import ProbeBatch, make_probe_batch
 from metrics.dynamics.loss_views import repeated_loss, token_losses
 from metrics.ground_truth import ablation
 from metrics.ground_truth.ablation import ABLATION_KINDS, _blocks, ablation_cost, key_ablation_effects
@@ -170,6 +170,21 @@ def test_the_cost_formula_counts_every_matmul(normalization, n_layers):
     with FlopCounterMode(display=False) as counter:
         key_ablation_effects(model, probe, clean_run)
     assert counter.get_total_flops() == ablation_cost(model.shape, 6, 17)
+
+
+def test_the_cost_formula_counts_a_gapped_probes_scored_positions():
+    """A probe with a gap between its copies scores ``n - 1`` positions of ``t = 1 + 2n + gap`` (not ``t // 2 - 1``)."""
+    model = random_model("layernorm", n_layers=3, n_heads=2).eval()
+    plain = make_probe_batch(0, 4, 6, 10)
+    gap = torch.randint(0, 10, (4, 4), generator=torch.Generator().manual_seed(0))
+    tokens = torch.cat([plain.tokens[:, :7], gap, plain.tokens[:, 7:]], dim=1)  # [BOS] t_1..t_6, gap, t_1..t_6
+    probe = ProbeBatch(tokens, 6, first_start=1, gap=4)
+    with torch.no_grad():
+        clean_run = model.run_with_cache(probe.tokens)
+    with FlopCounterMode(display=False) as counter:
+        key_ablation_effects(model, probe, clean_run)
+    assert counter.get_total_flops() == ablation_cost(model.shape, 4, 17, n_scored=5)
+    assert ablation_cost(model.shape, 4, 17) != ablation_cost(model.shape, 4, 17, n_scored=5)
 
 
 def test_the_ablation_is_cheaper_than_before():
