@@ -21,7 +21,7 @@ from data.probe import ProbeBatch
 from metrics.composition.baseline import cache_directory, random_baselines
 from metrics.composition.engine import composition_flops
 from metrics.snapshot import Snapshot, measure
-from metrics.tracked.base import Heatmap, TrackedQuantity
+from metrics.tracked.base import Heatmap, TrackedQuantity, with_companions
 from metrics.tracked.composition import Heatmaps
 from metrics.tracked.options import TrackerOptions
 from records.keys import pair_key_count, snapshot_metrics
@@ -80,8 +80,7 @@ class CompositionTracker(L.Callback):
 
     def due(self, step: int, last: bool) -> set[str]:
         """The quantities measured at ``step``: each on its own schedule, and those that run with one due."""
-        own = {q.name for q in self.quantities if q.due(step, last)}
-        return own | {q.name for q in self.quantities if own & set(q.runs_with)}
+        return with_companions(self.quantities, {q.name for q in self.quantities if q.due(step, last)})
 
     def state_dict(self) -> dict:
         """What a resumed run needs to measure exactly as an uninterrupted one: each quantity's state

@@ -21,7 +21,7 @@ from data.task import Task, TokenSampler, tasks
 from metrics.composition.measures import MEASURES
 from metrics.dynamics.llc import SGLDSettings
 from metrics.dynamics.stages import StageSettings
-from metrics.tracked.base import TrackedQuantity, tracked_quantities
+from metrics.tracked.base import TrackedQuantity, tracked_quantities, with_companions
 from metrics.tracked.options import TrackerOptions
 from models.interventions import Intervention, event_steps, plan_of
 from models.transformer import TransformerShape
@@ -100,11 +100,13 @@ def quantity_options(tracker: DictConfig) -> dict:
 
 def build_quantities(tracker: DictConfig) -> list[TrackedQuantity]:
     """Every tracked quantity the ``tracker`` section turns on (:mod:`metrics.tracked`), in the order
-    they run; one that runs with another (the matching score with the ablation) while that one is on."""
+    they run; one that runs with another (validity with the ablation) while that one is on."""
     options = quantity_options(tracker)
     built = [quantity.from_options(options) for quantity in tracked_quantities().values()]
-    on = {q.name for q in built if q.enabled and (q.every_n_steps is not None or not q.runs_with)}
-    return [q for q in built if q.name in on or on & set(q.runs_with)]
+    on = with_companions(
+        built, {q.name for q in built if q.enabled and (q.every_n_steps is not None or not q.runs_with)}
+    )
+    return [q for q in built if q.name in on]
 
 
 HELD_OUT_IDS = 10**12

@@ -15,6 +15,7 @@ that every registry can call it.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from importlib.metadata import entry_points
 
 ENTRY_POINTS = "induction_composition_tracker"
@@ -35,3 +36,26 @@ def load_extensions() -> list[str]:
             raise ExtensionError(f"extension {point.name} = {point.value!r} does not import: {reason}") from error
         loaded.append(point.value)
     return loaded
+
+
+def registered(base: type, package: str, kind: str, first: tuple[str, ...] = ()) -> dict[str, type]:
+    """Every subclass of ``base`` (at any depth) with a ``name``, by name, each after the class it
+    derives from, once every module of the built-in ``package`` (the modules ``first`` first, the
+    others by name) and every extension is imported. ``ValueError`` when two ``kind`` share a name."""
+    modules = importlib.import_module(package).__path__
+    for module in (*first, *sorted(m.name for m in pkgutil.iter_modules(modules) if m.name not in first)):
+        importlib.import_module(f"{package}.{module}")
+    load_extensions()
+    found: dict[str, type] = {}
+
+    def collect(cls: type) -> None:
+        if cls.name:
+            if found.get(cls.name, cls) is not cls:
+                raise ValueError(f"two {kind} are named {cls.name!r}: {found[cls.name].__module__}, {cls.__module__}")
+            found[cls.name] = cls
+        for subclass in cls.__subclasses__():
+            collect(subclass)
+
+    for subclass in base.__subclasses__():
+        collect(subclass)
+    return found

@@ -13,8 +13,6 @@ every subclass by its ``name``.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -50,8 +48,6 @@ class Task:
             problems.append(f"data.seq_len={self.seq_len} must be >= 2 (a token and the next one to predict)")
         if self.seq_len > n_ctx:
             problems.append(f"data.seq_len={self.seq_len} exceeds model.n_ctx={n_ctx}")
-        if n_random < 2:
-            problems.append(f"the model's d_vocab leaves {n_random} task tokens (BOS takes one); need >= 2")
         return problems
 
     def sampler(self, n_random: int) -> TokenSampler:
@@ -73,19 +69,6 @@ BUILT_IN = "data.tasks"
 def tasks() -> dict[str, type[Task]]:
     """Every task by name: the built-in ones (every module of ``data/tasks/``) and the extensions'
     (:mod:`data.extensions`)."""
-    from data.extensions import load_extensions
+    from data.extensions import registered
 
-    package = importlib.import_module(BUILT_IN)
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{BUILT_IN}.{module.name}")
-    load_extensions()
-    found: dict[str, type[Task]] = {}
-    stack = list(Task.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        if cls.name:
-            if cls.name in found and found[cls.name] is not cls:
-                raise ValueError(f"two tasks are named {cls.name!r}: {found[cls.name].__module__} and {cls.__module__}")
-            found[cls.name] = cls
-    return dict(sorted(found.items()))
+    return dict(sorted(registered(Task, BUILT_IN, "tasks").items()))

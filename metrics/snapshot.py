@@ -20,7 +20,7 @@ import torch
 
 from data.probe import ProbeBatch
 from metrics.composition.engine import DEFAULT_CHUNK_BYTES
-from metrics.tracked.base import Output, ProbeRun, TrackedQuantity, tracked_quantities
+from metrics.tracked.base import Output, ProbeRun, TrackedQuantity, tracked_quantities, with_companions
 from models.transformer import AttentionOnlyTransformer
 
 HALF_PRECISION = (torch.float16, torch.bfloat16)
@@ -107,10 +107,11 @@ def measure(
 
 def quantities_with(options: Mapping[str, Any]) -> list[TrackedQuantity]:
     """The quantities of a one-off snapshot, in their order: every registered one that runs at every
-    snapshot, and each scheduled one ``options`` names (one that runs with another, as the matching
-    score with the ablation, when that one is named too). ``options[NAME]``: the quantity itself, its
+    snapshot, and each scheduled one ``options`` names (one that runs with another, as validity with
+    the ablation, when that one is named too). ``options[NAME]``: the quantity itself, its
     ``Options``, a dict of them, True for its defaults, or False to leave it out (even one that runs at
-    every snapshot); a measure's (``share``) go to the composition."""
+    every snapshot); a measure's (``share``) go to the composition. ``ValueError``, before any work,
+    for an unknown name, options with problems, or a quantity left out that a chosen one reads."""
     from metrics.composition.measures import MEASURES
 
     registry = tracked_quantities()
@@ -136,8 +137,18 @@ def quantities_with(options: Mapping[str, Any]) -> list[TrackedQuantity]:
             chosen.append(built[name])
         elif name in built or cls.Options is None or cls.root_options:
             chosen.append(cls.from_options(built))
-    names = {q.name for q in chosen}
-    return [q for q in chosen if q.name in built or not q.runs_with or names & set(q.runs_with)]
+    kept = with_companions(chosen, {q.name for q in chosen if q.name in built or not q.runs_with})
+    chosen = [q for q in chosen if q.name in kept]
+    problems = [f"{q.name}: {p}" for q in chosen for p in getattr(q.options, "problems", list)()]
+    problems += [
+        f"{q.name} reads {name}: leave it out too ({q.name}=False)"
+        for q in chosen
+        for name in q.after
+        if name in left_out
+    ]
+    if problems:
+        raise ValueError("; ".join(problems))
+    return chosen
 
 
 def take_snapshot(

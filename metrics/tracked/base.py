@@ -24,10 +24,7 @@ Metrics stay pure: a quantity never logs, draws no random numbers and leaves the
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import pkgutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -37,6 +34,7 @@ from torch import Tensor
 
 from data.probe import ProbeBatch
 from metrics.composition.circuits import HeadCircuits, head_circuits
+from metrics.composition.engine import DEFAULT_CHUNK_BYTES
 from metrics.dynamics.loss_views import token_losses
 
 Head = tuple[int, int]  # (layer, head)
@@ -131,7 +129,7 @@ class ProbeRun:
         cache: dict,
         due: frozenset[str],
         dtype: torch.dtype | None = None,
-        max_chunk_bytes: int = 1 << 27,
+        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         step: int = 0,
         last: bool = True,
     ) -> None:
@@ -238,27 +236,15 @@ then what reads the weights' circuits); any other module of the package after th
 def tracked_quantities() -> dict[str, type[TrackedQuantity]]:
     """Every tracked quantity by name, in the order they run (each after those it reads): the
     built-in ones (every module of ``metrics/tracked/``) and the extensions' (:mod:`data.extensions`)."""
-    from data.extensions import load_extensions
+    from data.extensions import registered
 
-    package = importlib.import_module(BUILT_IN)
-    others = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in BUILT_IN_FIRST)
-    for module in (*BUILT_IN_FIRST, *others):
-        importlib.import_module(f"{BUILT_IN}.{module}")
-    load_extensions()
-    found: dict[str, type[TrackedQuantity]] = {}
-
-    def collect(cls: type[TrackedQuantity]) -> None:  # every subclass, each before its own, as imported
-        if cls.name:
-            if found.get(cls.name, cls) is not cls:
-                raise ValueError(
-                    f"two tracked quantities are named {cls.name!r}: {found[cls.name].__module__}, {cls.__module__}"
-                )
-            found[cls.name] = cls
-        for subclass in cls.__subclasses__():
-            collect(subclass)
-
-    collect(TrackedQuantity)
+    found = registered(TrackedQuantity, BUILT_IN, "tracked quantities", BUILT_IN_FIRST)
     return {name: found[name] for name in run_order(found)}
+
+
+def with_companions(quantities: list[TrackedQuantity], names: set[str]) -> set[str]:
+    """``names`` and the name of every quantity that runs with one of them (its ``runs_with``)."""
+    return set(names) | {q.name for q in quantities if set(names) & set(q.runs_with)}
 
 
 def registered_measures() -> dict:
@@ -292,12 +278,6 @@ def run_order(found: dict[str, type[TrackedQuantity]]) -> list[str]:
     return order
 
 
-def options_problems(name: str, options) -> list[str]:
-    """Every problem of a quantity's options (its ``problems()``), each prefixed ``tracker.NAME.``."""
-    check = getattr(options, "problems", None)
-    return [f"tracker.{name}.{problem}" for problem in (check() if check else [])]
-
-
 def as_numpy(values) -> np.ndarray:
     """A CPU numpy copy of a tensor (or an array as is), in its own precision if numpy has it
     (float32, float64), else float32 (numpy has no bfloat16)."""
@@ -307,11 +287,6 @@ def as_numpy(values) -> np.ndarray:
     if values.is_floating_point() and values.element_size() < 4:  # float16, bfloat16
         values = values.float()
     return values.cpu().numpy()
-
-
-def fields_of(options) -> dict[str, Any]:
-    """An options dataclass as a plain dict."""
-    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options)
 
 
 __all__ = [
@@ -325,6 +300,6 @@ __all__ = [
     "Scalar",
     "Stored",
     "TrackedQuantity",
-    "field",
     "tracked_quantities",
+    "with_companions",
 ]

@@ -21,11 +21,21 @@ def test_a_snapshot_takes_what_runs_at_every_snapshot_and_what_it_names():
 
 def test_false_leaves_a_quantity_out_even_one_that_runs_at_every_snapshot():
     model, probe = random_model(n_layers=2, n_heads=2).eval(), make_probe_batch(0, 4, 8, 10)
-    taken = take_snapshot(model, probe, composition=False, circuit=False, ablation=True, copying=False)
-    assert set(taken.results) == EVERY_SNAPSHOT - {"composition", "circuit"} | {"ablation", "validity"}
+    taken = take_snapshot(model, probe, composition=False, circuit=False, ablation=True, validity=False, copying=False)
+    assert set(taken.results) == EVERY_SNAPSHOT - {"composition", "circuit"} | {"ablation"}
 
 
-def test_an_unknown_quantity_is_refused_by_name():
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"head_scores": True}, r"unknown tracked quantities \['head_scores'\]"),
+        ({"composition": {"measures": ["frobenious"]}}, r"composition: measures has unknown \['frobenious'\]"),
+        ({"ablation": {"method": "guess"}}, r"ablation: method='guess' must be one of"),
+        ({"previous_token": False}, r"circuit reads previous_token: leave it out too \(circuit=False\)"),
+    ],
+)
+def test_a_bad_request_is_refused_before_any_work(options, message, monkeypatch):
     model, probe = random_model(n_layers=2, n_heads=2).eval(), make_probe_batch(0, 4, 8, 10)
-    with pytest.raises(ValueError, match=r"unknown tracked quantities \['head_scores'\]"):
-        take_snapshot(model, probe, head_scores=True)
+    monkeypatch.setattr(type(model), "run_with_cache", lambda *a, **k: pytest.fail("the probe pass ran"))
+    with pytest.raises(ValueError, match=message):
+        take_snapshot(model, probe, **options)
