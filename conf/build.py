@@ -40,7 +40,8 @@ from conf.objects import (
 from conf.validate import llc_calibration_warning
 from data.datamodule import TokenDataModule
 from metrics.tracked.options import TrackerOptions
-from models.lit_module import InductionLM, OptimizerSettings
+from models.lit_module import InductionLM
+from models.optimizer import OptimizerSettings
 from records.csv_log import ResumableCSVLogger
 from records.layout import (
     CHECKPOINTS,

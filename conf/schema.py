@@ -19,7 +19,7 @@ from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.tracked.base import tracked_quantities
 from metrics.tracked.options import TrackerOptions
 from models.interventions import CIRCUITS, KEEPS, KINDS, REPLACEMENTS, TARGETS, Intervention
-from models.lit_module import OptimizerSettings
+from models.optimizer import OptimizerSettings
 from models.transformer import TransformerShape, init_problems
 
 

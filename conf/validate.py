@@ -13,14 +13,23 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from conf.objects import build_probe, from_config, intervention_plan, model_shape, n_random, task_of, trajectory_events
+from conf.objects import (
+    build_probe,
+    from_config,
+    intervention_plan,
+    model_shape,
+    n_random,
+    quantity_options,
+    task_of,
+    trajectory_events,
+)
 from conf.schema import LoggerConfig, ModelConfig, StagesConfig, TrainerConfig, TrajectoryConfig, upgraded
 from data.task import Task, tasks
 from metrics.composition.measures import MEASURES
 from metrics.tracked.base import tracked_quantities
 from metrics.tracked.options import TrackerOptions
 from models.interventions import HEAD_NAME, Intervention
-from models.lit_module import OptimizerSettings
+from models.optimizer import OptimizerSettings
 from models.transformer import TransformerShape
 from records.keys import flatten
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
@@ -258,7 +267,7 @@ def data_problems(cfg: DictConfig) -> list[str]:
         ]
     if cfg.data.name not in tasks():
         return [f"data.name={cfg.data.name!r}: no such task; choose one of data={', data='.join(tasks())}"]
-    return task_of(cfg).problems(cfg.model.d_vocab - int(cfg.data.bos), cfg.model.n_ctx)
+    return task_of(cfg).problems(n_random(cfg), cfg.model.n_ctx)
 
 
 def llc_calibration_warning(cfg: DictConfig) -> str | None:
@@ -303,12 +312,9 @@ def tracker_problems(cfg: DictConfig, probe: bool = True) -> list[str]:
     model, trainer, tracker = cfg.model, cfg.trainer, cfg.tracker
     own = from_config(TrackerOptions, tracker)
     problems = own.problems()
-    for name, owner in [*tracked_quantities().items(), *MEASURES.items()]:
-        Options = getattr(owner, "Options", None)
-        if Options is None:
-            continue
-        root = getattr(owner, "root_options", False)
-        options = from_config(Options, tracker if root else tracker[name])
+    owners = {**tracked_quantities(), **MEASURES}
+    for name, options in quantity_options(tracker).items():
+        root = getattr(owners[name], "root_options", False)
         prefix = "tracker." if root else f"tracker.{name}."
         problems += [prefix + problem for problem in (options.problems() if hasattr(options, "problems") else [])]
         schedules = (

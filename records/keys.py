@@ -22,8 +22,8 @@ Pair names are ``L0H1->L1H3`` (writer -> reader). Flat head indices are ``layer 
     the circuit pair's value ``circuit/{circuit}``
 
 Masked (NaN) pairs and heads are never emitted. Which names a snapshot has, and so every key of a
-run, is the tracked quantities' (docs/operations.md lists them; ``python -m reports.tracker_keys``
-counts them for any shape).
+run, is the tracked quantities' (docs/configuration.md, "Logged keys", lists them;
+``python -m reports.tracker_keys`` counts them for any shape).
 """
 
 from __future__ import annotations

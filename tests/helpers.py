@@ -29,7 +29,8 @@ from metrics.tracked.circuit_scores import CopyingScores
 from metrics.tracked.composition import CompositionOptions, CompositionScores
 from metrics.tracked.ground_truth import AblationResult
 from metrics.tracked.probe_views import LossViewValues
-from models.lit_module import InductionLM, OptimizerSettings
+from models.lit_module import InductionLM
+from models.optimizer import OptimizerSettings
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records import wandb_records
 

@@ -67,6 +67,9 @@ def sentence_gap_tokens(
     return torch.from_numpy(stream[:total].reshape(rows, seq_len).copy())
 
 
+NEEDS_BOS = "data.name=sentence_gap_copy needs data.bos=true (every segment starts with BOS)"
+
+
 @dataclass
 class SentenceGapCopy(Task):
     """Packed ``[BOS] s g s`` segments (the module docstring): sentences of ``U{min_sentence..max_sentence}``
@@ -82,7 +85,7 @@ class SentenceGapCopy(Task):
     def problems(self, n_random: int, n_ctx: int) -> list[str]:
         problems = super().problems(n_random, n_ctx)
         if not self.bos:
-            problems.append("data.name=sentence_gap_copy needs data.bos=true (every segment starts with BOS)")
+            problems.append(NEEDS_BOS)
         if not 1 <= self.min_sentence <= self.max_sentence or self.max_gap < 0:
             problems.append(
                 f"data.min_sentence={self.min_sentence}, data.max_sentence={self.max_sentence}, data.max_gap={self.max_gap}:"
@@ -92,7 +95,7 @@ class SentenceGapCopy(Task):
 
     def sampler(self, n_random: int) -> TokenSampler:
         if not self.bos:
-            raise ValueError("sentence_gap_copy needs data.bos=true: every segment starts with BOS")
+            raise ValueError(NEEDS_BOS)
         return lambda ids: sentence_gap_tokens(
             self.seed, ids, self.seq_len, n_random, self.max_sentence, self.max_gap, self.min_sentence
         )

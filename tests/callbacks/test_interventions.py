@@ -14,7 +14,8 @@ import torch
 from callbacks.interventions import Interventions
 from data.probe import make_probe_batch
 from models.interventions import Intervention
-from models.lit_module import InductionLM, OptimizerSettings
+from models.lit_module import InductionLM
+from models.optimizer import OptimizerSettings
 from records.trajectory import Trajectory, TrajectoryWriter
 from tests.helpers import SMALL, TINY, fit_repeated, quiet_trainer, run_train, run_train_until
 
