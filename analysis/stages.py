@@ -158,6 +158,7 @@ class Stages(Analysis):
         summary_path = request.run_dir / SUMMARY_NAME
         run_summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         change = {part: run_summary.get(f"phase_change/loss_{part}_step") for part in ("onset", "midpoint", "end")}
+        switches = strategy_switches(run_summary)
         diverged = {str(r["step"]): diverged_estimates(r) for r in rows if diverged_estimates(r)}  # step: which
         result = {
             "stages": OmegaConf.to_container(stages, resolve=True),
@@ -167,6 +168,8 @@ class Stages(Analysis):
             "weak_boundaries": [asdict(b) for b in boundaries if not b.kept],  # found, but in too few resamples
             "phase_change": change,
             "nearest_phase_change": [nearest(b.step, change) for b in kept],
+            "strategy_switches": switches,
+            "nearest_switch": [nearest_switch(b, switches) for b in kept],
             "explained_variance": dynamics.explained.tolist(),
             "significant_components": dynamics.significant,
             "llc_band": states.q if states is not None else None,
@@ -236,6 +239,34 @@ def nearest(step: float, change: dict) -> dict | None:
     return {"part": part, "step": known[part], "distance": step - known[part]}
 
 
+def strategy_switches(run_summary: dict) -> list[dict]:
+    """The run's strategy switches (its stage truth: ``strategies/switch/{i}`` in ``summary.json``,
+    :mod:`reports.strategy_timeline`), each ``{label, step, low, high}``; [] for a run without them."""
+    found, i = [], 1
+    while f"strategies/switch/{i}" in run_summary:
+        key = f"strategies/switch/{i}"
+        found.append(
+            {
+                "label": run_summary[key],
+                "step": run_summary[f"{key}/step"],
+                "low": run_summary.get(f"{key}/low", math.nan),
+                "high": run_summary.get(f"{key}/high", math.nan),
+            }
+        )
+        i += 1
+    return found
+
+
+def nearest_switch(boundary: Boundary, switches: list[dict]) -> dict | None:
+    """The strategy switch nearest ``boundary``: its label and step, the distance (boundary minus
+    switch) and whether the switch lies inside the boundary's interval."""
+    if not switches:
+        return None
+    switch = min(switches, key=lambda s: abs(s["step"] - boundary.step))
+    inside = boundary.low <= switch["step"] <= boundary.high
+    return {**switch, "distance": boundary.step - switch["step"], "inside": bool(inside)}
+
+
 def draw(rows, heads, series, dynamics, boundaries, states, change, cfg, request) -> dict[str, object]:
     """``stages.png`` (every signal on one step axis) and ``essential_dynamics.png``, as figures."""
     from metrics.dynamics.phase_change import PhaseChange
@@ -296,10 +327,23 @@ def print_stages(result: dict) -> None:
         )
     if not result["boundaries"]:
         print("stages: no boundary survives its null: one stage")
-    for point, near in zip(result["boundaries"], result["nearest_phase_change"], strict=True):
+    switches = result.get("strategy_switches", [])
+    if switches:
+        print(
+            "stages: strategy switches (the stage truth): "
+            + ", ".join(f"{s['label']} at {s['step']:.0f} [{s['low']:.0f}, {s['high']:.0f}]" for s in switches)
+        )
+    nearest_switches = result.get("nearest_switch", [None] * len(result["boundaries"]))
+    for point, near, switch in zip(result["boundaries"], result["nearest_phase_change"], nearest_switches, strict=True):
         print(
             f"stages: boundary at step {Boundary(**point).describe()}; {point['statistic_name']} {point['statistic']:.2f}"
             + (f"; {near['distance']:+.0f} steps from the phase change's {near['part']}" if near else "")
+            + (
+                f"; {switch['distance']:+.0f} steps from the switch {switch['label']} at {switch['step']:.0f}"
+                f" ({'inside' if switch['inside'] else 'outside'} the boundary's interval)"
+                if switch
+                else ""
+            )
         )
     for point in result["weak_boundaries"]:
         print(

@@ -269,7 +269,7 @@ def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
     """The tracker as ``cfg.tracker`` configures it (``run_dir`` None: no tensor store)."""
     tracker = cfg.tracker
     return CompositionTracker(
-        build_probe(cfg), build_quantities(tracker), from_config(TrackerOptions, tracker), run_dir
+        build_probe(cfg), build_quantities(tracker, cfg), from_config(TrackerOptions, tracker), run_dir
     )
 
 

@@ -98,11 +98,15 @@ def quantity_options(tracker: DictConfig) -> dict:
     return options
 
 
-def build_quantities(tracker: DictConfig) -> list[TrackedQuantity]:
+def build_quantities(tracker: DictConfig, cfg: DictConfig | None = None) -> list[TrackedQuantity]:
     """Every tracked quantity the ``tracker`` section turns on (:mod:`metrics.tracked`), in the order
-    they run; one that runs with another (validity with the ablation) while that one is on."""
+    they run; one that runs with another (validity with the ablation) while that one is on. With the
+    run's config ``cfg``, each is readied for its task (:meth:`~metrics.tracked.base.TrackedQuantity.for_task`)."""
     options = quantity_options(tracker)
     built = [quantity.from_options(options) for quantity in tracked_quantities().values()]
+    if cfg is not None:
+        task, tokens = task_of(cfg), n_random(cfg)
+        built = [quantity.for_task(task, tokens) for quantity in built]
     on = with_companions(
         built, {q.name for q in built if q.enabled and (q.every_n_steps is not None or not q.runs_with)}
     )

@@ -7,7 +7,9 @@ an unknown option is refused before anything runs); :meth:`Task.problems` says w
 its values, every problem at once; :meth:`Task.sampler` is its generator, a pure function of the
 seed and the sample ids (so a stream resumes exactly and DDP ranks draw disjoint samples);
 :meth:`Task.probe` is the batch the tracker's head scores, loss views and ablation read (repeated
-random tokens, unless the task defines its own). Subclassing is registering: :func:`tasks` lists
+random tokens, unless the task defines its own); :meth:`Task.reference` names the strategies (the
+reference predictors, :mod:`data.strategies`) the ``strategies`` quantity compares the model with, and
+the true next-token distribution where the task knows it. Subclassing is registering: :func:`tasks` lists
 every subclass by its ``name``.
 """
 
@@ -18,10 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
     from data.probe import ProbeBatch
+    from data.strategies import ReferencePredictions
 
 TokenSampler = Callable[[np.ndarray], Tensor]
 """Sample ids ``(b,)`` -> token ids ``[b, seq_len]``."""
@@ -60,6 +64,22 @@ class Task:
         from data.probe import make_probe_batch
 
         return make_probe_batch(seed, batch_size, n, n_random, self.bos)
+
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> ReferencePredictions:
+        """The task's sequences ``sample_ids`` and its strategies on them (:mod:`data.strategies`), simplest
+        first. Unless a task names its own: uniform, copy (uniform over the tokens in the context: one
+        layer's strategy) and induction (the token that followed the current one's latest earlier
+        occurrence), at every position that predicts a task token; no truth."""
+        from data import strategies
+
+        tokens = self.sampler(n_random)(sample_ids)
+        positions = torch.arange(tokens.shape[1] - 1, device="cpu")
+        predicted = {
+            "uniform": strategies.uniform(tokens, n_random),
+            "copy": strategies.copy(tokens, n_random),
+            "induction": strategies.induction(tokens, n_random),
+        }
+        return strategies.ReferencePredictions(tokens, positions, strategies.at_positions(predicted, positions))
 
 
 BUILT_IN = "data.tasks"

@@ -12,7 +12,7 @@ logged as ``SECTION/K`` (the CSV and the tensor store keep ``K``):
                     (raw, its rank), its data-aware K share and its ablation loss change
 ``2_composition``   the circuit pair under every measure (``circuit/``) and the measures' random
                     baselines (``comp/baseline/``)
-``3_ground_truth``  each measure's agreement with the ablation (``validity/``)
+``3_ground_truth``  each measure's agreement with the ablation (``validity/``), the strategies' lines and mixture fit (``strategies/``)
 ``4_heads``         every head's scores, and the other scores' best head (``heads/``)
 ``5_pairs``         every pair: composition, matching, ablation (``comp/``, ``match/``, ``ablation/``,
                     and in summary mode ``top/``)
@@ -39,7 +39,8 @@ STEP_KEY = "trainer/global_step"
 @cache
 def story() -> frozenset[str]:
     """The tracker keys of ``1_story``: those the tracked quantities tell first (their ``story``; nine
-    by default, one page of ``wandb leet``)."""
+    by default, one page of ``wandb leet``, and the strategies' KLs, closest and weights); an entry
+    ending in ``/`` is a prefix (``strategies/kl/``: one key per strategy of the task)."""
     from metrics.tracked.base import tracked_quantities
 
     return frozenset(key for quantity in tracked_quantities().values() for key in quantity.story)
@@ -47,7 +48,7 @@ def story() -> frozenset[str]:
 
 SECTIONS = (
     ("2_composition", ("circuit/", "comp/baseline/")),
-    ("3_ground_truth", ("validity/",)),
+    ("3_ground_truth", ("validity/", "strategies/")),
     ("4_heads", ("heads/",)),
     ("5_pairs", ("comp/", "match/", "ablation/", "top/")),
 )
@@ -56,9 +57,14 @@ SECTIONS = (
 SECTION_NAMES = ("1_story", *(name for name, _ in SECTIONS))
 
 
+def in_story(key: str) -> bool:
+    """Whether ``key`` is one of :func:`story`'s keys, or under one of its prefixes (those ending in ``/``)."""
+    return key in story() or any(key.startswith(told) for told in story() if told.endswith("/"))
+
+
 def section_of(key: str) -> str | None:
     """The W&B section of tracker key ``key``; None for keys that are not the tracker's."""
-    if key in story():
+    if in_story(key):
         return "1_story"
     return next((name for name, prefixes in SECTIONS if key.startswith(prefixes)), None)
 
@@ -81,7 +87,9 @@ def summary_of(key: str) -> str | None:
     and the best heads' scores, the last value (W&B's default, under the key itself) for the rest."""
     if key.startswith("loss/") or key.endswith("_rank"):
         return "min,last"
-    if key in story() or (key.startswith("heads/") and key.endswith("/top")):
+    if key.startswith("strategies/kl/"):
+        return "min,last"
+    if in_story(key) or (key.startswith("heads/") and key.endswith("/top")):
         return "max,last"
     return None
 

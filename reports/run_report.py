@@ -36,6 +36,7 @@ from records.layout import (
     HYDRA_DIR,
     INTERVENTION_RECORD,
     PHASE_CHANGE_FIGURE,
+    STRATEGIES_FIGURE,
     SUMMARY_NAME,
     TENSORS_DIR,
     VALIDITY_FIGURE,
@@ -47,6 +48,7 @@ from records.trajectory import Trajectory, TrajectoryError
 from records.wandb_log import SectionedWandbLogger
 from reports import validity_table as validity
 from reports.plots import composition_report, plt, training_curves
+from reports.strategy_timeline import read_timeline, timeline_figure, timeline_summary, without_false_cliff
 from reports.wandb_charts import LineChart, comparison_charts, log_charts
 
 SMALLEST_PHASE_CHANGE = {"loss/repeated": 0.5, "heads/induction/top": 0.1}
@@ -95,9 +97,10 @@ def summarize(series, window: int) -> dict[str, float]:
     quantity names for them (its ``summary`` and ``phase_changes``)."""
     quantities = tracked_quantities().values()
     summary: dict[str, float] = {}
-    for key in (key for quantity in quantities for key in quantity.summary):
-        if key in series:
-            summary[f"final/{key}"] = float(series[key][1][-1])
+    for told in (key for quantity in quantities for key in quantity.summary):
+        for key in [k for k in series if k.startswith(told)] if told.endswith("/") else [told]:  # "/": a prefix
+            if key in series:
+                summary[f"final/{key}"] = float(series[key][1][-1])
     for name, (key, falling) in ((n, change) for q in quantities for n, change in q.phase_changes.items()):
         change = phase_change_of(series, key, falling, window)
         if change is not None:
@@ -201,6 +204,7 @@ class RunReport:
     validity_rows: list[dict[str, object]] | None = None
     no_validity_because: str | None = None  # why there is no validity table, when there is none
     composition_figure: Path | None = None  # None when the run kept no tensor store
+    strategies_figure: Path | None = None  # None when the run tracked no strategies
     charts: dict[str, LineChart] = field(default_factory=dict)  # W&B's comparison charts, by key
 
 
@@ -262,6 +266,15 @@ def render(run_dir: Path, window: int) -> RunReport:
         fig.savefig(composition_path, dpi=110)
         plt.close(fig)
     summary = summarize(series, window)
+    timeline = read_timeline(series, store_dir)
+    strategies_path = None
+    if timeline is not None:
+        summary.update(timeline_summary(timeline))
+        fig = timeline_figure(timeline, f"which strategy the model uses: {run_label(run_dir)}")
+        strategies_path = run_dir / STRATEGIES_FIGURE
+        fig.savefig(strategies_path, dpi=110)
+        plt.close(fig)
+    summary = without_false_cliff(summary, timeline)
     rows = validity.validity_rows(series, change)
     validity_path = None
     if rows:
@@ -294,7 +307,9 @@ def render(run_dir: Path, window: int) -> RunReport:
             else "the model has no earlier->later head pairs (one layer)"
         )
     charts = comparison_charts(series, change)
-    return RunReport(figure_path, summary, validity_path, rows or None, because, composition_path, charts)
+    return RunReport(
+        figure_path, summary, validity_path, rows or None, because, composition_path, strategies_path, charts
+    )
 
 
 def read_intervention(run_dir: Path) -> dict:
@@ -346,6 +361,8 @@ def print_report(report: RunReport) -> None:
     print(f"\nfigure: {report.figure}")
     if report.composition_figure is not None:
         print(f"final composition: {report.composition_figure}")
+    if report.strategies_figure is not None:
+        print(f"strategy timeline: {report.strategies_figure}")
     for key, value in report.summary.items():
         if isinstance(value, str):
             print(f"  {key:48s} {value}")
@@ -375,6 +392,8 @@ def publish_report(run_dir: Path, loggers: list, step: int, window: int) -> RunR
             logger.log_image(key="images/phase_change", images=[str(report.figure)], step=step)
             if report.composition_figure is not None:
                 logger.log_image(key="images/composition_final", images=[str(report.composition_figure)], step=step)
+            if report.strategies_figure is not None:
+                logger.log_image(key="images/strategies", images=[str(report.strategies_figure)], step=step)
             if report.validity_rows:
                 logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
                 logger.log_table(

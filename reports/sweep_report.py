@@ -163,6 +163,23 @@ def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]]
     for key, value in summary.items():
         if key.startswith("validity/") and key.endswith("/final_spearman_loss"):
             job.values[f"spearman_{key.split('/')[1]}"] = value
+    job.values.update(switch_values(summary))
+
+
+def switch_values(summary: dict) -> dict[str, float]:
+    """``switch uniform->unigram``: the step of each strategy switch in a run's summary
+    (:mod:`reports.strategy_timeline`; a second switch between the same two strategies gets `` #2``)."""
+    values: dict[str, float] = {}
+    i = 1
+    while f"strategies/switch/{i}" in summary:
+        column = base = "switch " + str(summary[f"strategies/switch/{i}"]).replace(" → ", "->")
+        repeat = 1
+        while column in values:
+            repeat += 1
+            column = f"{base} #{repeat}"
+        values[column] = float(summary[f"strategies/switch/{i}/step"])
+        i += 1
+    return values
 
 
 WANDB_IGNORED = ("logger.", "trainer.enable_progress_bar", "trainer.progress_every_n_steps", "resume", "_wandb")
@@ -509,6 +526,8 @@ def print_sweep_report(report: SweepReport) -> None:
     print(
         f"\nsweep: {len(report.jobs)} jobs in {report.directory} ({len(report.failed)} not finished); full table {report.files()[SWEEP_JOBS_TABLE]}"
     )
+    switches = sorted({c for row in report.job_table for c in row if c.startswith("switch ")})
+    brief += switches
     print(format_table(report.job_table, [c for c in brief if any(c in row for row in report.job_table)]))
     settings = [k for k in report.swept if k not in SEED_KEYS]
     group_columns = [
@@ -520,6 +539,7 @@ def print_sweep_report(report: SweepReport) -> None:
         "repeated_loss_end_mean",
         "repeated_loss_end_sd",
         "top_induction_score_mean",
+        *(f"{c}_{stat}" for c in switches for stat in ("mean", "sd")),
     ]
     print(f"\nover seeds ({report.files()[SWEEP_GROUPS_TABLE]}):")
     print(format_table(report.group_table, [c for c in group_columns if any(c in row for row in report.group_table)]))

@@ -183,6 +183,7 @@ def fake_results(n_layers: int, n_heads: int, measures=None, seed: int = 0) -> d
         "composition": CompositionScores(scores, baselines, extras),
         "copying": CopyingScores(heads(), heads(), heads()),
         "matching": pair_tensor(n_layers, n_heads, g),
+        "strategies": fake_strategy_reading(g),
         "ablation": AblationResult(
             KeyAblation(
                 pattern_change=pair_tensor(n_layers, n_heads, g), loss_change=pair_tensor(n_layers, n_heads, g)
@@ -197,6 +198,16 @@ def fake_results(n_layers: int, n_heads: int, measures=None, seed: int = 0) -> d
         },
     }
     return results
+
+
+def fake_strategy_reading(g: torch.Generator):
+    """A random reading of the repeated task's strategies (no truth), eight held-out sequences."""
+    from metrics.tracked.strategies import StrategyReading
+
+    names = ("uniform", "copy", "induction")
+    kl = {name: torch.rand(8, generator=g, dtype=torch.float64).numpy() for name in names}
+    weights = torch.rand(3, generator=g, dtype=torch.float64).numpy()
+    return StrategyReading(names, kl, None, weights / weights.sum(), 0.01)
 
 
 def fake_quantities(measures=None) -> dict:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from data import strategies
 from data.counter_rng import random_ints, random_uniform
 from data.task import Task, TokenSampler
 
@@ -84,3 +85,25 @@ class BigramTriggers(Task):
     def sampler(self, n_random: int) -> TokenSampler:
         chain = make_chain(self.seed, n_random, self.n_triggers, self.concentration)
         return lambda ids: bigram_trigger_tokens(chain, self.seed, ids, self.seq_len, self.bos)
+
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> strategies.ReferencePredictions:
+        """Uniform; bigram (the chain's row, learnt in the weights: uniform after a trigger or BOS,
+        whose next token is drawn per sequence); induction (bigram, but after a trigger seen before, its
+        output): the last is the truth itself (Bietti et al.'s two stages, global bigram then induction)."""
+        chain = make_chain(self.seed, n_random, self.n_triggers, self.concentration)
+        tokens = bigram_trigger_tokens(chain, self.seed, sample_ids, self.seq_len, self.bos)
+        rows = torch.diff(
+            chain.cumulative, dim=1, prepend=torch.zeros(n_random, 1, dtype=chain.cumulative.dtype, device="cpu")
+        )
+        is_trigger = (tokens[..., None] == chain.triggers).any(-1)  # (b, t)
+        flat = torch.full((n_random,), 1.0 / n_random, dtype=torch.float64, device="cpu")
+        bigram = torch.where(
+            (is_trigger | (tokens >= n_random))[..., None], flat, rows.double()[tokens.clamp(max=n_random - 1)]
+        )
+        recalled = strategies.induction(tokens, n_random, fallback=bigram)
+        induction = torch.where(is_trigger[..., None], recalled, bigram)
+        positions = torch.arange(tokens.shape[1] - 1, device="cpu")
+        predicted = {"uniform": strategies.uniform(tokens, n_random), "bigram": bigram, "induction": induction}
+        return strategies.ReferencePredictions(
+            tokens, positions, strategies.at_positions(predicted, positions), truth=induction[:, positions]
+        )

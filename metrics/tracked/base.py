@@ -17,7 +17,10 @@ A subclass of :class:`TrackedQuantity` (in a module of ``metrics/tracked/``, or 
   :class:`PerHead`, :class:`PerPair`, :class:`Stored`, :class:`Heatmap`) that ``records/keys.py``
   turns into W&B keys and CSV columns and ``records/tensor_store.py`` into stored tensors; ``story``
   (the W&B section told first), ``summary`` (their last value in ``summary.json``) and
-  ``phase_changes`` name some of those keys.
+  ``phase_changes`` name some of those keys (an entry of ``story`` or ``summary`` ending in ``/`` names
+  every key under it);
+- :meth:`for_task`: what it needs of the run's task (the strategies draw the task's held-out
+  sequences and reference predictors); most quantities need nothing.
 
 Metrics stay pure: a quantity never logs, draws no random numbers and leaves the model as it found it.
 """
@@ -212,6 +215,10 @@ class TrackedQuantity:
     def applies(self, model) -> bool:
         """Whether it means anything for ``model`` at all (e.g. pairs need two layers)."""
         return True
+
+    def for_task(self, task, n_random: int) -> TrackedQuantity:
+        """This quantity for a run on ``task`` (:class:`data.task.Task`) with ``n_random`` task tokens."""
+        return self
 
     def measure(self, run: ProbeRun) -> Any:
         raise NotImplementedError

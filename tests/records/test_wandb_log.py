@@ -11,7 +11,8 @@ def test_every_tracker_key_has_a_section_and_round_trips():
         keys = snapshot_keys(fake_snapshot(*shape))
         assert all(section_of(key) is not None for key in keys), [k for k in keys if section_of(k) is None]
         assert all(tracker_key(wandb_key(key)) == key for key in keys)
-        assert story() <= set(keys)  # the story is there in either mode
+        missing = [e for e in story() if not any(k == e or (e.endswith("/") and k.startswith(e)) for k in keys)]
+        assert not missing  # the story is there in either mode
 
 
 def test_sections_in_reading_order():
@@ -28,7 +29,9 @@ def test_sections_in_reading_order():
         "trainer/global_step",
     ]
     assert tracker_key("loss/repeated") == "loss/repeated"  # a run logged before the sections
-    assert list(SECTION_NAMES) == sorted(SECTION_NAMES) and len(story()) <= 9  # one page of wandb leet
+    assert (
+        list(SECTION_NAMES) == sorted(SECTION_NAMES) and len(story()) <= 12
+    )  # nine keys and the strategies' kl/, closest, weight/
 
 
 def test_summaries_keep_the_best_value_in_the_right_direction():

@@ -1,0 +1,139 @@
+"""A run's strategy timeline, from its CSV log and tensor store: the steps where the closest strategy
+changes (each with its interval over resamples of the held-out sequences), the steps where each
+strategy's mixture weight starts to rise, and the paper-style figure (each KL against step, the
+strategies' own KL(truth ‖ strategy) as horizontal lines; Edelman et al. 2024, Fig. 2).
+
+The switches are the run's stage truth: a transition is named by the strategies it connects
+(``uniform → copy``, ``copy → induction``, ``unigram → bigram``), and the induction cliff's summary
+keys (``phase_change/loss_*``, ``phase_change/induction_*``) are kept only in a run whose timeline
+reaches the induction strategy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from metrics.dynamics.strategies import Switch, closest, rise_steps, switches, switches_with_intervals
+from metrics.tracked.strategies import PER_SEQUENCE, PREFIX
+from records.tensor_store import read_tensor_store
+
+KL, WEIGHT, LINE = f"{PREFIX}kl/", f"{PREFIX}weight/", f"{PREFIX}line/"
+CLIFF_STRATEGY = "induction"
+"""The strategy a run must switch to for its largest loss fall to be reported as the induction cliff."""
+CLIFF_KEYS = ("phase_change/loss_", "phase_change/induction_")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """``names``: the strategies; ``steps [n]``, ``kl [n, S]`` (KL(strategy ‖ model)), ``truth [n]`` or
+    None, ``weights [n, S]``, ``lines``: KL(truth ‖ strategy) by name; the switches and rises."""
+
+    names: list[str]
+    steps: np.ndarray
+    kl: np.ndarray
+    truth: np.ndarray | None
+    weights: np.ndarray
+    lines: dict[str, float]
+    switches: list[Switch]
+    rises: dict[str, float]
+
+    @property
+    def reaches_cliff(self) -> bool:
+        return any(switch.target == CLIFF_STRATEGY for switch in self.switches)
+
+
+def strategy_names(series) -> list[str]:
+    """The strategies a run tracked, from its ``strategies/weight/NAME`` columns."""
+    return sorted(key.removeprefix(WEIGHT) for key in series if key.startswith(WEIGHT))
+
+
+def read_timeline(series, store_dir: Path | None = None) -> Timeline | None:
+    """The timeline of a run's series (:func:`reports.run_report.read_series`); switch intervals from
+    the tensor store's per-sequence KLs when ``store_dir`` holds them. None: no strategies tracked."""
+    names = strategy_names(series)
+    if not names or any(KL + name not in series for name in names):
+        return None
+    steps = series[KL + names[0]][0]
+    kl = np.stack([series[KL + name][1] for name in names], axis=1)
+    weights = np.stack([series[WEIGHT + name][1] for name in names], axis=1)
+    truth = series[KL + "truth"][1] if KL + "truth" in series else None
+    lines = {name: float(series[LINE + name][1][-1]) for name in names if LINE + name in series}
+    stored = {}
+    if store_dir is not None and store_dir.is_dir():
+        stored = read_tensor_store(store_dir, [PREFIX + PER_SEQUENCE + name for name in names])
+    if len(stored) == len(names):
+        per_sequence = np.stack([stored[PREFIX + PER_SEQUENCE + name][1] for name in names], axis=1)  # (n, S, b)
+        found = switches_with_intervals(stored[PREFIX + PER_SEQUENCE + names[0]][0], per_sequence, names)
+    else:
+        found = switches(steps, closest(kl), names)
+    return Timeline(names, steps, kl, truth, weights, lines, found, rise_steps(steps, weights, names))
+
+
+def timeline_summary(timeline: Timeline) -> dict[str, object]:
+    """``strategies/switch/{i}`` (``"uniform → unigram"``), its ``/step``, ``/low``, ``/high`` and
+    ``/found`` (share of resamples that have it), ``strategies/rise/NAME_step``, and
+    ``strategies/switches`` (how many)."""
+    summary: dict[str, object] = {f"{PREFIX}switches": len(timeline.switches)}
+    for i, switch in enumerate(timeline.switches, start=1):
+        key = f"{PREFIX}switch/{i}"
+        summary[key] = switch.label
+        summary[f"{key}/step"] = switch.step
+        if not np.isnan(switch.found):
+            summary.update({f"{key}/low": switch.low, f"{key}/high": switch.high, f"{key}/found": switch.found})
+    for name, step in timeline.rises.items():
+        summary[f"{PREFIX}rise/{name}_step"] = step
+    return summary
+
+
+def without_false_cliff(summary: dict[str, object], timeline: Timeline | None) -> dict[str, object]:
+    """``summary`` without the induction cliff's keys when the run tracked strategies and never
+    switched to induction (its largest loss fall was another transition, named by the switches)."""
+    if timeline is None or timeline.reaches_cliff:
+        return summary
+    kept = {key: value for key, value in summary.items() if not key.startswith(CLIFF_KEYS)}
+    if len(kept) < len(summary):
+        kept["phase_change/left_out"] = "no switch to the induction strategy: see strategies/switch/*"
+    return kept
+
+
+def timeline_figure(timeline: Timeline, title: str):
+    """Each strategy's KL(strategy ‖ model) and KL(truth ‖ model) against step (log scale), the lines
+    KL(truth ‖ strategy), the switches marked; below, the mixture weights."""
+    from reports.plots import plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=[2, 1])
+    colors = {name: f"C{i}" for i, name in enumerate(timeline.names)}
+    for s, name in enumerate(timeline.names):
+        top.plot(timeline.steps, timeline.kl[:, s], color=colors[name], label=f"KL({name} ‖ model)")
+        if name in timeline.lines:
+            top.axhline(timeline.lines[name], color=colors[name], ls=":", lw=1, label=f"KL(truth ‖ {name})")
+        bottom.plot(timeline.steps, timeline.weights[:, s], color=colors[name], label=name)
+    if timeline.truth is not None:
+        top.plot(timeline.steps, timeline.truth, color="k", lw=1.5, label="KL(truth ‖ model)")
+    for switch in timeline.switches:
+        for ax in (top, bottom):
+            if not np.isnan(switch.low):
+                ax.axvspan(switch.low, switch.high, color="0.85", zorder=0)
+            ax.axvline(switch.step, color="0.4", ls="--", lw=0.8)
+        top.annotate(
+            switch.label,
+            (switch.step, 1),
+            xycoords=("data", "axes fraction"),
+            fontsize=7,
+            rotation=90,
+            va="top",
+            ha="right",
+        )
+    top.set_yscale("log")
+    top.set_ylabel("KL (nats)")
+    top.legend(fontsize=7, ncol=2)
+    top.set_title(title, fontsize=9)
+    bottom.set_ylabel("mixture weight")
+    bottom.set_xlabel("step")
+    bottom.set_ylim(-0.02, 1.02)
+    bottom.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

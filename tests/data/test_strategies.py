@@ -1,0 +1,119 @@
+"""The reference predictors against counts written out by hand, the in-context Markov chains against
+their definition, and the strategies' Monte-Carlo KL against Edelman et al.'s published values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from data import strategies
+from data.strategies import HELD_OUT_STRATEGY_IDS
+from data.task import tasks
+from data.tasks.markov_icl import MarkovICL, context_chain, sample_chains
+
+
+def test_add_one_unigram_and_bigram_equal_hand_counts():
+    tokens = torch.tensor([[0, 1, 1, 0, 1]])  # k = 2
+    unigram = strategies.unigram(tokens, 2)[0]
+    bigram = strategies.ngram(tokens, 2, 1)[0]
+    # after 0 1 1 0 1: counts 0:2, 1:3 -> (2+1, 3+1) / 7
+    assert unigram[4].tolist() == pytest.approx([3 / 7, 4 / 7])
+    # the current token is 1; earlier 1s were followed by 1 (at 1->2) and 0 (at 2->3): (1+1, 1+1) / 4
+    assert bigram[4].tolist() == pytest.approx([0.5, 0.5])
+    # at position 3 (token 0, context 0 1 1 0): the earlier 0 was followed by 1 -> (0+1, 1+1) / 3
+    assert bigram[3].tolist() == pytest.approx([1 / 3, 2 / 3])
+    # at position 0: nothing counted yet -> uniform
+    assert bigram[0].tolist() == pytest.approx([0.5, 0.5])
+    assert unigram[0].tolist() == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_trigram_counts_the_two_token_context():
+    tokens = torch.tensor([[2, 0, 1, 2, 0, 2, 0]])  # k = 3; last context (2, 0) was followed by 1 and by 2
+    trigram = strategies.ngram(tokens, 3, 2)[0]
+    assert trigram[6].tolist() == pytest.approx([1 / 5, 2 / 5, 2 / 5])
+    assert trigram[0].tolist() == pytest.approx([1 / 3] * 3)  # fewer than two tokens: no context
+
+
+def test_copy_and_induction_by_hand():
+    tokens = torch.tensor([[9, 3, 5, 3, 7]])  # n_random = 9: id 9 is BOS
+    copy = strategies.copy(tokens, 9)[0]
+    assert copy[0].tolist() == pytest.approx([1 / 9] * 9)  # only BOS so far: uniform
+    assert copy[3, 3] == pytest.approx(0.5) and copy[3, 5] == pytest.approx(0.5) and copy[3].sum() == pytest.approx(1)
+    induction = strategies.induction(tokens, 9)[0]
+    assert induction[3].tolist() == pytest.approx([0, 0, 0, 0, 0, 1, 0, 0, 0])  # 3 was followed by 5
+    assert induction[2].tolist() == pytest.approx([1 / 9] * 9)  # 5 not seen before: the fallback
+
+
+def test_repeated_copy_strategy_has_loss_ln_n_on_the_repeats():
+    task = tasks()["repeated"](n_min=6, n_max=6, seq_len=25)
+    reference = task.reference(np.arange(20), 64)
+    tokens, copy = reference.tokens, reference.strategies["copy"]
+    for row in range(len(tokens)):
+        first_block = tokens[row, 1:7]
+        n = len(set(first_block.tolist()))
+        repeats = torch.arange(7, 24)  # positions whose next token is a repeat (t_2 of the second block on)
+        targets = tokens[row, repeats + 1]
+        losses = -copy[row, repeats].gather(-1, targets[:, None]).squeeze(-1).log()
+        assert losses.tolist() == pytest.approx([math.log(n)] * len(repeats))
+
+
+def test_truth_is_the_chains_transition_row():
+    task = MarkovICL(k=3, seed=4)
+    ids = np.arange(5)
+    chains = task.chains(ids)
+    reference = task.reference(ids, 3)
+    last = task.seq_len - 2
+    for row in range(5):
+        current = int(chains.tokens[row, last])
+        assert reference.truth[row, 0].tolist() == pytest.approx(chains.transition[row, current].tolist())
+    assert reference.positions.tolist() == [last]
+    assert torch.equal(reference.tokens, chains.tokens)
+
+
+def test_chains_follow_their_transition_matrix_and_start_stationary():
+    chains = sample_chains(0, np.arange(4000), 3, 2, 1.0, 1, False)
+    tokens, transition = chains.tokens.numpy(), chains.transition
+    start = strategies.stationary(transition)
+    assert abs(tokens[:, 0].mean() - start[:, 1].mean()) < 0.02  # P(first = 1) = E[π_1]
+    switch = transition[np.arange(4000), tokens[:, 0], 1]  # P(second = 1 | first)
+    assert abs(tokens[:, 1].mean() - switch.mean()) < 0.02
+    trigram = sample_chains(0, np.arange(2), 3, 2, 1.0, 2, False).transition  # (2, 4 contexts, 2)
+    pairs = context_chain(trigram, 2, 2)  # (2, 4, 4): a stochastic matrix on contexts
+    assert np.allclose(pairs.sum(-1), 1)
+    assert np.allclose(pairs[:, 1, 2], trigram[:, 1, 0]) and np.allclose(pairs[:, 1, 3], trigram[:, 1, 1])
+
+
+def test_doubly_stochastic_chains_have_uniform_columns():
+    chains = MarkovICL(k=3, doubly_stochastic=True).chains(np.arange(8))
+    assert np.allclose(chains.transition.sum(-2), 1, atol=1e-9)
+    assert np.allclose(chains.transition.sum(-1), 1)
+
+
+def test_a_model_that_outputs_a_strategy_has_kl_zero_to_it():
+    from metrics.dynamics.strategies import strategy_kls
+
+    reference = MarkovICL(k=3).reference(np.arange(64), 3)
+    for name, q in reference.strategies.items():
+        kls = strategy_kls(reference.strategies, q.log())
+        assert kls[name].abs().max() < 1e-12
+        assert all(kls[other].min() >= 0 for other in kls)
+
+
+KL_AT_T100 = {  # Edelman et al.'s Monte-Carlo KL(truth ‖ strategy) at T = 100 (4,000 chains; ANCHORS.md)
+    2: {"uniform": 0.214, "unigram": 0.085, "bigram": 0.0095},
+    3: {"uniform": 0.280, "unigram": 0.170, "bigram": 0.027},
+}
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_monte_carlo_kl_of_the_strategies_agrees_with_the_paper(k):
+    reference = MarkovICL(k=k).reference(np.arange(HELD_OUT_STRATEGY_IDS, HELD_OUT_STRATEGY_IDS + 4000), k)
+    truth = reference.truth[:, 0]
+    for name, published in KL_AT_T100[k].items():
+        q = reference.strategies[name][:, 0]
+        kl = (truth * (truth.log() - q.log())).sum(-1)
+        stderr = kl.std().item() / math.sqrt(len(kl))
+        assert abs(kl.mean().item() - published) < 3 * stderr, (name, kl.mean().item(), stderr)
