@@ -15,6 +15,7 @@ from collections import Counter
 import torch
 
 from data.probe import make_probe_batch
+from data.task import tasks
 from metrics.snapshot import measure
 from metrics.tracked.base import tracked_quantities
 from metrics.tracked.options import TrackerOptions
@@ -27,11 +28,13 @@ DEFAULT_SHAPE = (2, 2, 64, 16)
 
 def key_counts(shape: TransformerShape, options: TrackerOptions | None = None) -> tuple[Counter, bool]:
     """``({section: keys}, per_pair)``: every tracked quantity with its default options, all due, at
-    init; ``per_pair`` whether the shape logs a key per pair (:mod:`records.keys`)."""
+    init, on the default task (repeated tokens: its three strategies); ``per_pair`` whether the shape
+    logs a key per pair (:mod:`records.keys`)."""
     options = options or TrackerOptions()
     torch.manual_seed(0)
     model = AttentionOnlyTransformer(shape)
-    quantities = [cls() for cls in tracked_quantities().values()]
+    task = tasks()["repeated"](seq_len=shape.n_ctx)
+    quantities = [cls().for_task(task, shape.d_vocab - 1) for cls in tracked_quantities().values()]
     probe = make_probe_batch(0, options.probe_batch_size, options.probe_n, shape.d_vocab - 1)
     snap = measure(model, probe, quantities)
     keys_per_pair = sum(q.pair_keys for q in quantities if q.applies(model))

@@ -106,7 +106,8 @@ class MarkovICL(Task):
             problems.append(f"data.k={self.k} must be >= 2")
         elif n_random != self.k:
             problems.append(
-                f"data.k={self.k} needs model.d_vocab={self.k + int(self.bos)} (the k states{' and BOS' if self.bos else ''}),"
+                f"data.k={self.k} needs model.d_vocab={self.k + int(self.bos)} (the k states{' and BOS' if self.bos else ''};"
+                " experiment=markov_icl sets it),"
                 f" got {n_random + int(self.bos)}"
             )
         if not self.alpha > 0:

@@ -24,6 +24,10 @@ PERSIST = 3
 """Snapshots a new closest strategy (or a risen weight) must hold for the change to count: one
 snapshot's flicker where two strategies cross is not a switch."""
 
+SMOOTHING = 5
+"""Snapshots in the centred moving average of each KL curve before the closest strategy is read: noise
+in one snapshot's held-out estimate should not flip it."""
+
 SWITCH_RESAMPLES = 200
 """Bootstrap resamples of the held-out sequences behind a switch step's interval."""
 
@@ -125,9 +129,22 @@ class Switch:
         return f"{self.source} → {self.target}"
 
 
-def closest(kls: np.ndarray) -> np.ndarray:
-    """``kls [n_steps, S]`` -> the index of the closest strategy at each step ``[n_steps]``."""
-    return np.argmin(kls, axis=1)
+def smoothed(values: np.ndarray, window: int = SMOOTHING) -> np.ndarray:
+    """``values [n_steps, ...]`` averaged over a centred window of ``window`` snapshots along axis 0
+    (fewer at the ends, where the window is cut)."""
+    if window <= 1:
+        return values
+    kernel = np.ones(window)
+    pad = window // 2
+    sums = np.apply_along_axis(lambda v: np.convolve(v, kernel, mode="full")[pad : pad + len(v)], 0, values)
+    counts = np.convolve(np.ones(len(values)), kernel, mode="full")[pad : pad + len(values)]
+    return sums / counts.reshape(-1, *([1] * (values.ndim - 1)))
+
+
+def closest(kls: np.ndarray, window: int = SMOOTHING) -> np.ndarray:
+    """``kls [n_steps, S]`` -> the index of the closest strategy at each step ``[n_steps]``, read from
+    each curve's centred moving average over ``window`` snapshots (:func:`smoothed`)."""
+    return np.argmin(smoothed(kls, window), axis=1)
 
 
 def switches(steps: np.ndarray, nearest: np.ndarray, names: list[str], persist: int = PERSIST) -> list[Switch]:

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from bench.strategy_nulls import CASES, NAMES, STEPS, judge
 from data.task import tasks
 from data.tasks.markov_icl import MarkovICL
-from metrics.dynamics.strategies import mixture_weights, rise_steps, switches_with_intervals, token_groups
+from metrics.dynamics.strategies import mixture_weights, rise_steps, token_groups
 
 MIXTURES = [
     (1 / 3, 1 / 3, 1 / 3),
@@ -49,45 +50,13 @@ def test_mixture_of_a_model_off_the_simplex_is_its_closest_projection():
         assert (model * (model.log() - mix.log())).sum(-1).mean().item() >= kl - 1e-9
 
 
-STEPS = np.arange(0, 3000, 20)
-NAMES = ["uniform", "unigram", "bigram"]
-
-
-def synthetic_timeline(rng, crossings: list[int], noise: float = 0.05, b: int = 64, order_change: bool = False):
-    """Per-sequence KLs ``[n_steps, 3, b]``: strategy i is closest between crossings[i-1] and crossings[i]
-    (margins of 0.03 nats between the best and the next at the plateaus), each sequence's KL noisy."""
-    n = len(STEPS)
-    mean = np.full((n, 3), 0.3)
-    stage = np.searchsorted(np.array(crossings), STEPS, side="right")  # index of the closest strategy
-    for s in range(3):
-        mean[:, s] = 0.3 + 0.03 * np.abs(stage - s)
-    if order_change:  # every KL falls by half at step 1500: magnitudes move, order holds
-        mean = mean * np.where(STEPS[:, None] >= 1500, 0.5, 1.0)
-    return np.clip(mean[..., None] + noise * rng.standard_normal((n, 3, b)), 0, None)
-
-
-@pytest.mark.parametrize(
-    "crossings, expected",
-    [([], []), ([1000], ["uniform → unigram"]), ([800, 2000], ["uniform → unigram", "unigram → bigram"])],
-    ids=["none", "one", "two"],
-)
-def test_switches_are_found_where_the_closest_strategy_changes(crossings, expected):
+@pytest.mark.parametrize("case", list(CASES))
+def test_switches_are_found_where_the_closest_strategy_changes(case):
+    crossings, order_change = CASES[case]
     rng = np.random.default_rng(0)
-    right, covered = 0, 0
-    for _ in range(20):
-        found = switches_with_intervals(STEPS, synthetic_timeline(rng, crossings), NAMES, resamples=50)
-        labels = [s.label for s in found]
-        near = all(abs(s.step - c) <= 40 for s, c in zip(found, crossings))
-        right += labels == expected and near
-        covered += all(s.low - 20 <= c <= s.high + 20 for s, c in zip(found, crossings))
-    assert right >= 19  # the rates over 200 draws are in docs/results.md
-    assert covered >= 18
-
-
-def test_no_switch_when_every_kl_moves_but_their_order_holds():
-    rng = np.random.default_rng(1)
-    for _ in range(10):
-        assert switches_with_intervals(STEPS, synthetic_timeline(rng, [], order_change=True), NAMES, resamples=20) == []
+    results = [judge(rng, crossings, order_change, noise=0.05, resamples=50) for _ in range(20)]
+    assert sum(right for right, _ in results) >= 19  # bench.strategy_nulls: the rates over 200 draws
+    assert sum(covered for _, covered in results) >= 18
 
 
 def test_rise_steps_mark_where_a_weight_first_holds_above_the_threshold():
