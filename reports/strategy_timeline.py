@@ -74,8 +74,10 @@ def read_timeline(series, store_dir: Path | None = None) -> Timeline | None:
 
 def timeline_summary(timeline: Timeline) -> dict[str, object]:
     """``strategies/switch/{i}`` (``"uniform → unigram"``), its ``/step``, ``/low``, ``/high`` and
-    ``/found`` (share of resamples that have it), ``strategies/rise/NAME_step``, and
-    ``strategies/switches`` (how many)."""
+    ``/found`` (share of resamples that have it), ``strategies/rise/NAME_step``,
+    ``strategies/switches`` (how many), and for a task with a truth, ``strategies/stage/NAME/truth_kl``:
+    the median KL(truth ‖ model) over the snapshots where NAME is the closest strategy (a stage's
+    plateau, against the line KL(truth ‖ NAME))."""
     summary: dict[str, object] = {f"{PREFIX}switches": len(timeline.switches)}
     for i, switch in enumerate(timeline.switches, start=1):
         key = f"{PREFIX}switch/{i}"
@@ -85,6 +87,11 @@ def timeline_summary(timeline: Timeline) -> dict[str, object]:
             summary.update({f"{key}/low": switch.low, f"{key}/high": switch.high, f"{key}/found": switch.found})
     for name, step in timeline.rises.items():
         summary[f"{PREFIX}rise/{name}_step"] = step
+    if timeline.truth is not None:
+        nearest = closest(timeline.kl)
+        for s, name in enumerate(timeline.names):
+            if (nearest == s).any():
+                summary[f"{PREFIX}stage/{name}/truth_kl"] = float(np.median(timeline.truth[nearest == s]))
     return summary
 
 

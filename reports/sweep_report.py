@@ -164,6 +164,11 @@ def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]]
         if key.startswith("validity/") and key.endswith("/final_spearman_loss"):
             job.values[f"spearman_{key.split('/')[1]}"] = value
     job.values.update(switch_values(summary))
+    for key, value in summary.items():
+        if key.startswith("strategies/stage/"):  # strategies/stage/NAME/truth_kl: the stage's plateau
+            job.values[f"{key.split('/')[2]} stage truth_kl"] = value
+    if "final/strategies/kl/truth" in summary:
+        job.values["final truth_kl"] = summary["final/strategies/kl/truth"]
 
 
 def switch_values(summary: dict) -> dict[str, float]:
@@ -526,7 +531,7 @@ def print_sweep_report(report: SweepReport) -> None:
     print(
         f"\nsweep: {len(report.jobs)} jobs in {report.directory} ({len(report.failed)} not finished); full table {report.files()[SWEEP_JOBS_TABLE]}"
     )
-    switches = sorted({c for row in report.job_table for c in row if c.startswith("switch ")})
+    switches = sorted({c for row in report.job_table for c in row if c.startswith("switch ") or c.endswith("truth_kl")})
     brief += switches
     print(format_table(report.job_table, [c for c in brief if any(c in row for row in report.job_table)]))
     settings = [k for k in report.swept if k not in SEED_KEYS]

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from data import strategies
+from data.probe import PROBE_SEED_OFFSET, ProbeBatch
 from data.task import Task, TokenSampler
 
 SINKHORN_STEPS = 200  # row and column normalisations: columns within ~1e-12 of 1 for k <= 8
@@ -129,6 +130,29 @@ class MarkovICL(Task):
 
     def sampler(self, n_random: int) -> TokenSampler:
         return lambda ids: with_bos(self.chains(ids).tokens, n_random, self.bos)
+
+    def probe(self, seed: int, batch_size: int, n: int, n_random: int) -> ProbeBatch:
+        """``batch_size`` held-out chains of the run's length, read as two halves of ``n' = (seq_len -
+        BOS) // 2`` tokens (``tracker.probe_n`` does not apply): the "first occurrence" loss is the first
+        half's, the "repeated" loss the second half's, where in-context statistics have piled up; the
+        ablation and the data-aware share weigh those later positions. The head scores that read a
+        repeat's offsets (induction, duplicate) mean nothing here; the previous-token score does."""
+        half = (self.seq_len - int(self.bos)) // 2
+        ids = np.arange(batch_size)
+        tokens = with_bos(
+            sample_chains(
+                seed + PROBE_SEED_OFFSET,
+                ids,
+                self.seq_len - int(self.bos),
+                self.k,
+                self.alpha,
+                self.order,
+                self.doubly_stochastic,
+            ).tokens,
+            n_random,
+            self.bos,
+        )
+        return ProbeBatch(tokens=tokens, n=half, first_start=int(self.bos))
 
     def reference(self, sample_ids: np.ndarray, n_random: int) -> strategies.ReferencePredictions:
         """Uniform, in-context unigram, in-context bigram (and trigram for ``order=2``), add-one counts

@@ -130,15 +130,14 @@ class Switch:
 
 
 def smoothed(values: np.ndarray, window: int = SMOOTHING) -> np.ndarray:
-    """``values [n_steps, ...]`` averaged over a centred window of ``window`` snapshots along axis 0
-    (fewer at the ends, where the window is cut)."""
-    if window <= 1:
-        return values
-    kernel = np.ones(window)
-    pad = window // 2
-    sums = np.apply_along_axis(lambda v: np.convolve(v, kernel, mode="full")[pad : pad + len(v)], 0, values)
-    counts = np.convolve(np.ones(len(values)), kernel, mode="full")[pad : pad + len(values)]
-    return sums / counts.reshape(-1, *([1] * (values.ndim - 1)))
+    """``values [n_steps, ...]`` averaged along axis 0 over a centred window of ``window`` snapshots,
+    narrowed symmetrically near the ends (the first and last snapshots are their own), so a stage as
+    short as one snapshot at the start of a run is not averaged away."""
+    n = len(values)
+    half = np.minimum(np.minimum(np.arange(n), np.arange(n)[::-1]), window // 2)  # (n,)
+    cumulative = np.concatenate([np.zeros((1, *values.shape[1:])), np.cumsum(values, axis=0)])
+    lows, highs = np.arange(n) - half, np.arange(n) + half + 1
+    return (cumulative[highs] - cumulative[lows]) / (highs - lows).reshape(-1, *([1] * (values.ndim - 1)))
 
 
 def closest(kls: np.ndarray, window: int = SMOOTHING) -> np.ndarray:

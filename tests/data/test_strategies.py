@@ -117,3 +117,12 @@ def test_monte_carlo_kl_of_the_strategies_agrees_with_the_paper(k):
         kl = (truth * (truth.log() - q.log())).sum(-1)
         stderr = kl.std().item() / math.sqrt(len(kl))
         assert abs(kl.mean().item() - published) < 3 * stderr, (name, kl.mean().item(), stderr)
+
+
+def test_markov_probe_is_held_out_chains_read_in_halves():
+    task = MarkovICL(k=3, seed=0)
+    probe = task.probe(0, 8, 16, 3)
+    assert probe.tokens.shape == (8, 101) and probe.n == 50 and probe.first_start == 0
+    assert probe.repeated == slice(50, 99) and int(probe.tokens.max()) <= 2
+    trained = task.sampler(3)(np.arange(8))
+    assert not torch.equal(probe.tokens, trained)  # its own seed stream, not the training samples
