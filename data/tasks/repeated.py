@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from data import strategies
 from data.counter_rng import random_ints
 from data.task import Task, TokenSampler
 
@@ -70,3 +71,17 @@ class Repeated(Task):
 
     def sampler(self, n_random: int) -> TokenSampler:
         return lambda ids: repeated_tokens(self.seed, ids, self.seq_len, n_random, self.n_min, self.n_max, self.bos)
+
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> strategies.ReferencePredictions:
+        """Uniform, copy and induction (:meth:`Task.reference`), scored on the repeats: the positions
+        whose next token repeats one seen ``n`` back, from the repeat's second token on, for every
+        ``n`` up to ``n_max`` (positions ``n_max + BOS .. seq_len - 2``; the loss views' "repeated"
+        positions). Elsewhere the next token is new and no strategy but uniform can know it."""
+        reference = super().reference(sample_ids, n_random)
+        first = self.n_max + int(self.bos) - (reference.positions[0].item())
+        keep = slice(first, None)
+        return strategies.ReferencePredictions(
+            reference.tokens,
+            reference.positions[keep],
+            {name: q[:, keep] for name, q in reference.strategies.items()},
+        )

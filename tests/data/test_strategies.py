@@ -50,14 +50,13 @@ def test_copy_and_induction_by_hand():
 def test_repeated_copy_strategy_has_loss_ln_n_on_the_repeats():
     task = tasks()["repeated"](n_min=6, n_max=6, seq_len=25)
     reference = task.reference(np.arange(20), 64)
-    tokens, copy = reference.tokens, reference.strategies["copy"]
+    tokens, copy, positions = reference.tokens, reference.strategies["copy"], reference.positions
+    assert positions.tolist() == list(range(7, 24))  # every position whose next token is a repeat (from t_2 on)
     for row in range(len(tokens)):
-        first_block = tokens[row, 1:7]
-        n = len(set(first_block.tolist()))
-        repeats = torch.arange(7, 24)  # positions whose next token is a repeat (t_2 of the second block on)
-        targets = tokens[row, repeats + 1]
-        losses = -copy[row, repeats].gather(-1, targets[:, None]).squeeze(-1).log()
-        assert losses.tolist() == pytest.approx([math.log(n)] * len(repeats))
+        n = len(set(tokens[row, 1:7].tolist()))
+        targets = tokens[row, positions + 1]
+        losses = -copy[row].gather(-1, targets[:, None]).squeeze(-1).log()
+        assert losses.tolist() == pytest.approx([math.log(n)] * len(positions))
 
 
 def test_truth_is_the_chains_transition_row():
