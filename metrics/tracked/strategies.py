@@ -65,6 +65,7 @@ class Strategies(TrackedQuantity):
     def __init__(self, options=None) -> None:
         super().__init__(options)
         self.reference: ReferencePredictions | None = None
+        self.lines: dict[str, float] = {}  # KL(truth ‖ strategy) by name: the figure's horizontal lines
         self.n_random = 0
 
     def for_task(self, task, n_random: int) -> Strategies:
@@ -83,6 +84,7 @@ class Strategies(TrackedQuantity):
         self.host = {name: q.numpy() for name, q in reference.strategies.items()}
         self.host_truth = None if reference.truth is None else reference.truth.numpy()
         self.host_groups = (groups.group.numpy(), groups.profile.numpy())
+        self.lines = strategy_lines(reference)
         return self
 
     @property
@@ -114,25 +116,26 @@ class Strategies(TrackedQuantity):
         weights, mixture_kl = mixture_weights(on_tokens, groups)
         return StrategyReading(self.names, kl, truth_kl, weights, mixture_kl)
 
-    def lines(self) -> dict[str, float]:
-        """KL(truth ‖ strategy) for each strategy (empty without a truth): the figure's horizontal lines."""
-        truth = None if self.reference is None else self.reference.truth
-        if truth is None:
-            return {}
-        log_truth = truth.clamp_min(1e-300).log()
-        return {
-            name: kl_rows(truth, log_truth, q.clamp_min(1e-300).log()).mean().item()
-            for name, q in self.reference.strategies.items()
-        }
-
     def outputs(self, result: StrategyReading, run: ProbeRun) -> list[Output]:
         outputs: list[Output] = []
         per_sequence = dict(result.kl) if result.truth_kl is None else {**result.kl, "truth": result.truth_kl}
         for name, values in per_sequence.items():
             outputs.append(Scalar(f"{PREFIX}kl/{name}", float(values.mean())))
             outputs.append(Stored(f"{PREFIX}{PER_SEQUENCE}{name}", values.astype(np.float32)))
-        outputs += [Scalar(f"{PREFIX}line/{name}", value) for name, value in self.lines().items()]
+        outputs += [Scalar(f"{PREFIX}line/{name}", value) for name, value in self.lines.items()]
         outputs.append(Scalar(f"{PREFIX}closest", float(result.closest)))
         outputs += [Scalar(f"{PREFIX}weight/{name}", float(w)) for name, w in zip(result.names, result.weights)]
         outputs.append(Scalar(f"{PREFIX}mixture_kl", result.mixture_kl))
         return outputs
+
+
+def strategy_lines(reference: ReferencePredictions) -> dict[str, float]:
+    """KL(truth ‖ strategy) for each strategy, mean over the scored positions (empty without a truth)."""
+    truth = reference.truth
+    if truth is None:
+        return {}
+    log_truth = truth.clamp_min(1e-300).log()
+    return {
+        name: kl_rows(truth, log_truth, q.clamp_min(1e-300).log()).mean().item()
+        for name, q in reference.strategies.items()
+    }
