@@ -78,8 +78,7 @@ class Repeated(Task):
         ``n`` up to ``n_max`` (positions ``n_max + BOS .. seq_len - 2``; the loss views' "repeated"
         positions). Elsewhere the next token is new and no strategy but uniform can know it."""
         reference = super().reference(sample_ids, n_random)
-        first = self.n_max + int(self.bos) - (reference.positions[0].item())
-        keep = slice(first, None)
+        keep = slice(self.n_max + int(self.bos), None)  # the default scores every position from 0
         return strategies.ReferencePredictions(
             reference.tokens,
             reference.positions[keep],
