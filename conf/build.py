@@ -180,7 +180,10 @@ def build_loggers(
     continuation: Continuation,
     wandb_id: str | None,
     naming: WandbNaming = WandbNaming(),
+    several_runs: bool = False,
 ) -> list[Logger]:
+    """The run's loggers: its W&B run (a new one, or the one it continues in place) and its CSV.
+    ``several_runs``: this process holds other runs' W&B runs at the same time (an ensemble's members)."""
     loggers: list[Logger] = []
     wandb_cfg = cfg.logger.wandb
     if wandb_cfg.enabled:
@@ -194,6 +197,7 @@ def build_loggers(
                 id=wandb_id,
                 resume="allow" if continuation.in_place else None,
                 config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                **({"reinit": "create_new"} if several_runs else {}),
             )
         )
     if cfg.logger.csv:
@@ -201,12 +205,17 @@ def build_loggers(
     return loggers
 
 
+def run_record(cfg: DictConfig, wandb_id: str | None) -> dict:
+    """What every checkpoint of the run carries (``checkpoint[RUN_KEY]``): its resolved config and W&B run id."""
+    return {RUN_KEY: {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "wandb_id": wandb_id}}
+
+
 def build_callbacks(
     cfg: DictConfig, run_dir: Path, wandb_id: str | None, naming: WandbNaming = WandbNaming()
 ) -> list[L.Callback]:
     last = run_dir / CHECKPOINTS / LAST_CHECKPOINT
-    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    record = {RUN_KEY: {"config": config, "wandb_id": wandb_id}}
+    record = run_record(cfg, wandb_id)
+    config = record[RUN_KEY]["config"]
     callbacks: list[L.Callback] = [
         DivergenceGuard(),  # first: a diverged step is neither measured nor checkpointed
         RunRecord(record, last),

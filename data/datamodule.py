@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import lightning as L
 import numpy as np
+import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -53,3 +54,30 @@ class TokenDataModule(L.LightningDataModule):
             # one batch per micro-step: resume exactly where a checkpoint left off
             stream.next_batch = trainer.global_step * trainer.accumulate_grad_batches
         return DataLoader(stream, batch_size=None, num_workers=0)
+
+
+class EnsembleStream(IterableDataset):
+    """Every member's own :class:`TokenStream`, batch by batch: yields ``[n_members, batch_size, seq_len]``
+    (member ``k``'s batch ``i`` is the one a single run with its config would draw)."""
+
+    def __init__(self, streams: list[TokenStream]) -> None:
+        self.streams = streams
+
+    def __iter__(self) -> Iterator[Tensor]:
+        for batches in zip(*self.streams):
+            yield torch.stack(batches)
+
+
+class EnsembleDataModule(L.LightningDataModule):
+    """Serves an :class:`EnsembleStream`; resumes at the trainer's step, as :class:`TokenDataModule` does."""
+
+    def __init__(self, members: list[TokenDataModule]) -> None:
+        super().__init__()
+        self.members = members
+
+    def train_dataloader(self) -> DataLoader:
+        streams = []
+        for member in self.members:
+            member.trainer = self.trainer
+            streams.append(member.train_dataloader().dataset)
+        return DataLoader(EnsembleStream(streams), batch_size=None, num_workers=0)

@@ -64,6 +64,8 @@ SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE = (
     "sweep_aligned.png",
 )
 
+ENSEMBLE_RESUME = ".ensemble-resume.ckpt"  # an ensemble's members' checkpoints joined for a resume, in its first member's directory while it resumes
+
 RUN_MARKERS = (
     HYDRA_DIR,
     CHECKPOINTS,

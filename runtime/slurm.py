@@ -60,3 +60,20 @@ def requeue_this_job() -> tuple[bool, str | None]:
     if done.returncode != 0:
         return False, f"SLURM job {key} not requeued: {(done.stderr or done.stdout).strip()}"
     return True, f"SLURM job {key} requeued: it will resume from the checkpoint"
+
+
+def remember_slurm_sweep(sweep_dir: Path) -> None:
+    """Record which sweep directory this SLURM job's ensemble writes, so that the job, once requeued, resumes it."""
+    key = slurm_job_key()
+    if key is not None:
+        SLURM_RUNS.mkdir(parents=True, exist_ok=True)
+        (SLURM_RUNS / f"{key}.sweep").write_text(str(Path(sweep_dir).resolve()) + "\n")
+
+
+def requeued_slurm_sweep() -> Path | None:
+    """The sweep directory this SLURM job's ensemble wrote before it was requeued; else None."""
+    key = slurm_job_key()
+    if key is None or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) < 1:
+        return None
+    record = SLURM_RUNS / f"{key}.sweep"
+    return Path(record.read_text().strip()) if record.is_file() else None

@@ -387,14 +387,22 @@ def run_tiny_sweep(directory: Path, *overrides: str) -> str:
     return result.stdout
 
 
-def run_train_until(args: list[str], step: int, signum: int, env: dict[str, str] | None = None, timeout: int = 300):
-    """Run ``python train.py ARGS`` and send it ``signum`` once it reports step ``step`` (a progress
+def run_train_until(
+    args: list[str],
+    step: int,
+    signum: int,
+    env: dict[str, str] | None = None,
+    timeout: int = 300,
+    multirun: bool = False,
+):
+    """Run ``python train.py [-m] ARGS`` and send it ``signum`` once it reports step ``step`` (a progress
     line every step). Returns (exit code, everything it printed)."""
     import subprocess
 
     command = [
         sys.executable,
         str(REPO / "train.py"),
+        *(["-m"] if multirun else []),
         "trainer.enable_progress_bar=true",
         "trainer.progress_every_n_steps=1",
         *args,

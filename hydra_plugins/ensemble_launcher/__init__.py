@@ -1,0 +1,1 @@
+"""The ensemble launcher (``hydra/launcher=ensemble``)."""

@@ -1,0 +1,165 @@
+"""Many models of one shape trained as one: every weight carries a leading member axis ``[n, ...]``.
+
+``EnsembleTransformer`` stacks ``n`` :class:`~models.transformer.AttentionOnlyTransformer` of one
+:class:`~models.transformer.TransformerShape` and runs them in one pass: each projection is one batched
+GEMM over the member axis (``torch.bmm``) and attention is one ``scaled_dot_product_attention`` over
+``member x batch``. Written out rather than through ``torch.func.vmap`` over ``stack_module_state``:
+under ``vmap``, attention's backward falls back to a loop over members (pytorch/pytorch #117016).
+
+Its parameters have the single model's names and order, so member ``k``'s weights are
+``{name: p[k]}`` (:meth:`EnsembleTransformer.member_state`), and :func:`member_views` gives each member
+as a plain ``AttentionOnlyTransformer`` whose weights are views of the stacked ones (no copy; every
+metric, the trajectory and the reports read a member exactly as they read a single run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.transformer import AttentionOnlyTransformer, TransformerShape
+
+
+class StackedNorm(nn.Module):
+    """``n`` pre-attention norms with a gain each, ``weight [n, d_model]``: LayerNorm (no bias) or RMSNorm,
+    as :func:`models.transformer.make_norm` makes them (their default eps)."""
+
+    def __init__(self, kind: str, gains: Tensor) -> None:
+        super().__init__()
+        self.kind = kind
+        self.weight = nn.Parameter(gains)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x [n, ..., d]`` -> the same, normalized with each member's gain."""
+        gain = self.weight.view(self.weight.shape[0], *([1] * (x.dim() - 2)), -1)
+        d = x.shape[-1]
+        normed = F.layer_norm(x, (d,)) if self.kind == "layernorm" else F.rms_norm(x, (d,))
+        return normed * gain
+
+
+class EnsembleLayer(nn.Module):
+    """One attention layer of every member: ``W_Q, W_K, W_V [n, h, d, e]``, ``W_O [n, h, e, d]``, the
+    optional ``norm.weight [n, d]`` and biases ``[n, h, e]`` / ``[n, d]``."""
+
+    def __init__(self, layers: Sequence[nn.Module], normalization: str) -> None:
+        super().__init__()
+        if normalization != "none":
+            self.norm = StackedNorm(normalization, torch.stack([layer.norm.weight.detach() for layer in layers]))
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+            first = getattr(layers[0], name)
+            stacked = None if first is None else nn.Parameter(torch.stack([getattr(m, name).detach() for m in layers]))
+            self.register_parameter(name, stacked)
+
+    def read(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """``x [n, b, t, d]`` through per-head ``weight [n, h, d, e]`` as one batched GEMM -> ``[n, b, h, t, e]``."""
+        n, b, t, d = x.shape
+        _, h, _, e = weight.shape
+        out = torch.bmm(x.reshape(n, b * t, d), weight.permute(0, 2, 1, 3).reshape(n, d, h * e))
+        out = out.view(n, b, t, h, e).transpose(2, 3)
+        return out if bias is None else out + bias[:, None, :, None, :]
+
+    def forward(self, x: Tensor, pos: Tensor | None = None) -> Tensor:
+        """``x [n, b, t, d]`` -> ``[n, b, t, d]``: causal attention of every head of every member, added
+        to the stream; ``pos [n, t, d]``: shortformer positions (queries and keys only)."""
+        read = self.norm(x) if hasattr(self, "norm") else x
+        qk_read = read if pos is None else read + pos[:, None]
+        q, k, v = (
+            self.read(qk_read, self.W_Q, self.b_Q),
+            self.read(qk_read, self.W_K, self.b_K),
+            self.read(read, self.W_V, self.b_V),
+        )
+        n, b, h, t, e = q.shape
+        z = F.scaled_dot_product_attention(*(a.reshape(n * b, h, t, e) for a in (q, k, v)), is_causal=True)
+        z = z.view(n, b, h, t, e).permute(0, 1, 3, 2, 4).reshape(n, b * t, h * e)  # (n, b·t, h·e)
+        out = torch.bmm(z, self.W_O.reshape(n, h * e, -1)).view(n, b, t, -1)
+        return x + (out if self.b_O is None else out + self.b_O[:, None, None])
+
+
+class EnsembleTransformer(nn.Module):
+    """``n`` attention-only transformers of one shape as stacked weights (see the module docstring)."""
+
+    def __init__(self, members: Sequence[AttentionOnlyTransformer]) -> None:
+        super().__init__()
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        shape = members[0].shape
+        if any(m.shape != shape for m in members):
+            raise ValueError("every member of an ensemble must have the same shape")
+        self.shape: TransformerShape = shape
+        self.size = len(members)
+        self.W_E = nn.Parameter(torch.stack([m.W_E.detach() for m in members]))
+        self.W_pos = nn.Parameter(torch.stack([m.W_pos.detach() for m in members]))
+        self.layers = nn.ModuleList(
+            EnsembleLayer([m.layers[i] for m in members], shape.normalization) for i in range(shape.n_layers)
+        )
+        if shape.normalization != "none":
+            self.final_norm = StackedNorm(
+                shape.normalization, torch.stack([m.final_norm.weight.detach() for m in members])
+            )
+        self.W_U = nn.Parameter(torch.stack([m.W_U.detach() for m in members]))
+        biases = members[0].b_U is not None
+        self.register_parameter("b_U", nn.Parameter(torch.stack([m.b_U.detach() for m in members])) if biases else None)
+        self.members = torch.arange(self.size)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Logits ``[n, b, t, d_vocab]`` of every member for its own ``tokens [n, b, t]``."""
+        n, b, t = tokens.shape
+        if t > self.shape.n_ctx:
+            raise ValueError(f"sequence length {t} exceeds n_ctx={self.shape.n_ctx}")
+        members = self.members.to(tokens.device)[:, None, None]
+        x = self.W_E[members, tokens]  # (n, b, t, d)
+        pos = self.W_pos[:, :t]
+        shortformer = self.shape.positions == "shortformer"
+        if not shortformer:
+            x = x + pos[:, None]
+        for layer in self.layers:
+            x = layer(x, pos if shortformer else None)
+        if hasattr(self, "final_norm"):
+            x = self.final_norm(x)
+        logits = torch.bmm(x.reshape(n, b * t, -1), self.W_U).view(n, b, t, -1)
+        return logits if self.b_U is None else logits + self.b_U[:, None, None]
+
+    def member_state(self, index: int) -> dict[str, Tensor]:
+        """Member ``index``'s weights under the single model's names (views, not copies)."""
+        return {name: tensor[index] for name, tensor in self.state_dict().items()}
+
+
+def member_views(ensemble: EnsembleTransformer) -> list[AttentionOnlyTransformer]:
+    """Each member as an ``AttentionOnlyTransformer`` whose weights are detached views of the
+    ensemble's: always current (the optimizer updates in place), never copied, never trained through.
+    Make them after the ensemble has its final device and dtype (a move replaces the storage)."""
+    views = []
+    for index in range(ensemble.size):
+        with torch.device("meta"):
+            view = AttentionOnlyTransformer(ensemble.shape)
+        for name, stacked in ensemble.named_parameters():
+            module_name, _, attribute = name.rpartition(".")
+            module = view.get_submodule(module_name) if module_name else view
+            module._parameters[attribute] = stacked.detach()[index]  # a view: not an nn.Parameter
+        views.append(view.requires_grad_(False).eval())
+    return views
+
+
+def member_losses(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Each member's mean next-token cross-entropy, ``[n]``, of ``logits [n, b, t, v]`` on ``tokens [n, b, t]``
+    (the single model's :func:`models.lit_module.next_token_loss`, member by member)."""
+    n = logits.shape[0]
+    per_token = F.cross_entropy(logits[:, :, :-1].flatten(0, 2), tokens[:, :, 1:].flatten(), reduction="none")
+    return per_token.view(n, -1).mean(dim=1)
+
+
+def clip_member_gradients(parameters: Sequence[Tensor], max_norms: Tensor) -> Tensor:
+    """Scale each member's gradients so that their 2-norm is at most ``max_norms[k]`` (``[n]``; 0 or
+    less: no clipping), as ``torch.nn.utils.clip_grad_norm_`` does for one model: coefficient
+    ``max_norm / (norm + 1e-6)``, clamped at 1. Returns each member's norm before clipping, ``[n]``."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    n = grads[0].shape[0]
+    norms = torch.stack([g.reshape(n, -1).norm(dim=1) for g in grads]).norm(dim=0)  # (n,)
+    coefficients = (max_norms.to(norms) / (norms + 1e-6)).clamp(max=1.0)
+    coefficients = torch.where(max_norms.to(norms) > 0, coefficients, torch.ones_like(coefficients))
+    for g in grads:
+        g.mul_(coefficients.view(n, *([1] * (g.dim() - 1))))
+    return norms

@@ -1,0 +1,248 @@
+"""Train a group of compatible runs as one ensemble, each member still a whole run.
+
+``fit_ensemble`` is ``train.py``'s ``fit`` and ``runtime.job.run_job`` for many runs at once: each
+member's config builds its callbacks, loggers, model and data exactly as a single run's would (in the
+same order, from the same seed, so member ``k`` starts where ``python train.py seed=k`` starts);
+the members' models are stacked (:class:`models.ensemble_module.EnsembleLM`) and one trainer fits them.
+How each member ended (finished; diverged and stopped; preempted with the others; failed) goes into
+its ``status.json`` and W&B run, as a single run's does.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+import traceback
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from records.layout import CHECKPOINTS, ENSEMBLE_RESUME, LAST_CHECKPOINT, RUN_KEY, TRAIN_LOG
+from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, write_status
+from runtime.console import tee_console
+from runtime.job import JobEnded, objective_value
+from runtime.slurm import requeue_this_job
+
+
+
+@dataclass
+class MemberJob:
+    """One job of the sweep to train as an ensemble member: its config, directory and command-line overrides."""
+
+    cfg: DictConfig
+    run_dir: Path
+    overrides: list[str]
+    job_num: int
+
+
+def fit_ensemble(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str) -> list[float]:
+    """Train ``jobs`` (one compatible group) as one ensemble; returns each job's sweep value (its
+    objective, or its exit code: 0 finished, 1 failed). A preemption stops the process, as a sweep's
+    preempted job does (the same ``command`` again resumes every member)."""
+    with ExitStack() as stack:
+        for job in jobs:
+            stack.enter_context(tee_console(job.run_dir / TRAIN_LOG))
+        for job in jobs:
+            write_status(job.run_dir, RUNNING)
+        try:
+            members = train(jobs, sweep_dir, command, ensemble_id)
+        except JobEnded:
+            raise
+        except Exception as error:
+            traceback.print_exc()
+            for job in jobs:
+                write_status(job.run_dir, FAILED, 1, error=f"{type(error).__name__}: {error}")
+            finish_wandb_runs(None, 1)
+            return [float("nan") if job.cfg.objective else 1 for job in jobs]
+        values = []
+        for job, member in zip(jobs, members):
+            if member.ended is not None:
+                JobEnded(1, member.ended, FAILED, member.ended_step).announce(job.run_dir)
+                values.append(float("nan") if job.cfg.objective else 1)
+            else:
+                write_status(job.run_dir, FINISHED)
+                values.append(objective_value(job.cfg, job.run_dir) if job.cfg.objective else 0)
+        return values
+
+
+def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str):
+    """Build every member, fit them together; returns the members (``callbacks.ensemble.Member``)."""
+    import lightning as L  # Lightning and W&B load only once every config is known to be good
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from callbacks.divergence import DivergenceGuard
+    from callbacks.ensemble import EnsembleMembers, EnsembleStop, Member
+    from callbacks.preemption import Preempted, StopOnSignal
+    from callbacks.run_record import RunRecord
+    from conf.build import (
+        Continuation,
+        build_callbacks,
+        build_datamodule,
+        build_loggers,
+        build_module,
+        new_wandb_id,
+        run_record,
+        silence_known_warnings,
+        torch_threads,
+        wandb_naming,
+    )
+    from conf.objects import from_config
+    from data.datamodule import EnsembleDataModule
+    from models.ensemble_module import EnsembleLM
+    from models.optimizer import OptimizerSettings
+    from records.ensemble_checkpoint import ENSEMBLE_RECORD, join_members, save_atomically
+
+    silence_known_warnings()
+    first = jobs[0].cfg
+    if (threads := torch_threads(first, None)) is not None:
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    members, models, datamodules, continuations = [], [], [], []
+    single_run_only = (DivergenceGuard, RunRecord, ModelCheckpoint, StopOnSignal)  # done per member by the ensemble
+    for index, job in enumerate(jobs):
+        cfg = job.cfg
+        L.seed_everything(cfg.seed, workers=True, verbose=False)  # as train.py's fit, member by member
+        continuation = Continuation.of(cfg, job.run_dir)
+        wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
+        naming = wandb_naming(cfg, job.overrides, str(sweep_dir))
+        callbacks = [
+            c for c in build_callbacks(cfg, job.run_dir, wandb_id, naming) if not isinstance(c, single_run_only)
+        ]
+        loggers = build_loggers(cfg, job.run_dir, continuation, wandb_id, naming, several_runs=True)
+        models.append(build_module(cfg).model)
+        datamodules.append(build_datamodule(cfg))
+        record = run_record(cfg, wandb_id)
+        record[RUN_KEY][ENSEMBLE_RECORD] = {"size": len(jobs), "index": index, "id": ensemble_id}
+        members.append(
+            Member(index, job.run_dir, loggers, callbacks, record[RUN_KEY], job.run_dir / CHECKPOINTS / LAST_CHECKPOINT)
+        )
+        continuations.append(continuation)
+    trainer_cfg = first.trainer
+    module = EnsembleLM(
+        models,
+        [from_config(OptimizerSettings, job.cfg.optim) for job in jobs],
+        [job.cfg.trainer.gradient_clip_val for job in jobs],
+    )
+    dispatcher = EnsembleMembers(
+        members,
+        trainer_cfg.checkpoint_every_n_steps,
+        trainer_cfg.progress_every_n_steps if trainer_cfg.enable_progress_bar else None,
+    )
+    checkpoint = None
+    if continuations[0].checkpoint is not None:
+        checkpoint = jobs[0].run_dir / ENSEMBLE_RESUME
+        states = [torch.load(c.checkpoint, map_location="cpu", weights_only=True) for c in continuations]
+        save_atomically(join_members(states, dispatcher.state_key), checkpoint)
+        print(f"resuming {len(jobs)} members at step {continuations[0].step}, in place")
+    print(
+        f"ensemble of {len(jobs)} members (jobs {', '.join(str(j.job_num) for j in jobs)}) set up in"
+        f" {time.perf_counter() - started:.1f} s"
+    )
+    trainer = L.Trainer(
+        default_root_dir=str(sweep_dir),
+        max_steps=trainer_cfg.max_steps,
+        accelerator=trainer_cfg.accelerator,
+        devices=trainer_cfg.devices,
+        precision=trainer_cfg.precision,
+        accumulate_grad_batches=trainer_cfg.accumulate_grad_batches,
+        log_every_n_steps=trainer_cfg.log_every_n_steps,
+        enable_progress_bar=False,
+        deterministic=trainer_cfg.deterministic,
+        logger=False,
+        callbacks=[dispatcher, EnsembleStop(dispatcher)],
+        enable_model_summary=False,
+        plugins=[SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None,
+    )
+    fit_started = time.perf_counter()
+    try:
+        trainer.fit(module, datamodule=EnsembleDataModule(datamodules), ckpt_path=checkpoint, weights_only=True)
+    except Preempted as stop:
+        preempted(members, jobs, stop, command)
+    except BaseException:
+        for member in members:
+            finish_member_wandb(member, 1)
+        raise
+    finally:
+        if checkpoint is not None:
+            checkpoint.unlink(missing_ok=True)
+    for member in members:
+        finish_member_wandb(member, 0 if member.ended is None else 1)
+    print(cost_line(dispatcher, time.perf_counter() - fit_started))
+    return members
+
+
+def cost_line(dispatcher, seconds: float) -> str:
+    """Where the ensemble's time went: training (every member at once) and each member's own measuring,
+    recording and reporting."""
+    n = len(dispatcher.members)
+    measuring = sum(m.seconds for m in dispatcher.members)
+    steps = max(1, dispatcher.trainer.global_step)
+    return (
+        f"ensemble: {n} members in {seconds:.1f} s: training {dispatcher.training_seconds:.1f} s"
+        f" ({1000 * dispatcher.training_seconds / steps:.1f} ms a step for all, "
+        f"{1000 * dispatcher.training_seconds / steps / n:.2f} ms a member-step), members' tracker,"
+        f" trajectory and reports {measuring:.1f} s ({measuring / n:.1f} s a member)"
+    )
+
+
+def finish_member_wandb(member, exit_code: int, preempting: bool = False) -> None:
+    """End the member's W&B run (if it was opened) and write its CSV."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for logger in member.loggers:
+        if isinstance(logger, WandbLogger):
+            run = logger._experiment
+            if run is not None:
+                if preempting:
+                    run.mark_preempting()
+                run.finish(exit_code=exit_code)
+        else:
+            logger.finalize("success" if exit_code == 0 else "failed")
+
+
+def finish_wandb_runs(members, exit_code: int) -> None:
+    """End every W&B run of this process (a failure before the members existed)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish(exit_code=exit_code)
+
+
+def preempted(members, jobs: list[MemberJob], stop, command: str) -> None:
+    """Every member was checkpointed at ``stop.step``: record it in each, requeue under SLURM, and stop."""
+    for member, job in zip(members, jobs):
+        if member.ended is not None:
+            JobEnded(1, member.ended, FAILED, member.ended_step).announce(job.run_dir)
+            finish_member_wandb(member, 1)
+            continue
+        finish_member_wandb(member, stop.exit_code, preempting=True)
+        JobEnded(
+            stop.exit_code,
+            f"stopped by {stop.signum.name} at step {stop.step}; checkpoint: {member.checkpoint};"
+            f" continue with: {command}",
+            PREEMPTED,
+            stop.step,
+        ).announce(job.run_dir)
+    requeued, said = requeue_this_job()
+    if said:
+        print(said, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if requeued:
+        import os
+
+        os._exit(stop.exit_code)
+    sys.exit(stop.exit_code)
+
+
+def sweep_command(config: DictConfig, sweep_dir: Path) -> str:
+    """The command that launches this sweep again into ``sweep_dir`` (and so resumes it)."""
+    task = list(config.hydra.overrides.task)
+    hydra = [o for o in config.hydra.overrides.hydra if not o.startswith("hydra.sweep.dir=")]
+    return " ".join(
+        ["python train.py -m", *map(shlex.quote, task + hydra), f"hydra.sweep.dir={shlex.quote(str(sweep_dir))}"]
+    )

@@ -1,0 +1,189 @@
+"""``hydra/launcher=ensemble``: a sweep's jobs trained as one batched model, each member a whole run.
+
+Real subprocess runs of ``train.py -m ... hydra/launcher=ensemble`` against real single runs of the
+same seeds, read back through the files a user gets (CSV, status, checkpoints, W&B offline runs).
+One thread (``OMP_NUM_THREADS=1``): with two, even two single runs of one seed differ in the last bit.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from records import wandb_records
+from tests.helpers import REPO, run_train, run_train_until, train_env
+
+pytestmark = pytest.mark.slow
+
+SHORT = [
+    "trainer.max_steps=40",
+    "trainer.log_every_n_steps=1",
+    "trainer.checkpoint_every_n_steps=25",
+    "tracker.every_n_steps=5",
+    "tracker.all_measures.every_n_steps=20",
+    "tracker.ablation.every_n_steps=20",
+    "tracker.copying.every_n_steps=20",
+    "tracker.images.every_n_steps=0",
+    "trajectory.log_steps=3",
+    "trajectory.every_n_steps=20",
+]
+FLOAT64 = ["trainer.precision=64-true", *SHORT]
+SINGLE_THREAD = train_env(OMP_NUM_THREADS="1")
+
+
+def ensemble(sweep_dir, *overrides: str, env=SINGLE_THREAD) -> subprocess.CompletedProcess:
+    command = [sys.executable, "train.py", "-m", "hydra/launcher=ensemble", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def logged(run_dir, key: str) -> dict[int, float]:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as file:
+        return {int(row["step"]): float(row[key]) for row in csv.DictReader(file) if row.get(key)}
+
+
+def csv_rows(run_dir) -> list:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as file:
+        return sorted((int(row["step"]), sorted((k, v) for k, v in row.items() if v)) for row in csv.DictReader(file))
+
+
+@pytest.fixture(scope="module")
+def float64_ensemble(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("ensemble")
+    result = ensemble(sweep, "seed=0,1", *FLOAT64, "trainer.enable_progress_bar=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return sweep, result.stdout
+
+
+def test_each_member_equals_its_seeds_single_run_in_float64(float64_ensemble, tmp_path):
+    sweep, printed = float64_ensemble
+    assert "ensemble of 2 members (jobs 0, 1)" in printed
+    assert "ensemble: 2 members in" in printed and "ms a member-step" in printed  # training split from measuring
+    for seed in (0, 1):
+        single = tmp_path / f"single{seed}"
+        result = run_train([f"seed={seed}", *FLOAT64], single, env=SINGLE_THREAD)
+        assert result.returncode == 0, result.stderr[-3000:]
+        member = sweep / str(seed)
+        for key in ("train/loss", "loss/repeated"):
+            ours, theirs = logged(member, key), logged(single, key)
+            assert sorted(ours) == sorted(theirs) and len(ours) >= 9
+            worst = max(abs(ours[s] - theirs[s]) / abs(theirs[s]) for s in theirs)
+            assert worst <= 1e-8, (key, seed, worst)
+
+
+def test_each_member_is_a_whole_run_with_its_own_wandb_run_in_the_sweeps_group(float64_ensemble):
+    sweep, _ = float64_ensemble
+    ids = set()
+    for seed in (0, 1):
+        member = sweep / str(seed)
+        for name in ("summary.json", "phase_change.png", "strategies.png", "validity.csv", "train.log", ".hydra"):
+            assert (member / name).exists(), name
+        assert json.loads((member / "status.json").read_text())["status"] == "finished"
+        assert sorted(p.name for p in (member / "trajectory").glob("step-*.safetensors"))
+        assert sorted((member / "tensors").glob("*.steps"))
+        checkpoint = torch.load(member / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert checkpoint["global_step"] == 40 and checkpoint["run"]["ensemble"]["index"] == seed
+        assert checkpoint["state_dict"]["model.W_E"].shape == (257, 64)  # the single model's layout
+        (run_file,) = member.glob("wandb/offline-run-*/run-*.wandb")
+        assert wandb_records.exit_code(run_file) == 0
+        ids.add(run_file.parent.name)
+        report = subprocess.run(  # the reports read it unchanged
+            [sys.executable, "-m", "reports.run_report", str(member)],
+            cwd=REPO,
+            env=train_env(),
+            capture_output=True,
+            text=True,
+        )
+        assert report.returncode == 0 and "final/loss/repeated" in report.stdout, report.stderr[-2000:]
+    assert len(ids) == 2
+    assert (sweep / "sweep_jobs.csv").is_file()
+
+
+def test_sigterm_checkpoints_every_member_at_one_step_and_the_same_command_resumes_them_exactly(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    result = ensemble(straight, "seed=0,1", *SHORT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    args = ["hydra/launcher=ensemble", f"hydra.sweep.dir={stopped}", "seed=0,1", *SHORT]
+    code, printed = run_train_until(args, step=13, signum=signal.SIGTERM, env=SINGLE_THREAD, multirun=True)
+    assert code == 128 + signal.SIGTERM, printed[-3000:]
+    statuses = [json.loads((stopped / str(k) / "status.json").read_text()) for k in (0, 1)]
+    assert {s["status"] for s in statuses} == {"preempted"} and statuses[0]["step"] == statuses[1]["step"]
+    step = statuses[0]["step"]
+    assert 13 <= step < 25
+    for k in (0, 1):
+        checkpoint = torch.load(stopped / str(k) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert checkpoint["global_step"] == step
+    resumed = ensemble(stopped, "seed=0,1", *SHORT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming 2 members at step {step}" in resumed.stdout
+    for k in (0, 1):
+        assert csv_rows(stopped / str(k)) == csv_rows(straight / str(k))  # every step once, equal
+        assert json.loads((stopped / str(k) / "status.json").read_text())["status"] == "finished"
+
+
+def test_a_diverged_member_is_stopped_and_marked_failed_while_the_others_finish(tmp_path):
+    result = ensemble(
+        tmp_path,
+        "optim.lr=1e-3,1e30",
+        "trainer.max_steps=20",
+        "tracker.every_n_steps=5",
+        "tracker.images.every_n_steps=0",
+    )
+    assert result.returncode != 0  # the sweep reports a job that did not finish
+    good, bad = (json.loads((tmp_path / k / "status.json").read_text()) for k in ("0", "1"))
+    assert good["status"] == "finished" and (tmp_path / "0" / "summary.json").is_file()
+    assert bad["status"] == "failed" and "training diverged at step" in bad["error"]
+    assert logged(tmp_path / "0", "train/loss").keys() >= {9, 19}
+
+
+def test_jobs_of_different_shapes_train_as_one_ensemble_per_shape_said_in_one_line(tmp_path):
+    result = ensemble(
+        tmp_path,
+        "model.d_model=32,64",
+        "seed=0,1",
+        "trainer.max_steps=3",
+        "tracker.enabled=false",
+        "trajectory.enabled=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("ensemble: 4 jobs in 2 groups")]
+    assert "model" in line and "(jobs 0,1 | 2,3)" in line
+    assert all(json.loads((tmp_path / str(k) / "status.json").read_text())["status"] == "finished" for k in range(4))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["seed=range(0,0)"], "error: the ensemble has no members"),
+        (["seed=0,1", "intervention=clamp_prev_token"], "interventions are not supported in an ensemble yet"),
+        (["seed=0,1", "stages.llc.every_n_steps=10"], "stages.llc.every_n_steps > 0 is not supported"),
+        (["seed=0,1", "model.d_model=0"], "config error: job 0"),
+    ],
+    ids=["empty", "interventions", "llc", "invalid"],
+)
+def test_bad_input_is_one_line_and_a_non_zero_exit_before_any_work(tmp_path, overrides, message):
+    result = ensemble(tmp_path, *overrides)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not any(p.is_dir() for p in tmp_path.iterdir())  # no job directory made
+
+
+def test_resuming_a_single_run_as_an_ensemble_is_refused_in_one_line(tmp_path):
+    single = tmp_path / "single"
+    assert (
+        run_train(
+            ["trainer.max_steps=4", "tracker.enabled=false", "trajectory.enabled=false", "trainer.max_steps=4"], single
+        ).returncode
+        == 0
+    )
+    result = ensemble(tmp_path / "sweep", f"resume={single}", "trainer.max_steps=8")
+    assert result.returncode == 1
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "was trained alone, not as an ensemble member" in line
+    assert not (tmp_path / "sweep" / "0").exists()
