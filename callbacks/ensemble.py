@@ -150,6 +150,7 @@ class EnsembleMembers(L.Callback):
                     logger.log_metrics(
                         {"train/loss": losses[member.index], "epoch": trainer.current_epoch}, step=step - 1
                     )
+                    logger.save()  # as Lightning does after logging: a killed run keeps its CSV so far
         if step % self.checkpoint_every_n_steps == 0:
             for member in self.active():
                 self.save(member)
@@ -174,9 +175,8 @@ class EnsembleMembers(L.Callback):
         finite is stopped (:meth:`stop`). Returns the losses."""
         n = len(self.members)
         weights = torch.stack([p.detach().reshape(n, -1).abs().amax(dim=1) for p in pl_module.model.parameters()])
-        values = torch.cat(
-            [pl_module.losses.double(), weights.amax(dim=0).double()]
-        ).tolist()  # the loss as logged: in its own precision
+        dtype = torch.promote_types(pl_module.losses.dtype, torch.float32)  # the loss as logged: its own precision
+        values = torch.cat([pl_module.losses.to(dtype), weights.amax(dim=0).to(dtype)]).tolist()
         losses, largest = values[:n], values[n:]
         for member in self.active():
             loss = losses[member.index]

@@ -102,14 +102,14 @@ class EnsembleTransformer(nn.Module):
         self.W_U = nn.Parameter(torch.stack([m.W_U.detach() for m in members]))
         biases = members[0].b_U is not None
         self.register_parameter("b_U", nn.Parameter(torch.stack([m.b_U.detach() for m in members])) if biases else None)
-        self.members = torch.arange(self.size)
+        self.register_buffer("members", torch.arange(self.size), persistent=False)  # moves with the weights
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Logits ``[n, b, t, d_vocab]`` of every member for its own ``tokens [n, b, t]``."""
         n, b, t = tokens.shape
         if t > self.shape.n_ctx:
             raise ValueError(f"sequence length {t} exceeds n_ctx={self.shape.n_ctx}")
-        members = self.members.to(tokens.device)[:, None, None]
+        members = self.members[:, None, None]
         x = self.W_E[members, tokens]  # (n, b, t, d)
         pos = self.W_pos[:, :t]
         shortformer = self.shape.positions == "shortformer"

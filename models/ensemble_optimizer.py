@@ -23,7 +23,7 @@ EPS = 1e-8  # torch.optim.AdamW's default, the single run's
 
 def per_member(values: Sequence[float]) -> float | Tensor:
     """One number where every member has it, else a float64 ``[n]`` tensor."""
-    return float(values[0]) if len(set(values)) == 1 else torch.tensor(values, dtype=torch.float64)
+    return float(values[0]) if len(set(values)) == 1 else torch.tensor(values, dtype=torch.float64, device="cpu")
 
 
 class EnsembleAdamW(torch.optim.Optimizer):
@@ -40,7 +40,7 @@ class EnsembleAdamW(torch.optim.Optimizer):
         self.beta1 = per_member([s.betas[0] for s in settings])
         self.beta2 = per_member([s.betas[1] for s in settings])
         self.warmup = per_member([float(s.warmup_steps) for s in settings])
-        self.active = torch.ones(self.size, dtype=torch.bool)
+        self.active = torch.ones(self.size, dtype=torch.bool, device="cpu")
 
     def stop(self, member: int) -> None:
         """Leave member ``member`` as it is from now on (a diverged member)."""
@@ -54,6 +54,21 @@ class EnsembleAdamW(torch.optim.Optimizer):
             factor = torch.where(self.warmup > 0, (update / self.warmup.clamp(min=1)).clamp(max=1.0), 1.0)
         return self.lr * factor
 
+    def coefficients(self, update: int, like: Tensor) -> dict[str, float | Tensor]:
+        """Update ``update``'s per-member factors, each a number or an ``[n]`` tensor on ``like``'s
+        device and in its dtype (moved once a step, not once a parameter)."""
+        lr = self.rates(update)
+        beta1, beta2 = self.beta1, self.beta2
+        values = {
+            "decay": 1 - lr * self.weight_decay,
+            "one_minus_beta1": 1 - beta1,
+            "beta2": beta2,
+            "one_minus_beta2": 1 - beta2,
+            "bias_correction2_sqrt": (1 - beta2**update) ** 0.5,
+            "step_size": lr / (1 - beta1**update),
+        }
+        return {k: v if isinstance(v, float) else v.to(like.device, like.dtype) for k, v in values.items()}
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -61,45 +76,40 @@ class EnsembleAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         every = bool(self.active.all())
+        factors, keep = None, None
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float64)
+                    state["step"] = torch.tensor(0.0, dtype=torch.float64, device="cpu")  # a count, kept on the host
                     state["exp_avg"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
                 state["step"] += 1
-                update = int(state["step"])
-                old = None if every else p.clone()
-                self._update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], update)
+                if factors is None:  # every parameter is at the same update
+                    factors = self.coefficients(int(state["step"]), p)
+                    keep = None if every else ~self.active.to(p.device)
+                old = None if keep is None else p.clone()
+                self._update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], factors)
                 if old is not None:
-                    keep = ~self.active.to(p.device).view(-1, *([1] * (p.dim() - 1)))
-                    p.copy_(torch.where(keep, old, p))
+                    p.copy_(torch.where(keep.view(-1, *([1] * (p.dim() - 1))), old, p))
         return loss
 
-    def _update(self, p: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, update: int) -> None:
+    @staticmethod
+    def _update(p: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, factors: dict) -> None:
         """One AdamW update of ``p [n, ...]`` in place, in ``torch.optim.AdamW``'s order of operations."""
         shape = (-1, *([1] * (p.dim() - 1)))
-
-        def member(value):  # a per-member tensor lined up with p's member axis, in p's dtype
-            return value if isinstance(value, float) else value.to(p.device, p.dtype).view(shape)
-
-        lr = self.rates(update)
-        beta1, beta2 = self.beta1, self.beta2
-        p.mul_(member(1 - lr * self.weight_decay))
-        exp_avg.lerp_(grad, member(1 - beta1))
-        exp_avg_sq.mul_(member(beta2))
-        if isinstance(beta2, float):
-            exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)
+        f = {k: v if isinstance(v, float) else v.view(shape) for k, v in factors.items()}
+        p.mul_(f["decay"])
+        exp_avg.lerp_(grad, f["one_minus_beta1"])
+        exp_avg_sq.mul_(f["beta2"])
+        if isinstance(f["one_minus_beta2"], float):
+            exp_avg_sq.addcmul_(grad, grad, value=f["one_minus_beta2"])
         else:
-            exp_avg_sq.add_(grad * grad * member(1 - beta2))
-        bias_correction1 = 1 - beta1**update
-        bias_correction2 = 1 - beta2**update
-        step_size = lr / bias_correction1
-        denom = (exp_avg_sq.sqrt() / member(bias_correction2**0.5)).add_(EPS)
-        if isinstance(step_size, float):
-            p.addcdiv_(exp_avg, denom, value=-step_size)
+            exp_avg_sq.add_(grad * grad * f["one_minus_beta2"])
+        denom = (exp_avg_sq.sqrt() / f["bias_correction2_sqrt"]).add_(EPS)
+        if isinstance(f["step_size"], float):
+            p.addcdiv_(exp_avg, denom, value=-f["step_size"])
         else:
-            p.sub_(member(step_size) * exp_avg / denom)
+            p.sub_(f["step_size"] * exp_avg / denom)

@@ -27,7 +27,6 @@ from runtime.job import JobEnded, objective_value
 from runtime.slurm import requeue_this_job
 
 
-
 @dataclass
 class MemberJob:
     """One job of the sweep to train as an ensemble member: its config, directory and command-line overrides."""
@@ -49,13 +48,10 @@ def fit_ensemble(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_
             write_status(job.run_dir, RUNNING)
         try:
             members = train(jobs, sweep_dir, command, ensemble_id)
-        except JobEnded:
-            raise
-        except Exception as error:
+        except Exception as error:  # the members' W&B runs are ended as failed by train()
             traceback.print_exc()
             for job in jobs:
                 write_status(job.run_dir, FAILED, 1, error=f"{type(error).__name__}: {error}")
-            finish_wandb_runs(None, 1)
             return [float("nan") if job.cfg.objective else 1 for job in jobs]
         values = []
         for job, member in zip(jobs, members):
@@ -205,13 +201,6 @@ def finish_member_wandb(member, exit_code: int, preempting: bool = False) -> Non
             logger.finalize("success" if exit_code == 0 else "failed")
 
 
-def finish_wandb_runs(members, exit_code: int) -> None:
-    """End every W&B run of this process (a failure before the members existed)."""
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and wandb.run is not None:
-        wandb.finish(exit_code=exit_code)
-
-
 def preempted(members, jobs: list[MemberJob], stop, command: str) -> None:
     """Every member was checkpointed at ``stop.step``: record it in each, requeue under SLURM, and stop."""
     for member, job in zip(members, jobs):
@@ -242,7 +231,7 @@ def preempted(members, jobs: list[MemberJob], stop, command: str) -> None:
 def sweep_command(config: DictConfig, sweep_dir: Path) -> str:
     """The command that launches this sweep again into ``sweep_dir`` (and so resumes it)."""
     task = list(config.hydra.overrides.task)
-    hydra = [o for o in config.hydra.overrides.hydra if not o.startswith("hydra.sweep.dir=")]
+    hydra = [o for o in config.hydra.overrides.hydra if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
     return " ".join(
         ["python train.py -m", *map(shlex.quote, task + hydra), f"hydra.sweep.dir={shlex.quote(str(sweep_dir))}"]
     )

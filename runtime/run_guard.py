@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from conf.validate import ConfigError, validate
 from records.layout import holds_a_run, resume_hydra_dir, resumed_run_dir
 from runtime.console import release_startup_errors
-from runtime.slurm import requeued_slurm_run
+from runtime.slurm import requeued_slurm_run, requeued_slurm_sweep
 
 
 def task_config(config: DictConfig) -> DictConfig:
@@ -77,6 +77,13 @@ class RunGuard(Callback):
         swept = [name for o in chosen for name in o.split("=", 1)[1].split(",")]
         if warning := renamed_experiment_warning(swept):
             print(warning, file=sys.stderr)
+        if (requeued := requeued_slurm_sweep()) is not None:  # an ensemble's SLURM job, requeued
+            with read_write(config), open_dict(config):
+                config.hydra.sweep.dir = str(requeued)
+                # each job's config is composed again from these overrides (Hydra's load_sweep_config)
+                kept = [o for o in config.hydra.overrides.hydra if not o.startswith("hydra.sweep.dir=")]
+                config.hydra.overrides.hydra = [*kept, f"hydra.sweep.dir={requeued}"]
+            print(f"SLURM job requeued: resuming the ensemble in {requeued}", file=sys.stderr)
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         if (why := why_not_creatable(sweep_dir)) is not None:
             sys.exit(f"error: cannot make the sweep directory {sweep_dir}: {why}")

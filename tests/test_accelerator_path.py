@@ -274,3 +274,39 @@ def test_on_a_mac_float64_is_refused_whichever_way_mps_was_chosen(monkeypatch):
         problems = config_problems(composed(f"trainer.accelerator={accelerator}", "tracker.precision=float64"))
         assert any("tracker.precision=float64 is not available on MPS" in p for p in problems), (accelerator, problems)
     assert config_problems(composed("trainer=gpu")) == []
+
+
+def test_an_ensembles_training_step_makes_every_tensor_where_it_belongs_and_syncs_once():
+    """The stacked model's step (forward, per-member losses and clipping, the per-member AdamW with
+    members' own rates, one member stopped) and the members' reading of their losses and weights."""
+    from models.ensemble import member_views
+    from models.ensemble_module import EnsembleLM
+    from models.optimizer import OptimizerSettings
+
+    members = [trained_model(seed) for seed in range(3)]
+    settings = [OptimizerSettings(lr=lr, warmup_steps=w) for lr, w in ((1e-3, 0), (3e-3, 5), (2e-3, 2))]
+    module = EnsembleLM(members, settings, [1.0, 0.0, 0.5])
+    tokens = torch.randint(0, SHAPE.d_vocab, (3, 4, SHAPE.n_ctx), generator=torch.Generator().manual_seed(0))
+    accelerator = SimulatedAccelerator()
+    with accelerator:
+        optimizer = module.configure_optimizers()  # as Lightning makes it: on the model's device
+        module.optimizers = lambda use_pl_optimizer=True: optimizer  # Lightning's accessor, outside a trainer
+        accelerator.keep_on_host(tokens)
+        for step in range(3):
+            device_tokens = tokens.to(module.model.W_E.device)  # as Lightning hands a batch over
+            loss = module.training_step(device_tokens, step)
+            optimizer.zero_grad()
+            loss.backward()
+            module.configure_gradient_clipping(optimizer)
+            optimizer.step()
+            if step == 1:
+                module.stop(2)
+            before = accelerator.syncs
+            n = module.model.size
+            largest = torch.stack([p.detach().reshape(n, -1).abs().amax(dim=1) for p in module.model.parameters()])
+            torch.cat([module.losses, largest.amax(dim=0)]).tolist()  # callbacks/ensemble.py's one read
+            assert accelerator.syncs - before == 1
+        views = member_views(module.model)
+        take_snapshot(views[0], probe_batch(), composition={"measures": ["frobenius"], "baseline_samples": 50})
+    mistakes = accelerator.missing_device + accelerator.mixed + accelerator.float64_on_device + accelerator.not_on_mps
+    assert not mistakes, mistakes

@@ -8,7 +8,8 @@ anything is written, every job's config is validated and the jobs are grouped by
 job that finished in an earlier launch of the same sweep is skipped and an interrupted one resumes,
 so the same command again continues a stopped ensemble.
 
-In ``hydra_plugins``: Hydra instantiates launchers from that package only.
+In ``hydra_plugins``: Hydra instantiates launchers from that package only. A requeued SLURM job
+finds its sweep directory again through ``runtime.run_guard`` (before Hydra writes into a new one).
 """
 
 import logging
@@ -22,7 +23,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, open_dict
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,10 @@ class EnsembleLauncher(Launcher):
         from runtime.ensemble import MemberJob, fit_ensemble, sweep_command
         from runtime.ensemble_plan import EnsembleError, compatibility, groups, member_problems, resume_step, split_line
         from runtime.run_guard import task_config
-        from runtime.slurm import remember_slurm_sweep, requeued_slurm_sweep
+        from runtime.slurm import remember_slurm_sweep
 
         setup_globals()
         config = self.config
-        if (requeued := requeued_slurm_sweep()) is not None:
-            with read_write(config.hydra), open_dict(config.hydra):
-                config.hydra.sweep.dir = str(requeued)
-            print(f"SLURM job requeued: resuming the ensemble in {requeued}", file=sys.stderr)
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
         if not job_overrides:
             sys.exit("error: the ensemble has no members (the sweep gave no jobs)")

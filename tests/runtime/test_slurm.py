@@ -24,7 +24,9 @@ a loaded machine delivers it: a signal after training ends meets Lightning's own
 requeues the finished job without our checkpoint (a CI run once lost the race at 120 steps)."""
 
 
-def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
+def warned_and_requeued(tmp_path, train_args: str) -> tuple[str, str]:
+    """Submit ``python train.py TRAIN_ARGS`` as a requeueable SLURM job, warn it (SIGUSR1) at step 15,
+    let SLURM requeue it and wait for the requeued job to end. Returns (job id, what it printed)."""
     if not slurm_is_up():
         if os.environ.get("REQUIRE_SLURM"):
             pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
@@ -37,8 +39,8 @@ def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
 #SBATCH --output={log}
 #SBATCH --chdir={tmp_path}
 export WANDB_MODE=offline WANDB_SILENT=true PYTHONUNBUFFERED=1
-exec {sys.executable} {REPO / "train.py"} trainer.max_steps={STEPS} tracker.enabled=false logger=csv trainer.log_every_n_steps=1 \\
-    trainer.progress_every_n_steps=1 trainer.checkpoint_every_n_steps=1000
+exec {sys.executable} {REPO / "train.py"} {train_args} trainer.max_steps={STEPS} tracker.enabled=false logger=csv \\
+    trainer.log_every_n_steps=1 trainer.progress_every_n_steps=1 trainer.checkpoint_every_n_steps=1000
 """)
     job = subprocess.run(
         ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=dict(os.environ)
@@ -61,9 +63,28 @@ exec {sys.executable} {REPO / "train.py"} trainer.max_steps={STEPS} tracker.enab
     assert state == "COMPLETED", f"the requeued job ended {state} ({job_field(job, 'Reason')}):\n{printed[-3000:]}"
     assert job_field(job, "Restarts") == "1", printed[-3000:]
     assert "stopped by SIGUSR1 at step" in printed and f"SLURM job {job} requeued" in printed
+    return job, printed
+
+
+def train_loss_steps(run_dir) -> list[int]:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as file:
+        return [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
+
+
+def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
+    warned_and_requeued(tmp_path, "")
+    printed = (tmp_path / "job.out").read_text()
     (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/checkpoints")]  # one run directory, continued
     assert f"resuming {run_dir}" in printed
-    with open(run_dir / "csv" / "metrics.csv", newline="") as file:
-        steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
-    assert steps == list(range(STEPS))  # every step once, across the two attempts
+    assert train_loss_steps(run_dir) == list(range(STEPS))  # every step once, across the two attempts
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
+
+
+def test_a_warned_slurm_ensemble_requeues_and_resumes_every_member_in_its_sweep_directory(tmp_path):
+    _, printed = warned_and_requeued(tmp_path, "-m hydra/launcher=ensemble seed=0,1")
+    (sweep_dir,) = tmp_path.glob("multirun/*/*")  # one sweep directory, continued
+    assert f"resuming the ensemble in {sweep_dir}" in printed and "resuming 2 members at step" in printed
+    for member in ("0", "1"):
+        assert train_loss_steps(sweep_dir / member) == list(range(STEPS))
+        checkpoint = torch.load(sweep_dir / member / "checkpoints" / "last.ckpt", weights_only=True)
+        assert checkpoint["global_step"] == STEPS
