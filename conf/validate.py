@@ -31,6 +31,7 @@ from metrics.tracked.options import TrackerOptions
 from models.interventions import HEAD_NAME, Intervention
 from models.optimizer import OptimizerSettings
 from models.transformer import TransformerShape
+from records.ensemble_checkpoint import member_record
 from records.keys import flatten
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, RUN_KEY, resume_checkpoint
 from records.trajectory import HEADER_BYTES, Trajectory, TrajectoryError, TrajectoryPlan
@@ -79,7 +80,7 @@ def config_changes(trained: dict, now: dict, sections: tuple[str, ...] = RESUME_
     return [f"{key}: {before.get(key)!r} -> {after[key]!r}" for key in sorted(after) if before.get(key) != after[key]]
 
 
-def resume_problems(cfg: DictConfig) -> list[str]:
+def resume_problems(cfg: DictConfig, ensemble: bool = False) -> list[str]:
     """A resume checkpoint must load safely, belong to a run of this config, and stop short of
     ``trainer.max_steps`` (else nothing would train).
 
@@ -105,6 +106,11 @@ def resume_problems(cfg: DictConfig) -> list[str]:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "global_step" not in checkpoint:
         return [f"resume={path}: not a checkpoint of this project (no state_dict and global_step)"]
     problems = []
+    if not ensemble and member_record(checkpoint) is not None:
+        return [
+            f"resume={path} is a member of an ensemble (its optimizer state is the ensemble's): continue it"
+            " with its sweep's command (hydra/launcher=ensemble), which resumes every member"
+        ]
     step = checkpoint["global_step"]
     if step >= cfg.trainer.max_steps:
         problems.append(f"resume={path} is at step {step}: raise trainer.max_steps above it to train further")
@@ -172,7 +178,7 @@ def wandb_environment_problem() -> str | None:
     )
 
 
-def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
+def config_problems(cfg: DictConfig, multirun: bool = False, ensemble: bool = False) -> list[str]:
     """Every problem found in ``cfg``, as one readable sentence each (empty when it can run): each
     section's own (its dataclass's ``problems()``), then what depends on several; a check that
     needs another section's values runs once those are fine."""
@@ -203,7 +209,7 @@ def config_problems(cfg: DictConfig, multirun: bool = False) -> list[str]:
     if logger.wandb.enabled and (problem := wandb_environment_problem()):
         problems.append(problem)
     if cfg.resume is not None:
-        problems += resume_problems(cfg)
+        problems += resume_problems(cfg, ensemble)
     model_ok = not model.problems()
     if cfg.tracker.enabled:
         problems += tracker_problems(cfg, probe=model_ok)
@@ -369,9 +375,10 @@ def accelerator_problem(accelerator: str) -> str | None:
     return None
 
 
-def validate(cfg: DictConfig, multirun: bool = False) -> None:
-    """Raise :class:`ConfigError` listing every problem in ``cfg``."""
-    problems = config_problems(cfg, multirun)
+def validate(cfg: DictConfig, multirun: bool = False, ensemble: bool = False) -> None:
+    """Raise :class:`ConfigError` listing every problem in ``cfg`` (``ensemble``: a member of an
+    ensemble, which may resume an ensemble member's checkpoint)."""
+    problems = config_problems(cfg, multirun, ensemble)
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -47,7 +47,7 @@ class EnsembleLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from conf.validate import ConfigError, validate
-        from records.layout import CHECKPOINTS, LAST_CHECKPOINT
+        from records.layout import CHECKPOINTS, LAST_CHECKPOINT, resume_checkpoint
         from records.status import FINISHED, read_status
         from runtime.ensemble import MemberJob, fit_ensemble, sweep_command
         from runtime.ensemble_plan import EnsembleError, compatibility, groups, member_problems, resume_step, split_line
@@ -83,10 +83,12 @@ class EnsembleLauncher(Launcher):
             if num in finished:
                 continue
             try:
-                validate(cfg, multirun=True)
+                resumed = cfg.resume is not None and resume_checkpoint(cfg.resume).is_file()
+                step = resume_step(cfg) if resumed else None  # a single run's checkpoint: said first
+                validate(cfg, multirun=True, ensemble=True)
                 if found := member_problems(cfg):
                     raise ConfigError("; ".join(found))
-                keys[num] = compatibility(cfg, resume_step(cfg))
+                keys[num] = compatibility(cfg, step)
             except (ConfigError, EnsembleError) as error:
                 problems.append(f"job {num} ({' '.join(filter_overrides(overrides))}): {error}")
         if problems:

@@ -187,3 +187,12 @@ def test_resuming_a_single_run_as_an_ensemble_is_refused_in_one_line(tmp_path):
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert "was trained alone, not as an ensemble member" in line
     assert not (tmp_path / "sweep" / "0").exists()
+
+
+def test_resuming_one_member_alone_is_refused_in_one_line(float64_ensemble):
+    sweep, _ = float64_ensemble
+    command = [sys.executable, "train.py", f"resume={sweep / '0'}", "trainer.max_steps=80"]
+    result = subprocess.run(command, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "is a member of an ensemble" in line and "hydra/launcher=ensemble" in line
