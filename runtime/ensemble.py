@@ -10,11 +10,14 @@ its ``status.json`` and W&B run, as a single run's does.
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import sys
 import time
 import traceback
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +51,8 @@ def fit_ensemble(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_
             write_status(job.run_dir, RUNNING)
         try:
             members = train(jobs, sweep_dir, command, ensemble_id)
+        except EnsemblePreempted:
+            raise
         except Exception as error:  # the members' W&B runs are ended as failed by train()
             traceback.print_exc()
             for job in jobs:
@@ -96,7 +101,7 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
     silence_known_warnings()
     first = jobs[0].cfg
     if (threads := torch_threads(first, None)) is not None:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)  # else torch's default, or what a worker of fit_parts set
     started = time.perf_counter()
     members, models, datamodules, continuations = [], [], [], []
     single_run_only = (DivergenceGuard, RunRecord, ModelCheckpoint, StopOnSignal)  # done per member by the ensemble
@@ -201,8 +206,17 @@ def finish_member_wandb(member, exit_code: int, preempting: bool = False) -> Non
             logger.finalize("success" if exit_code == 0 else "failed")
 
 
+class EnsemblePreempted(Exception):
+    """Every member of a part was checkpointed and recorded as preempted: stop with ``exit_code``."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(f"preempted (exit code {exit_code})")
+        self.exit_code = exit_code
+
+
 def preempted(members, jobs: list[MemberJob], stop, command: str) -> None:
-    """Every member was checkpointed at ``stop.step``: record it in each, requeue under SLURM, and stop."""
+    """Every member was checkpointed at ``stop.step``: record it in each, and raise :class:`EnsemblePreempted`
+    (:func:`stop_preempted` then requeues under SLURM, once for the whole launch, and stops)."""
     for member, job in zip(members, jobs):
         if member.ended is not None:
             JobEnded(1, member.ended, FAILED, member.ended_step).announce(job.run_dir)
@@ -216,16 +230,122 @@ def preempted(members, jobs: list[MemberJob], stop, command: str) -> None:
             PREEMPTED,
             stop.step,
         ).announce(job.run_dir)
+    raise EnsemblePreempted(stop.exit_code)
+
+
+def stop_preempted(exit_code: int) -> None:
+    """A preempted launch: ask SLURM to requeue the job (when under SLURM), then leave with ``exit_code``
+    (at once when requeued, as submitit does; else as a stopped sweep, which the same command resumes)."""
     requeued, said = requeue_this_job()
     if said:
         print(said, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     if requeued:
-        import os
+        os._exit(exit_code)
+    sys.exit(exit_code)
 
-        os._exit(stop.exit_code)
-    sys.exit(stop.exit_code)
+
+@dataclass
+class Part:
+    """Jobs trained as one ensemble, in this process or a worker of :func:`fit_parts`."""
+
+    jobs: list[MemberJob]
+    ensemble_id: str
+
+
+def fit_parts(parts: list[Part], sweep_dir: Path, command: str, n_jobs: int) -> list[list[float]]:
+    """Train every part, ``n_jobs`` at a time, each in a process of its own with the cores shared among
+    them (as ``conf.build.torch_threads`` shares them among joblib's jobs); 1: in this process. A stop
+    signal reaches every part; a preempted part stops the launch once every running part has stopped.
+    Returns each part's values (:func:`fit_ensemble`)."""
+    from callbacks.ensemble import note_early_signals
+
+    if n_jobs <= 1:
+        note_early_signals()
+        values = []
+        for part in parts:
+            try:
+                values.append(fit_ensemble(part.jobs, sweep_dir, command, part.ensemble_id))
+            except EnsemblePreempted as stop:
+                stop_preempted(stop.exit_code)
+        return values
+    import multiprocessing
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // n_jobs)
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch or W&B state forked
+    results: list[list[float] | None] = [None] * len(parts)
+    preempted_code = None
+    for first in range(0, len(parts), n_jobs):
+        running = []
+        for index in range(first, min(first + n_jobs, len(parts))):
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(
+                target=fit_part, args=(parts[index], sweep_dir, command, threads, send), name=f"ensemble-part-{index}"
+            )
+            process.start()
+            send.close()
+            running.append((index, process, receive))
+        with forwarded_signals([process for _, process, _ in running]):
+            for index, process, receive in running:
+                try:
+                    outcome = receive.recv()
+                except EOFError:  # the worker died without a word (killed)
+                    outcome = ("failed", f"its process ended with exit code {process.exitcode}")
+                process.join()
+                if outcome[0] == "values":
+                    results[index] = outcome[1]
+                elif outcome[0] == "preempted":
+                    preempted_code = outcome[1]
+                else:
+                    print(f"ensemble part {index} failed: {outcome[1]}", file=sys.stderr)
+                    for job in parts[index].jobs:
+                        write_status(job.run_dir, FAILED, 1, error=outcome[1])
+                    results[index] = [float("nan") if job.cfg.objective else 1 for job in parts[index].jobs]
+        if preempted_code is not None:
+            stop_preempted(preempted_code)
+    return results
+
+
+def fit_part(part: Part, sweep_dir: Path, command: str, threads: int, send) -> None:
+    """A worker of :func:`fit_parts`: train one part on ``threads`` torch threads, and send back
+    ``("values", [...])``, ``("preempted", exit_code)`` or ``("failed", why)``."""
+    import torch
+
+    from callbacks.ensemble import note_early_signals
+
+    note_early_signals()  # first: the launcher forwards a stop signal however early it comes
+    os.setpgrp()  # out of the terminal's process group: a Ctrl-C reaches it once, forwarded by the launcher
+    if part.jobs[0].cfg.trainer.num_threads is None:
+        torch.set_num_threads(threads)
+    try:
+        send.send(("values", fit_ensemble(part.jobs, sweep_dir, command, part.ensemble_id)))
+    except EnsemblePreempted as stop:
+        send.send(("preempted", stop.exit_code))
+    except BaseException as error:  # noqa: BLE001 - whatever it was, the launcher must hear of it
+        send.send(("failed", f"{type(error).__name__}: {error}"))
+    finally:
+        send.close()
+
+
+@contextmanager
+def forwarded_signals(processes) -> Iterator[None]:
+    """While the workers run, a stop signal to this process (SLURM's, a user's Ctrl-C) is passed on to
+    each of them, which checkpoints its members and stops (``callbacks.ensemble.EnsembleStop``)."""
+    from callbacks.preemption import SIGNALS
+
+    def forward(signum: int, frame) -> None:
+        for process in processes:
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def sweep_command(config: DictConfig, sweep_dir: Path) -> str:

@@ -31,13 +31,17 @@ log = logging.getLogger(__name__)
 @dataclass
 class EnsembleLauncherConf:
     _target_: str = "hydra_plugins.ensemble_launcher.ensemble_launcher.EnsembleLauncher"
+    # ensembles trained at once, each in a process of its own with the cores shared among them: a
+    # group of jobs is split into this many ensembles (1: one ensemble per group, in this process)
+    n_jobs: int = 1
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="ensemble", node=EnsembleLauncherConf, provider="ensemble")
 
 
 class EnsembleLauncher(Launcher):
-    def __init__(self) -> None:
+    def __init__(self, n_jobs: int = 1) -> None:
+        self.n_jobs = n_jobs
         self.config: DictConfig | None = None
         self.hydra_context = None
         self.task_function = None
@@ -49,7 +53,7 @@ class EnsembleLauncher(Launcher):
         from conf.validate import ConfigError, validate
         from records.layout import CHECKPOINTS, LAST_CHECKPOINT, resume_checkpoint
         from records.status import FINISHED, read_status
-        from runtime.ensemble import MemberJob, fit_ensemble, sweep_command
+        from runtime.ensemble import MemberJob, Part, fit_parts, sweep_command
         from runtime.ensemble_plan import EnsembleError, compatibility, groups, member_problems, resume_step, split_line
         from runtime.run_guard import task_config
         from runtime.slurm import remember_slurm_sweep
@@ -59,6 +63,8 @@ class EnsembleLauncher(Launcher):
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
         if not job_overrides:
             sys.exit("error: the ensemble has no members (the sweep gave no jobs)")
+        if self.n_jobs < 1:
+            sys.exit(f"error: hydra.launcher.n_jobs={self.n_jobs} must be >= 1")
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
 
         # 1. every job's config, validated, and whether it is done, to resume, or new: nothing written yet
@@ -128,10 +134,25 @@ class EnsembleLauncher(Launcher):
         for num in finished:
             job = jobs[num]
             returns[num].return_value = objective_value(job.cfg, job.run_dir) if job.cfg.objective else 0
-        for group in found:
-            members = [jobs[num] for num in group.jobs]
-            values = fit_ensemble(members, sweep_dir, command, secrets.token_hex(4))
-            for num, value in zip(group.jobs, values):
-                returns[num].return_value = value
-                returns[num].status = JobStatus.COMPLETED
+        parts = [  # each group split into up to n_jobs ensembles of consecutive jobs
+            Part([jobs[num] for num in chunk], secrets.token_hex(4))
+            for group in found
+            for chunk in split(group.jobs, self.n_jobs)
+        ]
+        if self.n_jobs > 1:
+            print(
+                f"ensemble: {len(parts)} ensembles of {', '.join(str(len(p.jobs)) for p in parts)} members, {self.n_jobs} at a time"
+            )
+        for part, values in zip(parts, fit_parts(parts, sweep_dir, command, self.n_jobs)):
+            for job, value in zip(part.jobs, values):
+                returns[job.job_num].return_value = value
+                returns[job.job_num].status = JobStatus.COMPLETED
         return [returns[num] for num in sorted(returns)]
+
+
+def split(jobs: list[int], parts: int) -> list[list[int]]:
+    """``jobs`` in up to ``parts`` runs of consecutive jobs, as even as can be (the first ones one longer)."""
+    parts = max(1, min(parts, len(jobs)))
+    size, extra = divmod(len(jobs), parts)
+    cuts = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [jobs[cuts[i] : cuts[i + 1]] for i in range(parts)]

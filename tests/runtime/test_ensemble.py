@@ -196,3 +196,23 @@ def test_resuming_one_member_alone_is_refused_in_one_line(float64_ensemble):
     assert result.returncode == 1
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert "is a member of an ensemble" in line and "hydra/launcher=ensemble" in line
+
+
+def test_in_two_processes_a_stop_signal_reaches_every_part_and_the_same_command_resumes_them(tmp_path):
+    args = ["hydra/launcher=ensemble", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path}", "seed=0,1,2", *SHORT]
+    code, printed = run_train_until(args, step=13, signum=signal.SIGTERM, multirun=True)
+    assert code == 128 + signal.SIGTERM, printed[-3000:]
+    assert "ensemble: 2 ensembles of 2, 1 members, 2 at a time" in printed
+    for k in range(3):  # each part stops at the end of its own step
+        status = json.loads((tmp_path / str(k) / "status.json").read_text())
+        checkpoint = torch.load(tmp_path / str(k) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert (
+            status["status"] == "preempted" and checkpoint["global_step"] == status["step"] >= 1
+        )  # a part still starting stops after its first step
+    resumed = ensemble(tmp_path, "hydra.launcher.n_jobs=2", "seed=0,1,2", *SHORT, env=train_env())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for k in range(3):
+        assert json.loads((tmp_path / str(k) / "status.json").read_text())["status"] == "finished"
+        with open(tmp_path / str(k) / "csv" / "metrics.csv", newline="") as file:
+            steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
+        assert steps == list(range(40))  # every step once, across the two launches
