@@ -107,6 +107,7 @@ class EnsembleMembers(L.Callback):
         self._step_started: float | None = None
         self._progress: tuple[int, float] | None = None
         self.trainer: L.Trainer | None = None
+        self._dumped: tuple[int, dict] | None = None  # (step, the trainer's checkpoint of that step)
 
     # ---- the members' hooks ------------------------------------------------------------------
     def active(self) -> list[Member]:
@@ -191,14 +192,13 @@ class EnsembleMembers(L.Callback):
         """Stop ``member`` (the others train on): its callbacks are not called again, its last finite
         checkpoint stays, and ``member.ended`` says why (its status and W&B run record it: ``runtime.ensemble``)."""
         member.active = False
-        member.ended, member.ended_step = why, trainer.global_step
         pl_module.stop(member.index)
         kept = (
             f"the last finite checkpoint is {member.checkpoint}"
             if member.checkpoint.is_file()
             else "no checkpoint was written before it"
         )
-        member.ended = f"error: {why}; {kept}"
+        member.ended, member.ended_step = f"error: {why}; {kept}", trainer.global_step
         print(f"member {member.index} ({member.run_dir}): {member.ended}; the others go on", file=sys.stderr)
         if not self.active():
             trainer.should_stop = True
@@ -206,17 +206,11 @@ class EnsembleMembers(L.Callback):
     def save(self, member: Member) -> None:
         """Member ``member``'s checkpoint at this step (``records.ensemble_checkpoint``); the trainer's
         state is dumped once per step for every member saved at it."""
-        trainer = self.trainer
-        step = trainer.global_step
-        if getattr(self, "_dumped", (None, None))[0] != step:
-            self._dumped = (step, trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
-        checkpoint = self._dumped[1]
-        trainer_k, module_k = self.proxies[member.index]
-        callbacks = {}
-        for callback in member.callbacks:
-            if state := callback.state_dict():
-                callbacks[callback.state_key] = state
-        save_atomically(split_member(checkpoint, member.index, member.record, callbacks), member.checkpoint)
+        step = self.trainer.global_step
+        if self._dumped is None or self._dumped[0] != step:
+            self._dumped = (step, self.trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
+        checkpoint = split_member(self._dumped[1], member.index, member.record, self.member_states(member))
+        save_atomically(checkpoint, member.checkpoint)
         member.saved_step = step
 
     def progress(self, trainer: L.Trainer, step: int, losses: list[float]) -> None:
@@ -238,8 +232,13 @@ class EnsembleMembers(L.Callback):
         self._progress = (step, now)
 
     # ---- checkpointed state -----------------------------------------------------------------
+    @staticmethod
+    def member_states(member: Member) -> dict:
+        """The states of ``member``'s callbacks, by their state keys (as Lightning checkpoints a run's)."""
+        return {c.state_key: state for c in member.callbacks if (state := c.state_dict())}
+
     def state_dict(self) -> dict:
-        return {"members": [{c.state_key: s for c in m.callbacks if (s := c.state_dict())} for m in self.members]}
+        return {"members": [self.member_states(m) for m in self.members]}
 
     def load_state_dict(self, state_dict: dict) -> None:
         for member, states in zip(self.members, state_dict.get("members", [])):
