@@ -4,7 +4,8 @@ Members of one ensemble share every tensor's shape and the trainer's loop: the m
 batch and sequence sizes, the steps and the trainer's settings (``COMPATIBILITY``). They may differ in
 anything else: seed (initialisation and data), learning rate, weight decay, betas, warmup, gradient
 clipping, the data's own options, the tracker's and the trajectory's settings. A sweep whose jobs
-differ in a shape is split into groups, each trained as its own ensemble, one after another.
+differ in a shape is split into groups, each trained as its own ensemble (``hydra.launcher.n_jobs``
+of them at once).
 """
 
 from __future__ import annotations
