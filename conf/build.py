@@ -315,17 +315,25 @@ def build_trainer(
         callbacks.append(loss_bar(guard) if interactive else ProgressLines(trainer.progress_every_n_steps, guard))
     return L.Trainer(
         default_root_dir=str(run_dir),
+        gradient_clip_val=trainer.gradient_clip_val,
+        enable_progress_bar=trainer.enable_progress_bar and interactive,
+        logger=build_loggers(cfg, run_dir, continuation, wandb_id, naming) or False,
+        callbacks=callbacks,
+        **trainer_loop(trainer),
+    )
+
+
+def trainer_loop(trainer: DictConfig) -> dict:
+    """The ``L.Trainer`` arguments that ``cfg.trainer`` sets for a run and an ensemble alike: the steps,
+    the device and precision, the logging period, and the SLURM plugin."""
+    return dict(
         max_steps=trainer.max_steps,
         accelerator=trainer.accelerator,
         devices=trainer.devices,
         precision=trainer.precision,
-        gradient_clip_val=trainer.gradient_clip_val,
         accumulate_grad_batches=trainer.accumulate_grad_batches,
         log_every_n_steps=trainer.log_every_n_steps,
-        enable_progress_bar=trainer.enable_progress_bar and interactive,
         deterministic=trainer.deterministic,
-        logger=build_loggers(cfg, run_dir, continuation, wandb_id, naming) or False,
-        callbacks=callbacks,
         enable_model_summary=False,
         # under SLURM the runtime requeues, with our checkpoint (runtime/slurm.py); Lightning's own
         # handler would also requeue a job whose warning signal comes after training has finished

@@ -74,7 +74,6 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
     import lightning as L  # Lightning and W&B load only once every config is known to be good
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.plugins.environments import SLURMEnvironment
 
     from callbacks.divergence import DivergenceGuard
     from callbacks.ensemble import EnsembleMembers, EnsembleStop, Member
@@ -90,6 +89,7 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
         run_record,
         silence_known_warnings,
         torch_threads,
+        trainer_loop,
         wandb_naming,
     )
     from conf.objects import from_config
@@ -144,20 +144,12 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
         f"ensemble of {len(jobs)} members (jobs {', '.join(str(j.job_num) for j in jobs)}) set up in"
         f" {time.perf_counter() - started:.1f} s"
     )
-    trainer = L.Trainer(
+    trainer = L.Trainer(  # clipping, loggers and progress are the members' own (callbacks.ensemble)
         default_root_dir=str(sweep_dir),
-        max_steps=trainer_cfg.max_steps,
-        accelerator=trainer_cfg.accelerator,
-        devices=trainer_cfg.devices,
-        precision=trainer_cfg.precision,
-        accumulate_grad_batches=trainer_cfg.accumulate_grad_batches,
-        log_every_n_steps=trainer_cfg.log_every_n_steps,
         enable_progress_bar=False,
-        deterministic=trainer_cfg.deterministic,
         logger=False,
         callbacks=[dispatcher, EnsembleStop(dispatcher)],
-        enable_model_summary=False,
-        plugins=[SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None,
+        **trainer_loop(trainer_cfg),
     )
     fit_started = time.perf_counter()
     try:
