@@ -7,6 +7,10 @@ trajectory, the end-of-run report, the LLC estimates: the very objects a single 
 :class:`MemberModule` in place of the trainer and the module, so that each sees one run: its own
 model (views of its slice of the stacked weights), its loss, its loggers and its checkpoint.
 
+A member's interventions (``callbacks.interventions``) set their head changes on its view; the dispatcher
+hands them to the stacked model after every hook that may change them, and before the optimizer step
+it gives each view its slice of the gradients (so that a freeze zeroes the member's own).
+
 What a single run's other callbacks do is done here, per member: the divergence guard (a diverged
 member is stopped and recorded as failed, the others go on), ``train/loss`` logged at Lightning's
 steps, the checkpoints (one file per member, ``records.ensemble_checkpoint``), the progress lines,
@@ -129,7 +133,26 @@ class EnsembleMembers(L.Callback):
             (MemberTrainer(trainer, m, self.save), MemberModule(pl_module, views[m.index])) for m in self.members
         ]
         self.each("on_train_start")
+        self.set_changes(pl_module)
         self._progress = (trainer.global_step, time.perf_counter())
+
+    def set_changes(self, pl_module: L.LightningModule) -> None:
+        """Every member's interventions now active (set on its view by its own callback) onto the stacked model."""
+        pl_module.model.set_changes([[layer.changes for layer in module.model.layers] for _, module in self.proxies])
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        """The members' own hook (a freeze zeroes its slices' gradients here), each view holding its slice
+        of the stacked gradients for the call (views: what it writes, the ensemble's gradients get)."""
+        stacked = dict(pl_module.model.named_parameters())
+        for member in self.active():
+            for name, p in self.proxies[member.index][1].model.named_parameters():
+                p.grad = None if stacked[name].grad is None else stacked[name].grad[member.index]
+        try:
+            self.each("on_before_optimizer_step", optimizer)
+        finally:
+            for member in self.active():
+                for p in self.proxies[member.index][1].model.parameters():
+                    p.grad = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step_started = time.perf_counter()
@@ -147,6 +170,7 @@ class EnsembleMembers(L.Callback):
                     trainer_k, module_k, pl_module.losses[member.index], batch[member.index], batch_idx
                 )
             member.seconds += time.perf_counter() - started
+        self.set_changes(pl_module)  # the next step's, set by the members' interventions
         if trainer.log_every_n_steps > 0 and step % trainer.log_every_n_steps == 0:
             for member in self.active():  # Lightning's own rule and step for a run's train/loss
                 for logger in member.loggers:

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from metrics.dynamics.llc import SGLDSettings, llc_record
+from models.ensemble import standalone
 
 
 class LLCEstimates(L.Callback):
@@ -19,7 +20,8 @@ class LLCEstimates(L.Callback):
     training distribution), logged as ``llc/mean``, ``llc/std`` (across chains), ``llc/drift``,
     ``llc/settled`` and ``llc/diverged`` at that step (a diverged chain: NaN and a warning; training
     goes on). devinterp seeds the global RNGs; they are restored afterwards, so training draws what
-    it would have drawn without the estimate. The first estimate prints its cost."""
+    it would have drawn without the estimate. The first estimate prints its cost. An ensemble member's
+    model (views of the stacked weights) is sampled through a copy of its own (``models.ensemble.standalone``)."""
 
     def __init__(self, settings: SGLDSettings, rows: torch.Tensor, every_n_steps: int, settle_tolerance: float) -> None:
         self.settings, self.rows = settings, rows
@@ -40,7 +42,7 @@ class LLCEstimates(L.Callback):
         started = time.perf_counter()
         states = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[pl_module.device] if pl_module.device.type == "cuda" else []):
-            record = llc_record(pl_module.model, self.rows.to(pl_module.device), self.settings, self.settle_tolerance)
+            record = llc_record(standalone(pl_module.model), self.rows.to(pl_module.device), self.settings, self.settle_tolerance)
         random.setstate(states[0])
         np.random.set_state(states[1])
         metrics = {f"llc/{key}": record[key] for key in ("mean", "std", "drift", "settled", "diverged")}

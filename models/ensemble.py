@@ -6,6 +6,10 @@ GEMM over the member axis (``torch.bmm``) and attention is one ``scaled_dot_prod
 ``member x batch``. Written out rather than through ``torch.func.vmap`` over ``stack_module_state``:
 under ``vmap``, attention's backward falls back to a loop over members (pytorch/pytorch #117016).
 
+Interventions (``models/interventions.py``) act per member: :meth:`EnsembleTransformer.set_changes` gives
+each member its own head changes, and a layer where any member has some runs those members through the
+single model's explicit patterns (:func:`~models.interventions.attend`), the others through SDPA.
+
 Its parameters have the single model's names and order, so member ``k``'s weights are
 ``{name: p[k]}`` (:meth:`EnsembleTransformer.member_state`), and :func:`member_views` gives each member
 as a plain ``AttentionOnlyTransformer`` whose weights are views of the stacked ones (no copy; every
@@ -20,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.interventions import HeadChange, attend
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 
@@ -42,7 +47,8 @@ class StackedNorm(nn.Module):
 
 class EnsembleLayer(nn.Module):
     """One attention layer of every member: ``W_Q, W_K, W_V [n, h, d, e]``, ``W_O [n, h, e, d]``, the
-    optional ``norm.weight [n, d]`` and biases ``[n, h, e]`` / ``[n, d]``."""
+    optional ``norm.weight [n, d]`` and biases ``[n, h, e]`` / ``[n, d]``; ``changes[k]``: member ``k``'s
+    interventions on this layer's heads now active (empty: none, and the batched SDPA path)."""
 
     def __init__(self, layers: Sequence[nn.Module], normalization: str) -> None:
         super().__init__()
@@ -52,6 +58,7 @@ class EnsembleLayer(nn.Module):
             first = getattr(layers[0], name)
             stacked = None if first is None else nn.Parameter(torch.stack([getattr(m, name).detach() for m in layers]))
             self.register_parameter(name, stacked)
+        self.changes: list[tuple[HeadChange, ...]] = []
 
     def read(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         """``x [n, b, t, d]`` through per-head ``weight [n, h, d, e]`` as one batched GEMM -> ``[n, b, h, t, e]``."""
@@ -61,9 +68,10 @@ class EnsembleLayer(nn.Module):
         out = out.view(n, b, t, h, e).transpose(2, 3)
         return out if bias is None else out + bias[:, None, :, None, :]
 
-    def forward(self, x: Tensor, pos: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, pos: Tensor | None = None, tokens: Tensor | None = None) -> Tensor:
         """``x [n, b, t, d]`` -> ``[n, b, t, d]``: causal attention of every head of every member, added
-        to the stream; ``pos [n, t, d]``: shortformer positions (queries and keys only)."""
+        to the stream; ``pos [n, t, d]``: shortformer positions (queries and keys only); ``tokens [n, b, t]``:
+        what a clamp's target pattern reads."""
         read = self.norm(x) if hasattr(self, "norm") else x
         qk_read = read if pos is None else read + pos[:, None]
         q, k, v = (
@@ -72,10 +80,25 @@ class EnsembleLayer(nn.Module):
             self.read(read, self.W_V, self.b_V),
         )
         n, b, h, t, e = q.shape
-        z = F.scaled_dot_product_attention(*(a.reshape(n * b, h, t, e) for a in (q, k, v)), is_causal=True)
+        if any(self.changes):
+            z = self.attend_each(q, k, v, tokens)
+        else:
+            z = F.scaled_dot_product_attention(*(a.reshape(n * b, h, t, e) for a in (q, k, v)), is_causal=True)
         z = z.view(n, b, h, t, e).permute(0, 1, 3, 2, 4).reshape(n, b * t, h * e)  # (n, b·t, h·e)
         out = torch.bmm(z, self.W_O.reshape(n, h * e, -1)).view(n, b, t, -1)
         return x + (out if self.b_O is None else out + self.b_O[:, None, None])
+
+    def attend_each(self, q: Tensor, k: Tensor, v: Tensor, tokens: Tensor | None) -> Tensor:
+        """``q, k, v [n, b, h, t, e]`` -> ``z [n, b, h, t, e]``, member by member: one with changes through
+        the single model's explicit patterns and its changes (:func:`~models.interventions.attend`, as
+        ``AttentionLayer.forward`` does), one without through SDPA."""
+        z = []
+        for member, changes in enumerate(self.changes):
+            if changes:
+                z.append(attend(q[member], k[member], v[member], changes, None if tokens is None else tokens[member])[1])
+            else:
+                z.append(F.scaled_dot_product_attention(q[member], k[member], v[member], is_causal=True))
+        return torch.stack(z)
 
 
 class EnsembleTransformer(nn.Module):
@@ -116,11 +139,20 @@ class EnsembleTransformer(nn.Module):
         if not shortformer:
             x = x + pos[:, None]
         for layer in self.layers:
-            x = layer(x, pos if shortformer else None)
+            x = layer(x, pos if shortformer else None, tokens)
         if hasattr(self, "final_norm"):
             x = self.final_norm(x)
         logits = torch.bmm(x.reshape(n, b * t, -1), self.W_U).view(n, b, t, -1)
         return logits if self.b_U is None else logits + self.b_U[:, None, None]
+
+    def set_changes(self, members: Sequence[Sequence[tuple[HeadChange, ...]]]) -> None:
+        """Each member's interventions now active: ``members[k][layer]``, its heads' changes in that layer (as
+        :meth:`AttentionOnlyTransformer.set_changes` sets them on a single model's layers)."""
+        if len(members) != self.size:
+            raise ValueError(f"changes for {len(members)} members given to an ensemble of {self.size}")
+        for index, layer in enumerate(self.layers):
+            changes = [tuple(member[index]) for member in members]
+            layer.changes = changes if any(changes) else []
 
     def member_state(self, index: int) -> dict[str, Tensor]:
         """Member ``index``'s weights under the single model's names (views, not copies)."""
@@ -141,6 +173,21 @@ def member_views(ensemble: EnsembleTransformer) -> list[AttentionOnlyTransformer
             module._parameters[attribute] = stacked.detach()[index]  # a view: not an nn.Parameter
         views.append(view.requires_grad_(False).eval())
     return views
+
+
+def standalone(model: AttentionOnlyTransformer) -> AttentionOnlyTransformer:
+    """``model`` itself when its weights are its own parameters; a member view (:func:`member_views`)
+    copied into a model of its own: trainable parameters, the view's device, dtype and interventions, no
+    random draw. What needs a member's gradients (the LLC's SGLD chains) works on this copy."""
+    if all(isinstance(p, nn.Parameter) for p in model.parameters()):
+        return model
+    with torch.device("meta"):
+        copy = AttentionOnlyTransformer(model.shape)
+    first = next(model.parameters())
+    copy = copy.to_empty(device=first.device).to(first.dtype)
+    copy.load_state_dict(model.state_dict())
+    copy.set_changes({index: layer.changes for index, layer in enumerate(model.layers)})
+    return copy.train(model.training)
 
 
 def member_losses(logits: Tensor, tokens: Tensor) -> Tensor:

@@ -3,7 +3,8 @@
 Members of one ensemble share every tensor's shape and the trainer's loop: the model's shape, the
 batch and sequence sizes, the steps and the trainer's settings (``COMPATIBILITY``). They may differ in
 anything else: seed (initialisation and data), learning rate, weight decay, betas, warmup, gradient
-clipping, the data's own options, the tracker's and the trajectory's settings. A sweep whose jobs
+clipping, the data's own options, the interventions during training, the tracker's, the trajectory's
+and the LLC estimates' settings. A sweep whose jobs
 differ in a shape is split into groups, each trained as its own ensemble (``hydra.launcher.n_jobs``
 of them at once).
 """
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from conf.objects import intervention_plan
 from records.ensemble_checkpoint import member_record
 from records.layout import resume_checkpoint
 
@@ -51,20 +51,6 @@ def compatibility(cfg: DictConfig, resume_step: int | None) -> tuple:
             value = tuple(sorted(value.items()))
         values.append((key, str(value) if not isinstance(value, tuple) else value))
     return (*values, ("resume step", resume_step))
-
-
-def member_problems(cfg: DictConfig) -> list[str]:
-    """What keeps this run out of an ensemble (its config is otherwise valid)."""
-    problems = []
-    if intervention_plan(cfg):
-        problems.append(
-            "training-time interventions are not supported in an ensemble yet (run this sweep without hydra/launcher=ensemble)"
-        )
-    if cfg.stages.llc.every_n_steps > 0:
-        problems.append(
-            "stages.llc.every_n_steps > 0 is not supported in an ensemble yet (estimate the LLC afterwards with python -m analysis.stages)"
-        )
-    return problems
 
 
 def resume_step(cfg: DictConfig) -> int | None:

@@ -54,7 +54,7 @@ class EnsembleLauncher(Launcher):
         from records.layout import CHECKPOINTS, LAST_CHECKPOINT, resume_checkpoint
         from records.status import FINISHED, read_status
         from runtime.ensemble import MemberJob, Part, fit_parts, sweep_command
-        from runtime.ensemble_plan import EnsembleError, compatibility, groups, member_problems, resume_step, split_line
+        from runtime.ensemble_plan import EnsembleError, compatibility, groups, resume_step, split_line
         from runtime.run_guard import task_config
         from runtime.slurm import remember_slurm_sweep
 
@@ -92,8 +92,6 @@ class EnsembleLauncher(Launcher):
                 resumed = cfg.resume is not None and resume_checkpoint(cfg.resume).is_file()
                 step = resume_step(cfg) if resumed else None  # a single run's checkpoint: said first
                 validate(cfg, multirun=True, ensemble=True)
-                if found := member_problems(cfg):
-                    raise ConfigError("; ".join(found))
                 keys[num] = compatibility(cfg, step)
             except (ConfigError, EnsembleError) as error:
                 problems.append(f"job {num} ({' '.join(filter_overrides(overrides))}): {error}")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.ensemble import EnsembleTransformer, clip_member_gradients, member_losses, member_views
+from models.ensemble import EnsembleTransformer, clip_member_gradients, member_losses, member_views, standalone
 from models.ensemble_optimizer import EnsembleAdamW
+from models.interventions import HeadChange
 from models.lit_module import next_token_loss
 from models.optimizer import OptimizerSettings
 from models.transformer import AttentionOnlyTransformer, TransformerShape
@@ -45,6 +46,31 @@ def test_every_member_computes_what_the_single_model_computes(options):
         torch.testing.assert_close(member_losses(logits, tokens)[k], next_token_loss(single(tokens[k]), tokens[k]))
 
 
+CHANGES = [  # member k's interventions, layer by layer: every forward-pass kind, and a member with none
+    [(HeadChange(0, "clamp", target="induction", strength=0.7),), (HeadChange(1, "ablate", replacement="mean"),)],
+    [(), ()],
+    [(HeadChange(1, "temperature", factor=0.5), HeadChange(0, "ablate", keep="pattern", replacement="resample")), ()],
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS[:2], ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_each_members_interventions_change_it_as_they_change_the_single_model(options):
+    singles = members(3, **options)
+    ensemble = EnsembleTransformer(singles)
+    ensemble.set_changes(CHANGES)
+    tokens = torch.randint(0, 7, (3, 5, 9), generator=torch.Generator().manual_seed(1))
+    member_losses(ensemble(tokens), tokens).sum().backward()
+    for k, single in enumerate(singles):
+        single.set_changes(dict(enumerate(CHANGES[k])))
+        next_token_loss(single(tokens[k]), tokens[k]).backward()
+        for name, p in ensemble.named_parameters():  # the values and the gradients the changes let through
+            torch.testing.assert_close(p.grad[k], single.get_parameter(name).grad, rtol=1e-12, atol=1e-12)
+    ensemble.set_changes([[(), ()]] * 3)
+    assert all(layer.changes == [] for layer in ensemble.layers)  # none: the batched path again
+    with pytest.raises(ValueError, match="changes for 2 members"):
+        ensemble.set_changes(CHANGES[:2])
+
+
 def test_members_are_views_with_the_single_models_names_and_order():
     singles = members(2, normalization="layernorm", biases=True)
     ensemble = EnsembleTransformer(singles)
@@ -58,6 +84,24 @@ def test_members_are_views_with_the_single_models_names_and_order():
     torch.testing.assert_close(views[1].W_U, singles[1].W_U.detach() + 1.0)
     tokens = torch.randint(0, 7, (4, 9))
     torch.testing.assert_close(views[0].run_with_cache(tokens)[0], views[0](tokens))
+
+
+def test_a_standalone_member_is_a_trainable_copy_that_draws_nothing_and_leaves_the_ensemble_alone():
+    singles = members(2, normalization="layernorm", biases=True)
+    ensemble = EnsembleTransformer(singles)
+    view = member_views(ensemble)[1]
+    view.set_changes({0: (HeadChange(0, "temperature", factor=2.0),)})
+    before = torch.random.get_rng_state()
+    copy = standalone(view)
+    assert torch.equal(torch.random.get_rng_state(), before)  # no random initialisation drawn
+    assert standalone(singles[0]) is singles[0]
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in copy.parameters())
+    tokens = torch.randint(0, 7, (4, 9))
+    torch.testing.assert_close(copy(tokens), view(tokens), rtol=0, atol=0)  # its weights and its interventions
+    next_token_loss(copy(tokens), tokens).backward()
+    with torch.no_grad():
+        copy.W_U.add_(1.0)
+    torch.testing.assert_close(ensemble.W_U[1], singles[1].W_U, rtol=0, atol=0)  # the ensemble is untouched
 
 
 def test_a_member_of_a_different_shape_or_none_at_all_is_refused():

@@ -160,11 +160,9 @@ def test_jobs_of_different_shapes_train_as_one_ensemble_per_shape_said_in_one_li
     "overrides, message",
     [
         (["seed=range(0,0)"], "error: the ensemble has no members"),
-        (["seed=0,1", "intervention=clamp_prev_token"], "interventions are not supported in an ensemble yet"),
-        (["seed=0,1", "stages.llc.every_n_steps=10"], "stages.llc.every_n_steps > 0 is not supported"),
         (["seed=0,1", "model.d_model=0"], "config error: job 0"),
     ],
-    ids=["empty", "interventions", "llc", "invalid"],
+    ids=["empty", "invalid"],
 )
 def test_bad_input_is_one_line_and_a_non_zero_exit_before_any_work(tmp_path, overrides, message):
     result = ensemble(tmp_path, *overrides)
@@ -172,6 +170,36 @@ def test_bad_input_is_one_line_and_a_non_zero_exit_before_any_work(tmp_path, ove
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not any(p.is_dir() for p in tmp_path.iterdir())  # no job directory made
+
+
+INTERVENED = [  # a clamp on the head each member itself makes its previous-token head, then a freeze
+    "intervention=clamp_prev_token",
+    "intervention.heads=[top_prev_token]",
+    "intervention.from_step=12",
+    "intervention.until_step=30",
+    "+intervention.also=[{kind: freeze, heads: [L1H0], circuit: ov, from_step: 20, until_step: 35}]",
+]
+LLC = ["stages.llc.every_n_steps=20", "stages.llc.chains=2", "stages.llc.draws=12", "stages.llc.burnin=4", "stages.llc.batches=2"]
+
+
+def test_each_members_interventions_and_llc_estimates_are_its_own_as_in_its_single_run(tmp_path):
+    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+    common = [*FLOAT64, *INTERVENED, *LLC, "trainer.enable_progress_bar=false"]
+    result = ensemble(tmp_path / "sweep", "seed=0,1", *common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for seed in (0, 1):
+        single = tmp_path / f"single{seed}"
+        alone = run_train([f"seed={seed}", *common], single, env=SINGLE_THREAD)
+        assert alone.returncode == 0, alone.stderr[-3000:]
+        member = tmp_path / "sweep" / str(seed)
+        record = json.loads((member / "intervention.json").read_text())
+        assert record == json.loads((single / "intervention.json").read_text())  # the heads it chose itself
+        assert record["interventions"][0]["heads"] and record["interventions"][1]["heads"] == ["L1H0"]
+        for key in ("train/loss", "loss/repeated", "llc/mean"):
+            ours, theirs = logged(member, key), logged(single, key)
+            assert sorted(ours) == sorted(theirs) and len(ours) >= 2, key
+            worst = max(abs(ours[s] - theirs[s]) / abs(theirs[s]) for s in theirs)
+            assert worst <= (1e-8 if key != "llc/mean" else 1e-6), (key, seed, worst)
 
 
 def test_resuming_a_single_run_as_an_ensemble_is_refused_in_one_line(tmp_path):
