@@ -42,7 +42,9 @@ class LLCEstimates(L.Callback):
         started = time.perf_counter()
         states = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[pl_module.device] if pl_module.device.type == "cuda" else []):
-            record = llc_record(standalone(pl_module.model), self.rows.to(pl_module.device), self.settings, self.settle_tolerance)
+            record = llc_record(
+                standalone(pl_module.model), self.rows.to(pl_module.device), self.settings, self.settle_tolerance
+            )
         random.setstate(states[0])
         np.random.set_state(states[1])
         metrics = {f"llc/{key}": record[key] for key in ("mean", "std", "drift", "settled", "diverged")}

@@ -95,7 +95,9 @@ class EnsembleLayer(nn.Module):
         z = []
         for member, changes in enumerate(self.changes):
             if changes:
-                z.append(attend(q[member], k[member], v[member], changes, None if tokens is None else tokens[member])[1])
+                z.append(
+                    attend(q[member], k[member], v[member], changes, None if tokens is None else tokens[member])[1]
+                )
             else:
                 z.append(F.scaled_dot_product_attention(q[member], k[member], v[member], is_causal=True))
         return torch.stack(z)

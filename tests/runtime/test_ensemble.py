@@ -179,7 +179,13 @@ INTERVENED = [  # a clamp on the head each member itself makes its previous-toke
     "intervention.until_step=30",
     "+intervention.also=[{kind: freeze, heads: [L1H0], circuit: ov, from_step: 20, until_step: 35}]",
 ]
-LLC = ["stages.llc.every_n_steps=20", "stages.llc.chains=2", "stages.llc.draws=12", "stages.llc.burnin=4", "stages.llc.batches=2"]
+LLC = [
+    "stages.llc.every_n_steps=20",
+    "stages.llc.chains=2",
+    "stages.llc.draws=12",
+    "stages.llc.burnin=4",
+    "stages.llc.batches=2",
+]
 
 
 def test_each_members_interventions_and_llc_estimates_are_its_own_as_in_its_single_run(tmp_path):
