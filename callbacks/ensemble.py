@@ -51,7 +51,15 @@ class Member:
     ended: str | None = None
     ended_step: int | None = None
     saved_step: int | None = None
-    seconds: float = 0.0  # time in its own callbacks (measuring, recording, reporting)
+    seconds: dict[str, float] = field(default_factory=dict)  # time in its own callbacks, by their class
+
+    def timed(self, callback: L.Callback, hook: str, *args) -> None:
+        """``callback.hook(*args)``, its time added to :attr:`seconds`."""
+        started = time.perf_counter()
+        getattr(callback, hook)(*args)
+        name = type(callback).__name__
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
     active: bool = field(default=True)
 
 
@@ -121,10 +129,8 @@ class EnsembleMembers(L.Callback):
         """Call ``hook`` on every callback of each active member (or of ``members``), timed per member."""
         for member in self.active() if members is None else members:
             trainer, module = self.proxies[member.index]
-            started = time.perf_counter()
             for callback in member.callbacks:
-                getattr(callback, hook)(trainer, module, *args)
-            member.seconds += time.perf_counter() - started
+                member.timed(callback, hook, trainer, module, *args)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.trainer = trainer
@@ -164,12 +170,9 @@ class EnsembleMembers(L.Callback):
         step = trainer.global_step
         for member in self.active():
             trainer_k, module_k = self.proxies[member.index]
-            started = time.perf_counter()
+            loss_k, batch_k = pl_module.losses[member.index], batch[member.index]
             for callback in member.callbacks:
-                callback.on_train_batch_end(
-                    trainer_k, module_k, pl_module.losses[member.index], batch[member.index], batch_idx
-                )
-            member.seconds += time.perf_counter() - started
+                member.timed(callback, "on_train_batch_end", trainer_k, module_k, loss_k, batch_k, batch_idx)
         self.set_changes(pl_module)  # the next step's, set by the members' interventions
         if trainer.log_every_n_steps > 0 and step % trainer.log_every_n_steps == 0:
             for member in self.active():  # Lightning's own rule and step for a run's train/loss

@@ -170,16 +170,21 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
 
 
 def cost_line(dispatcher, seconds: float) -> str:
-    """Where the ensemble's time went: training (every member at once) and each member's own measuring,
-    recording and reporting."""
+    """Where the ensemble's time went: training (every member at once) and each member's own callbacks
+    (measuring, recording, reporting), by callback, summed over the members."""
     n = len(dispatcher.members)
-    measuring = sum(m.seconds for m in dispatcher.members)
+    by_callback: dict[str, float] = {}
+    for member in dispatcher.members:
+        for name, spent in member.seconds.items():
+            by_callback[name] = by_callback.get(name, 0.0) + spent
+    own = sum(by_callback.values())
+    parts = ", ".join(f"{name} {spent:.1f}" for name, spent in sorted(by_callback.items(), key=lambda i: -i[1]))
     steps = max(1, dispatcher.trainer.global_step)
     return (
         f"ensemble: {n} members in {seconds:.1f} s: training {dispatcher.training_seconds:.1f} s"
         f" ({1000 * dispatcher.training_seconds / steps:.1f} ms a step for all, "
-        f"{1000 * dispatcher.training_seconds / steps / n:.2f} ms a member-step), members' tracker,"
-        f" trajectory and reports {measuring:.1f} s ({measuring / n:.1f} s a member)"
+        f"{1000 * dispatcher.training_seconds / steps / n:.2f} ms a member-step), the members' own callbacks"
+        f" {own:.1f} s ({own / n:.1f} s a member; {parts})"
     )
 
 

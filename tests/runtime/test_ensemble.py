@@ -35,6 +35,20 @@ SHORT = [
 ]
 FLOAT64 = ["trainer.precision=64-true", *SHORT]
 SINGLE_THREAD = train_env(OMP_NUM_THREADS="1")
+INTERVENED = [  # a clamp on the head each member itself makes its previous-token head, then a freeze
+    "intervention=clamp_prev_token",
+    "intervention.heads=[top_prev_token]",
+    "intervention.from_step=12",
+    "intervention.until_step=30",
+    "+intervention.also=[{kind: freeze, heads: [L1H0], circuit: ov, from_step: 20, until_step: 35}]",
+]
+LLC = [
+    "stages.llc.every_n_steps=20",
+    "stages.llc.chains=2",
+    "stages.llc.draws=12",
+    "stages.llc.burnin=4",
+    "stages.llc.batches=2",
+]
 
 
 def ensemble(sweep_dir, *overrides: str, env=SINGLE_THREAD) -> subprocess.CompletedProcess:
@@ -106,9 +120,10 @@ def test_each_member_is_a_whole_run_with_its_own_wandb_run_in_the_sweeps_group(f
 
 def test_sigterm_checkpoints_every_member_at_one_step_and_the_same_command_resumes_them_exactly(tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    result = ensemble(straight, "seed=0,1", *SHORT)
+    options = ["seed=0,1", *SHORT, *INTERVENED]  # stopped inside a clamp's window, before a freeze's
+    result = ensemble(straight, *options)
     assert result.returncode == 0, result.stderr[-3000:]
-    args = ["hydra/launcher=ensemble", f"hydra.sweep.dir={stopped}", "seed=0,1", *SHORT]
+    args = ["hydra/launcher=ensemble", f"hydra.sweep.dir={stopped}", *options]
     code, printed = run_train_until(args, step=13, signum=signal.SIGTERM, env=SINGLE_THREAD, multirun=True)
     assert code == 128 + signal.SIGTERM, printed[-3000:]
     statuses = [json.loads((stopped / str(k) / "status.json").read_text()) for k in (0, 1)]
@@ -118,11 +133,13 @@ def test_sigterm_checkpoints_every_member_at_one_step_and_the_same_command_resum
     for k in (0, 1):
         checkpoint = torch.load(stopped / str(k) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
         assert checkpoint["global_step"] == step
-    resumed = ensemble(stopped, "seed=0,1", *SHORT)
+    resumed = ensemble(stopped, *options)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming 2 members at step {step}" in resumed.stdout
     for k in (0, 1):
         assert csv_rows(stopped / str(k)) == csv_rows(straight / str(k))  # every step once, equal
+        record = json.loads((stopped / str(k) / "intervention.json").read_text())
+        assert record == json.loads((straight / str(k) / "intervention.json").read_text())
         assert json.loads((stopped / str(k) / "status.json").read_text())["status"] == "finished"
 
 
@@ -170,22 +187,6 @@ def test_bad_input_is_one_line_and_a_non_zero_exit_before_any_work(tmp_path, ove
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not any(p.is_dir() for p in tmp_path.iterdir())  # no job directory made
-
-
-INTERVENED = [  # a clamp on the head each member itself makes its previous-token head, then a freeze
-    "intervention=clamp_prev_token",
-    "intervention.heads=[top_prev_token]",
-    "intervention.from_step=12",
-    "intervention.until_step=30",
-    "+intervention.also=[{kind: freeze, heads: [L1H0], circuit: ov, from_step: 20, until_step: 35}]",
-]
-LLC = [
-    "stages.llc.every_n_steps=20",
-    "stages.llc.chains=2",
-    "stages.llc.draws=12",
-    "stages.llc.burnin=4",
-    "stages.llc.batches=2",
-]
 
 
 def test_each_members_interventions_and_llc_estimates_are_its_own_as_in_its_single_run(tmp_path):
