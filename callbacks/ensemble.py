@@ -37,6 +37,11 @@ from models.ensemble import member_views
 from records.ensemble_checkpoint import save_atomically, split_member
 
 
+def reads_gradients(callback: L.Callback) -> bool:
+    """Whether ``callback`` has an ``on_before_optimizer_step`` of its own (the one hook that sees the gradients)."""
+    return type(callback).on_before_optimizer_step is not L.Callback.on_before_optimizer_step
+
+
 @dataclass
 class Member:
     """One run of an ensemble: its directory, loggers, callbacks and checkpoint record; ``ended``:
@@ -149,14 +154,15 @@ class EnsembleMembers(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         """The members' own hook (a freeze zeroes its slices' gradients here), each view holding its slice
         of the stacked gradients for the call (views: what it writes, the ensemble's gradients get)."""
+        readers = [m for m in self.active() if any(reads_gradients(c) for c in m.callbacks)]
         stacked = dict(pl_module.model.named_parameters())
-        for member in self.active():
+        for member in readers:
             for name, p in self.proxies[member.index][1].model.named_parameters():
                 p.grad = None if stacked[name].grad is None else stacked[name].grad[member.index]
         try:
-            self.each("on_before_optimizer_step", optimizer)
+            self.each("on_before_optimizer_step", optimizer, members=readers)
         finally:
-            for member in self.active():
+            for member in readers:
                 for p in self.proxies[member.index][1].model.parameters():
                     p.grad = None
 
