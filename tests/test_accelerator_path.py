@@ -278,9 +278,11 @@ def test_on_a_mac_float64_is_refused_whichever_way_mps_was_chosen(monkeypatch):
 
 def test_an_ensembles_training_step_makes_every_tensor_where_it_belongs_and_syncs_once():
     """The stacked model's step (forward, per-member losses and clipping, the per-member AdamW with
-    members' own rates, one member stopped) and the members' reading of their losses and weights."""
+    members' own rates, members' own interventions, one member stopped) and the members' reading of
+    their losses and weights."""
     from models.ensemble import member_views
     from models.ensemble_module import EnsembleLM
+    from models.interventions import HeadChange
     from models.optimizer import OptimizerSettings
 
     members = [trained_model(seed) for seed in range(3)]
@@ -301,6 +303,8 @@ def test_an_ensembles_training_step_makes_every_tensor_where_it_belongs_and_sync
             optimizer.step()
             if step == 1:
                 module.stop(2)
+                clamp, ablate = HeadChange(0, "clamp", target="induction"), HeadChange(1, "ablate", replacement="mean")
+                module.model.set_changes([[(clamp,), ()], [(), (ablate,)], [(), ()]])  # from step 2 on
             before = accelerator.syncs
             n = module.model.size
             largest = torch.stack([p.detach().reshape(n, -1).abs().amax(dim=1) for p in module.model.parameters()])
