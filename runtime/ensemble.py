@@ -314,6 +314,8 @@ def fit_part(part: Part, sweep_dir: Path, command: str, threads: int, send) -> N
 
     note_early_signals()  # first: the launcher forwards a stop signal however early it comes
     os.setpgrp()  # out of the terminal's process group: a Ctrl-C reaches it once, forwarded by the launcher
+    for stream in (sys.stdout, sys.stderr):  # whole lines: the parts share the console (and a redirected log)
+        stream.reconfigure(line_buffering=True)
     if part.jobs[0].cfg.trainer.num_threads is None:
         torch.set_num_threads(threads)
     try:
