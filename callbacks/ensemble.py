@@ -91,8 +91,16 @@ class MemberTrainer:
     """What a member's callbacks see as the trainer: the ensemble's trainer, with the member's
     loggers, and ``save_checkpoint`` writing the member's own checkpoint."""
 
-    def __init__(self, trainer: L.Trainer, member: Member, save: Callable[[Member], None]) -> None:
-        self._trainer, self._member, self._save = trainer, member, save
+    def __init__(
+        self, trainer: L.Trainer, member: Member, save: Callable[[Member], None], clock: Callable[[], float]
+    ) -> None:
+        self._trainer, self._member, self._save, self._clock = trainer, member, save, clock
+
+    @property
+    def training_clock(self) -> float:
+        """The member's training seconds so far: its share of the ensemble's steps (every member's
+        callbacks left out), what the tracker's cost report sets its own cost against."""
+        return self._clock()
 
     @property
     def loggers(self) -> list[Logger]:
@@ -141,11 +149,16 @@ class EnsembleMembers(L.Callback):
         self.trainer = trainer
         views = member_views(pl_module.model)  # now: the weights have their device and dtype
         self.proxies = [
-            (MemberTrainer(trainer, m, self.save), MemberModule(pl_module, views[m.index])) for m in self.members
+            (MemberTrainer(trainer, m, self.save, self.member_share), MemberModule(pl_module, views[m.index]))
+            for m in self.members
         ]
         self.each("on_train_start")
         self.set_changes(pl_module)
         self._progress = (trainer.global_step, time.perf_counter())
+
+    def member_share(self) -> float:
+        """A member's share of the training time so far (seconds): the ensemble's, over its active members."""
+        return self.training_seconds / max(1, len(self.active()))
 
     def set_changes(self, pl_module: L.LightningModule) -> None:
         """Every member's interventions now active (set on its view by its own callback) onto the stacked model."""

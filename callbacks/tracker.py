@@ -69,6 +69,7 @@ class CompositionTracker(L.Callback):
         self.chunk_bytes = options.chunk_mb * 2**20
         self.cost_report = options.cost_report
         self.cost = TrackerCost(self.quantities, self.every_n_steps)
+        self.training_clock: float | None = None  # an ensemble member's training seconds so far (its trainer's)
         self.per_pair: bool | None = None  # the run's key mode, fixed at its first snapshot
         self.last_step: int | None = None
         self.last_keys: list[str] = []  # the keys of the last snapshot: an unmeasurable one logs NaN under them
@@ -136,6 +137,7 @@ class CompositionTracker(L.Callback):
         if not due or step == self.last_step or not trainer.is_global_zero:
             return  # gradient accumulation calls us several times per optimizer step
         self.last_step = step
+        self.training_clock = getattr(trainer, "training_clock", None)  # see callbacks.ensemble.MemberTrainer
         self.snapshot(trainer.loggers, pl_module.model, step, last)
 
     def snapshot(self, loggers: list[Logger], model, step: int, last: bool) -> None:
@@ -213,7 +215,7 @@ class CompositionTracker(L.Callback):
         self.cost.ledger.add("logging", time.perf_counter() - logging_start)
         self.cost.ledger.add("snapshot", time.perf_counter() - start)
         self.log_heatmaps(loggers, [o for o in snap.outputs if isinstance(o, Heatmap)], step)
-        if self.cost_report and (report := self.cost.report_once(step, self.ablation_used)):
+        if self.cost_report and (report := self.cost.report_once(step, self.ablation_used, self.training_clock)):
             print(report)
         return snap
 

@@ -64,17 +64,24 @@ class TrackerCost:
         composition = self.composition
         return composition.options.all_measures.every_n_steps if composition is not None else 0
 
-    def report_once(self, step: int, ablation_used: str | None = None) -> str | None:
-        """At the first snapshot, start the clock; at the second, the cost report (once; else None)."""
-        now = time.perf_counter()
+    def report_once(
+        self, step: int, ablation_used: str | None = None, training_clock: float | None = None
+    ) -> str | None:
+        """At the first snapshot, start the clock; at the second, the cost report (once; else None).
+        ``training_clock``: seconds of training so far, where the caller knows them (an ensemble member:
+        its share of the ensemble's steps, every member's callbacks left out); else the wall time since
+        the first snapshot, less the tracker's own, is the training."""
+        now = time.perf_counter() if training_clock is None else training_clock
         spent = self.ledger.seconds.get("snapshot", 0.0) + self.ledger.seconds.get(HEATMAPS, 0.0)
+        if training_clock is not None:
+            spent = 0.0  # nothing of the tracker's is on that clock
         if self._clock is None:
             self._clock = (step, now, spent)
             return None
         if self._reported or step == self._clock[0]:
             return None
         first_step, first_time, first_spent = self._clock
-        training = now - first_time - (spent - first_spent)  # wall time since, less the tracker's own
+        training = now - first_time - (spent - first_spent)  # training time since, less the tracker's own
         step_seconds = max(training, 1e-9) / (step - first_step)
         self._reported = True
         return self.lines(step_seconds, ablation_used)

@@ -80,6 +80,11 @@ def test_each_member_with_its_interventions_and_llc_equals_its_seeds_single_run_
     sweep, printed = float64_ensemble
     assert "ensemble of 2 members (jobs 0, 1)" in printed
     assert "ensemble: 2 members in" in printed and "ms a member-step" in printed  # training split from measuring
+    member_step = float(printed.split(" ms a member-step")[0].rsplit("(", 1)[1].split(", ")[-1])
+    estimates = [
+        float(line.split("training ")[1].split(" ms/step")[0]) for line in printed.splitlines() if "ms/step ->" in line
+    ]
+    assert len(estimates) == 2 and all(e < 3 * member_step for e in estimates), (estimates, member_step)  # its share
     for seed in (0, 1):
         single = tmp_path / f"single{seed}"
         result = run_train([f"seed={seed}", *EQUAL], single, env=SINGLE_THREAD)
