@@ -57,6 +57,7 @@ class Member:
     ended_step: int | None = None
     saved_step: int | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # time in its own callbacks, by their class
+    active: bool = field(default=True)
 
     def timed(self, callback: L.Callback, hook: str, *args) -> None:
         """``callback.hook(*args)``, its time added to :attr:`seconds`."""
@@ -64,8 +65,6 @@ class Member:
         getattr(callback, hook)(*args)
         name = type(callback).__name__
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
-
-    active: bool = field(default=True)
 
 
 class MemberModule:
@@ -129,6 +128,7 @@ class EnsembleMembers(L.Callback):
         self.progress_every_n_steps = progress_every_n_steps
         self.proxies: list[tuple[MemberTrainer, MemberModule]] = []
         self.training_seconds = 0.0
+        self.gradient_readers: set[int] = set()  # the members with a callback that reads gradients
         self._step_started: float | None = None
         self._progress: tuple[int, float] | None = None
         self.trainer: L.Trainer | None = None
@@ -152,6 +152,7 @@ class EnsembleMembers(L.Callback):
             (MemberTrainer(trainer, m, self.save, self.member_share), MemberModule(pl_module, views[m.index]))
             for m in self.members
         ]
+        self.gradient_readers = {m.index for m in self.members if any(reads_gradients(c) for c in m.callbacks)}
         self.each("on_train_start")
         self.set_changes(pl_module)
         self._progress = (trainer.global_step, time.perf_counter())
@@ -167,7 +168,7 @@ class EnsembleMembers(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         """The members' own hook (a freeze zeroes its slices' gradients here), each view holding its slice
         of the stacked gradients for the call (views: what it writes, the ensemble's gradients get)."""
-        readers = [m for m in self.active() if any(reads_gradients(c) for c in m.callbacks)]
+        readers = [m for m in self.active() if m.index in self.gradient_readers]
         stacked = dict(pl_module.model.named_parameters())
         for member in readers:
             for name, p in self.proxies[member.index][1].model.named_parameters():

@@ -71,10 +71,11 @@ class TrackerCost:
         ``training_clock``: seconds of training so far, where the caller knows them (an ensemble member:
         its share of the ensemble's steps, every member's callbacks left out); else the wall time since
         the first snapshot, less the tracker's own, is the training."""
-        now = time.perf_counter() if training_clock is None else training_clock
-        spent = self.ledger.seconds.get("snapshot", 0.0) + self.ledger.seconds.get(HEATMAPS, 0.0)
-        if training_clock is not None:
-            spent = 0.0  # nothing of the tracker's is on that clock
+        if training_clock is None:
+            now = time.perf_counter()
+            spent = self.ledger.seconds.get("snapshot", 0.0) + self.ledger.seconds.get(HEATMAPS, 0.0)
+        else:
+            now, spent = training_clock, 0.0  # nothing of the tracker's is on that clock
         if self._clock is None:
             self._clock = (step, now, spent)
             return None
