@@ -353,7 +353,7 @@ def measure_steps(analysis: Analysis, cache: MeasuredSteps | None) -> tuple[list
 def write(analysis: Analysis, rows: list[dict], conclusion: Conclusion, loggers: list, seconds: float) -> dict:
     """The rows, tables and figures, the W&B run, and last (its presence means the analysis is
     whole) the record; returns the record."""
-    from records.csv_log import write_rows
+    from records.tables import write_rows
     from reports.plots import plt
 
     request, out = analysis.request, analysis.request.out_dir

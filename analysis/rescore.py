@@ -88,7 +88,7 @@ class Rescore(Analysis):
 
     def conclude(self, rows: list[dict], tensors: list[dict]) -> Conclusion:
         """The run's report (figures, validity table, summary) over the re-scored steps."""
-        from reports.run_report import publish_report
+        from reports.publish import publish_report
 
         self.tracker.close()
         request = self.request

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import lightning as L
 
-from reports.run_report import publish_report
+from reports.publish import publish_report
 
 
 class PhaseChangeFigure(L.Callback):

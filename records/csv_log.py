@@ -1,5 +1,5 @@
-"""A CSV logger that continues a resumed run's ``metrics.csv`` instead of deleting it, and the one
-writer of every other table a run, an analysis or a sweep writes (:func:`write_rows`)."""
+"""A CSV logger that continues a resumed run's ``metrics.csv`` instead of deleting it (every other
+table is written by :mod:`records.tables`)."""
 
 from __future__ import annotations
 
@@ -11,30 +11,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from records.layout import CSV_DIR
-
-
-def write_rows(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
-    """``rows`` as a CSV table at ``path``, atomically (a reader sees the old table or the new one);
-    ``columns``: the header, by default every key of the rows in the order they first appear."""
-    header = columns if columns is not None else list(dict.fromkeys(key for row in rows for key in row))
-    temporary = Path(path).with_suffix(".csv.tmp")
-    with open(temporary, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(temporary, path)
-
-
-def truncate_rows(path: Path, first_dropped_step: int) -> tuple[list[str], int]:
-    """Drop the rows of the CSV at ``path`` whose ``step`` is ``>= first_dropped_step``, in place
-    (written to a temporary file, then renamed over it). Returns (the header, rows dropped)."""
-    with open(path, newline="") as file:
-        reader = csv.DictReader(file)
-        header = list(reader.fieldnames or [])
-        rows = list(reader)
-    kept = [row for row in rows if row.get("step", "") == "" or int(float(row["step"])) < first_dropped_step]
-    write_rows(path, kept, header)
-    return header, len(rows) - len(kept)
+from records.tables import truncate_rows
 
 
 class _ContinuingWriter(ExperimentWriter):

@@ -22,12 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch.loggers import CSVLogger
 
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW, PhaseChange, detect_phase_change
 from metrics.tracked.base import registered_measures, tracked_quantities
 from metrics.tracked.probe_views import INTERVENTION_OFF
-from records.csv_log import write_rows
 from records.keys import scored_flat_indices
 from records.layout import (
     COMPOSITION_FIGURE,
@@ -43,13 +41,13 @@ from records.layout import (
     VALIDITY_TABLE,
     run_label,
 )
+from records.tables import write_rows
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
-from records.wandb_log import SectionedWandbLogger
 from reports import validity_table as validity
 from reports.plots import composition_report, plt, training_curves
 from reports.strategy_timeline import read_timeline, timeline_figure, timeline_summary, without_false_cliff
-from reports.wandb_charts import LineChart, comparison_charts, log_charts
+from reports.wandb_charts import LineChart, comparison_charts
 
 SMALLEST_PHASE_CHANGE = {"loss/repeated": 0.5, "heads/induction/top": 0.1}
 """The least a series must move (nats; score in [0, 1]) for its largest transition to be reported as a
@@ -374,38 +372,6 @@ def print_report(report: RunReport) -> None:
         print(f"figure: {report.validity_figure}")
     else:
         print(f"no validity table: {report.no_validity_because}")
-
-
-def publish_report(run_dir: Path, loggers: list, step: int, window: int) -> RunReport | None:
-    """Flush the CSV, render the report of ``run_dir``, log its figures, validity table, summary and
-    comparison charts (:mod:`reports.wandb_charts`) to every W&B logger at ``step``, and print it (None, said why, when there is nothing to draw)."""
-    for logger in loggers:
-        if isinstance(logger, CSVLogger):
-            logger.save()  # flush rows still buffered
-    try:
-        report = render(run_dir, window)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"no figure: {error}")
-        return None
-    for logger in loggers:
-        if isinstance(logger, SectionedWandbLogger):
-            logger.log_image(key="images/phase_change", images=[str(report.figure)], step=step)
-            if report.composition_figure is not None:
-                logger.log_image(key="images/composition_final", images=[str(report.composition_figure)], step=step)
-            if report.strategies_figure is not None:
-                logger.log_image(key="images/strategies", images=[str(report.strategies_figure)], step=step)
-            if report.validity_rows:
-                logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
-                logger.log_table(
-                    key="validity/table",
-                    columns=validity.COLUMNS,
-                    data=validity.table_as_lists(report.validity_rows),
-                    step=step,
-                )
-            logger.log_summary(report.summary)
-    log_charts(loggers, report.charts, step)
-    print_report(report)
-    return report
 
 
 def smoothing_window_of(run_dir: Path) -> int:

@@ -36,7 +36,6 @@ import yaml
 from metrics.dynamics.stages import boundary_columns
 from metrics.heads.circuit_pair import circuit_pair
 from records import wandb_records
-from records.csv_log import write_rows
 from records.keys import flatten
 from records.layout import (
     ANALYSIS_DIR,
@@ -58,8 +57,9 @@ from records.layout import (
     TENSORS_DIR,
 )
 from records.status import FINISHED, read_status
+from records.tables import write_rows
 from records.tensor_store import read_tensor_store
-from records.wandb_log import STEP_KEY, tracker_key
+from records.wandb_sections import STEP_KEY, tracker_key
 from reports import intervention_report
 from reports.plots import plt
 from reports.run_report import read_series
@@ -218,7 +218,7 @@ def read_wandb_jobs(files: list[Path]) -> list[Job]:
 
 def history_series(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{key: (steps, values)}`` over W&B history rows, stepped by ``trainer/global_step``, under the
-    tracker's key names (the CSV's: W&B's section prefixes undone, :func:`records.wandb_log.tracker_key`)."""
+    tracker's key names (the CSV's: W&B's section prefixes undone, :func:`records.wandb_sections.tracker_key`)."""
     points: dict[str, dict[int, float]] = {}
     for row in rows:
         step = row.get(STEP_KEY)

@@ -21,7 +21,7 @@ from metrics.tracked.base import tracked_quantities
 from metrics.tracked.options import TrackerOptions
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records.keys import pair_key_count, snapshot_metrics
-from records.wandb_log import section_of
+from records.wandb_sections import section_of
 
 DEFAULT_SHAPE = (2, 2, 64, 16)
 

@@ -7,7 +7,7 @@ pair and the sweep, for a project a user has synced runs to (``wandb sync RUN_DI
 It needs the ``dashboard`` extra (``pip install -e '.[dashboard]'``: ``wandb-workspaces``) and an API
 key for the server it writes to; ``--dry-run`` prints the workspace it would save and reaches nothing.
 The panels are plain data here (:data:`SECTIONS`), named by their W&B keys
-(:mod:`records.wandb_log`'s sections, :mod:`reports.wandb_charts`' charts), so a test can check each
+(:mod:`records.wandb_sections`, :mod:`reports.wandb_charts`' charts), so a test can check each
 against a real run's history before a server ever sees it.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.heads.circuit_scores import MATCHING
 from metrics.tracked.base import registered_measures
-from records.wandb_log import wandb_key
+from records.wandb_sections import wandb_key
 
 SCORERS = (*registered_measures(), MATCHING)
 

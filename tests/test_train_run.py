@@ -16,7 +16,7 @@ import torch
 
 from conf.schema import TrackerConfig
 from records import wandb_records
-from records.wandb_log import story, tracker_key, wandb_key
+from records.wandb_sections import story, tracker_key, wandb_key
 from reports.run_report import read_series
 from tests.helpers import REPO, run_train
 
@@ -99,7 +99,7 @@ def test_wandb_run_file_has_tracker_keys_at_expected_steps(short_run):
 
 
 def test_wandb_tells_the_story_first_and_loses_no_csv_key(short_run):
-    """W&B gets every CSV key under its section (records/wandb_log.py) with the same values; the
+    """W&B gets every CSV key under its section (records/wandb_sections.py) with the same values; the
     nine story keys sort first (wandb leet's first page), and the summary keeps a loss's minimum
     and a score's maximum besides the last values."""
     run_dir, _ = short_run

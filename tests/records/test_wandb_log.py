@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from records.wandb_log import SECTION_NAMES, section_of, story, summary_of, tracker_key, wandb_key
+from records.wandb_sections import SECTION_NAMES, section_of, story, summary_of, tracker_key, wandb_key
 from tests.helpers import fake_snapshot, snapshot_keys
 
 
