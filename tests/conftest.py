@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -12,3 +18,30 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py: no spinning 
 os.environ.setdefault(
     "INDUCTION_TRACKER_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"induction-tracker-tests-{os.getuid()}")
 )
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A ``train.py`` run that has ended: its directory, exit code and what it printed."""
+
+    run_dir: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def shipped_run(tmp_path_factory, worker_id) -> FinishedRun:
+    """``python train.py`` as shipped (1500 steps, the default tracker, W&B offline), trained once for
+    the whole suite: under pytest-xdist the first worker to ask trains it while the other waits on a
+    file lock in the directory the workers share, then reads the same run."""
+    from tests.helpers import run_train
+
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    run_dir, ended = shared / "shipped_run", shared / "shipped_run.json"
+    with FileLock(str(shared / "shipped_run.lock")):
+        if not ended.is_file():
+            result = run_train([], run_dir, timeout=600)
+            record = {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
+            ended.write_text(json.dumps(record))
+    return FinishedRun(run_dir, **json.loads(ended.read_text()))

@@ -58,10 +58,9 @@ def missing_keys(keys: set[str], summary: dict) -> list[str]:
     return missing
 
 
-def test_every_panel_names_keys_a_default_run_and_a_big_run_log(tmp_path):
-    default = run_train([], tmp_path / "default", timeout=600)  # python train.py: 1500 steps, a phase change
-    assert default.returncode == 0, default.stderr[-3000:]
-    assert missing_keys(*logged(tmp_path / "default")) == []
+def test_every_panel_names_keys_a_default_run_and_a_big_run_log(shipped_run, tmp_path):
+    assert shipped_run.returncode == 0, shipped_run.stderr[-3000:]  # python train.py: 1500 steps, a phase change
+    assert missing_keys(*logged(shipped_run.run_dir)) == []
     big = run_train(BIG, tmp_path / "big", timeout=600)
     assert big.returncode == 0, big.stderr[-3000:]
     keys, summary = logged(tmp_path / "big")
