@@ -4,6 +4,8 @@ with the real train.py when shrunk (its model, batch and schedules; everything e
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -11,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from conf.schema import register_schemas
 from conf.validate import config_problems
 from runtime.run_guard import RENAMED_EXPERIMENTS, renamed_experiment_warning
-from tests.helpers import REPO, run_train
+from tests.helpers import REPO, train_env
 
 register_schemas()
 
@@ -52,13 +54,40 @@ def test_a_preset_composes_to_a_valid_config(preset):
     assert config_problems(cfg) == []
 
 
+@pytest.fixture(scope="module")
+def shrunk_sweep(tmp_path_factory):
+    """Every preset, shrunk, as one ``python train.py -m experiment=...`` (job ``i`` is ``PRESETS[i]``):
+    one process for them all, a failing job marked failed while the others go on."""
+    sweep_dir = tmp_path_factory.mktemp("presets")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            f"experiment={','.join(PRESETS)}",
+            f"hydra.sweep.dir={sweep_dir}",
+            "trainer.enable_progress_bar=false",
+            *SHRUNK,
+        ],
+        cwd=REPO,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return sweep_dir, result
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
-def test_a_shrunk_preset_trains_a_few_steps(preset, tmp_path):
-    result = run_train([f"experiment={preset}", *SHRUNK], tmp_path / "run", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "finished"
-    assert (tmp_path / "run" / "phase_change.png").is_file()
+def test_a_shrunk_preset_trains_a_few_steps(preset, shrunk_sweep):
+    sweep_dir, result = shrunk_sweep
+    run_dir = sweep_dir / str(PRESETS.index(preset))
+    assert (run_dir / "status.json").is_file(), result.stderr[-3000:]
+    assert f"experiment={preset}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "finished", (status, result.stderr[-3000:])
+    assert (run_dir / "phase_change.png").is_file()
 
 
 def preset_base(preset: str) -> tuple[dict, list[str]]:
