@@ -13,12 +13,13 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from records import wandb_records
-from tests.helpers import REPO, run_train, run_train_until, train_env
+from tests.helpers import REPO, digest, run_train, run_train_until, train_env
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +77,20 @@ def float64_ensemble(tmp_path_factory):
     return sweep, result.stdout
 
 
-def test_each_member_with_its_interventions_and_llc_equals_its_seeds_single_run_in_float64(float64_ensemble, tmp_path):
+@pytest.fixture(scope="module")
+def float64_singles(tmp_path_factory) -> dict[int, Path]:
+    """``python train.py seed=k`` with the ensemble's options, k = 0, 1: the runs its members must equal."""
+    singles = {}
+    for seed in (0, 1):
+        singles[seed] = tmp_path_factory.mktemp(f"single{seed}")
+        result = run_train([f"seed={seed}", *EQUAL], singles[seed], env=SINGLE_THREAD)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return singles
+
+
+def test_each_member_with_its_interventions_and_llc_equals_its_seeds_single_run_in_float64(
+    float64_ensemble, float64_singles
+):
     sweep, printed = float64_ensemble
     assert "ensemble of 2 members (jobs 0, 1)" in printed
     assert "ensemble: 2 members in" in printed and "ms a member-step" in printed  # training split from measuring
@@ -85,10 +99,7 @@ def test_each_member_with_its_interventions_and_llc_equals_its_seeds_single_run_
         float(line.split("training ")[1].split(" ms/step")[0]) for line in printed.splitlines() if "ms/step ->" in line
     ]
     assert len(estimates) == 2 and all(e < 3 * member_step for e in estimates), (estimates, member_step)  # its share
-    for seed in (0, 1):
-        single = tmp_path / f"single{seed}"
-        result = run_train([f"seed={seed}", *EQUAL], single, env=SINGLE_THREAD)
-        assert result.returncode == 0, result.stderr[-3000:]
+    for seed, single in float64_singles.items():
         member = sweep / str(seed)
         record = json.loads((member / "intervention.json").read_text())
         assert record == json.loads((single / "intervention.json").read_text())  # the heads it chose itself
@@ -201,19 +212,14 @@ def test_bad_input_is_one_line_and_a_non_zero_exit_before_any_work(tmp_path, ove
     assert not any(p.is_dir() for p in tmp_path.iterdir())  # no job directory made
 
 
-def test_resuming_a_single_run_as_an_ensemble_is_refused_in_one_line(tmp_path):
-    single = tmp_path / "single"
-    assert (
-        run_train(
-            ["trainer.max_steps=4", "tracker.enabled=false", "trajectory.enabled=false", "trainer.max_steps=4"], single
-        ).returncode
-        == 0
-    )
+def test_resuming_a_single_run_as_an_ensemble_is_refused_in_one_line(float64_singles, tmp_path):
+    single = float64_singles[0]
+    before = digest(single)
     result = ensemble(tmp_path / "sweep", f"resume={single}", "trainer.max_steps=8")
     assert result.returncode == 1
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert "was trained alone, not as an ensemble member" in line
-    assert not (tmp_path / "sweep" / "0").exists()
+    assert not (tmp_path / "sweep" / "0").exists() and digest(single) == before
 
 
 def test_resuming_one_member_alone_is_refused_in_one_line(float64_ensemble):
