@@ -20,8 +20,6 @@ and the stop on a signal (:class:`EnsembleStop`: every member checkpointed at th
 from __future__ import annotations
 
 import math
-import os
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +30,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import Logger
 
-from callbacks.preemption import SIGNALS, Preempted, StopOnSignal
+from callbacks.preemption import Preempted, StopOnSignal
 from models.ensemble import member_views
 from records.ensemble_checkpoint import save_atomically, split_member
 
@@ -294,25 +292,6 @@ class EnsembleMembers(L.Callback):
                     callback.load_state_dict(states[callback.state_key])
 
 
-EARLY_SIGNALS: list[signal.Signals] = []  # stop signals that came before training started
-
-
-def note_early_signals() -> None:
-    """From now until training starts, keep a stop signal rather than die of it: :class:`EnsembleStop`
-    then checkpoints every member at the end of the first step and stops. (Lightning, finding a handler
-    in place, leaves SIGTERM to it.)"""
-
-    def note(signum: int, frame) -> None:
-        EARLY_SIGNALS.append(signal.Signals(signum))
-        os.write(
-            sys.__stderr__.fileno(),
-            f"{signal.Signals(signum).name} received while starting: stopping after the first step\n".encode(),
-        )
-
-    for signum in SIGNALS:
-        signal.signal(signum, note)
-
-
 class EnsembleStop(StopOnSignal):
     """:class:`~callbacks.preemption.StopOnSignal` for an ensemble: on a stop signal, every active
     member is checkpointed at the end of the step in progress; the next step raises :class:`Preempted`."""
@@ -320,13 +299,6 @@ class EnsembleStop(StopOnSignal):
     def __init__(self, members: EnsembleMembers) -> None:
         super().__init__(Path(members.members[0].checkpoint))
         self.ensemble = members
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
-        connector = trainer._signal_connector  # Lightning's SIGTERM flag, set by a signal while starting
-        if EARLY_SIGNALS or connector.received_sigterm:
-            self.received = EARLY_SIGNALS[-1] if EARLY_SIGNALS else signal.SIGTERM
-            connector.received_sigterm = False  # ours to handle: a checkpoint, not Lightning's exception
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.received is not None and self.saved_step is None:

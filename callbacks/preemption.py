@@ -5,7 +5,9 @@ SLURM, ``timeout`` and Kubernetes send SIGTERM; SLURM sends SIGUSR1 ahead of a t
 metrics and tracker snapshot logged), saves ``checkpoints/last.ckpt`` at that step, and raises
 :class:`Preempted` before the next step starts, which Lightning passes through its exception path (every logger is finalized as
 failed, the CSV flushed) to ``train.py``, which finishes the W&B run as preempted and exits non-zero.
-A second Ctrl-C stops at once, without a checkpoint.
+A second Ctrl-C stops at once, without a checkpoint. A signal that came while the run started is
+handed over by the handler replaced here (``runtime.job.StartupSignals``): the run stops after its
+first step.
 
 Lightning's own SIGTERM handling stops at the end of a step with exit code 0 and no checkpoint, and
 its SLURM requeue saves a mid-step ``hpc_ckpt`` into a fixed root directory; both are replaced here
@@ -23,12 +25,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
 
-SIGNALS = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)  # USR2: submitit's warning before a time limit
+from records.status import STOP_SIGNALS
 
 
 class Preempted(Exception):
@@ -61,8 +58,19 @@ class StopOnSignal(Checkpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach the main thread only
-        for signum in SIGNALS:
+        for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._on_signal)
+        # a signal that came while the run started: kept by the handler replaced here (a
+        # runtime.job.StartupSignals, its ``noted``), or Lightning's SIGTERM flag where it had the handler
+        starting = next((h for h in self._previous.values() if isinstance(getattr(h, "noted", None), list)), None)
+        connector = getattr(trainer, "_signal_connector", None)
+        if starting is not None and starting.noted:
+            self.received = starting.noted[-1]
+            starting.noted.clear()  # taken: a later part of the same launch starts afresh
+        elif connector is not None and connector.received_sigterm:
+            self.received = signal.SIGTERM
+        if connector is not None:
+            connector.received_sigterm = False  # ours to handle: a checkpoint, not Lightning's exception
 
     def _on_signal(self, signum: int, frame) -> None:
         if self.received is not None and signum == signal.SIGINT:

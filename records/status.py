@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 from records.layout import STATUS_FILE
 
 FINISHED, RUNNING, FAILED, PREEMPTED = "finished", "running", "failed", "preempted"
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+"""The signals that end a run as ``preempted``, checkpointed first: SLURM's, ``timeout``'s and
+Kubernetes' SIGTERM, Ctrl-C, and the warnings ahead of a time limit (SLURM's SIGUSR1 with
+``sbatch --signal=USR1@90``, submitit's SIGUSR2)."""
 
 
 def write_status(

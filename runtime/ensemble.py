@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 import time
 import traceback
@@ -24,9 +23,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from records.layout import CHECKPOINTS, ENSEMBLE_RESUME, LAST_CHECKPOINT, RUN_KEY, TRAIN_LOG
-from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, write_status
+from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, STOP_SIGNALS, write_status
 from runtime.console import tee_console
-from runtime.job import JobEnded, objective_value
+from runtime.job import JobEnded, objective_value, signals_handled, startup_signals_noted
 from runtime.slurm import requeue_this_job
 
 
@@ -256,16 +255,14 @@ def fit_parts(parts: list[Part], sweep_dir: Path, command: str, n_jobs: int) -> 
     them (as ``conf.build.torch_threads`` shares them among joblib's jobs); 1: in this process. A stop
     signal reaches every part; a preempted part stops the launch once every running part has stopped.
     Returns each part's values (:func:`fit_ensemble`)."""
-    from callbacks.ensemble import note_early_signals
-
     if n_jobs <= 1:
-        note_early_signals()
         values = []
-        for part in parts:
-            try:
-                values.append(fit_ensemble(part.jobs, sweep_dir, command, part.ensemble_id))
-            except EnsemblePreempted as stop:
-                stop_preempted(stop.exit_code)
+        with startup_signals_noted():
+            for part in parts:
+                try:
+                    values.append(fit_ensemble(part.jobs, sweep_dir, command, part.ensemble_id))
+                except EnsemblePreempted as stop:
+                    stop_preempted(stop.exit_code)
         return values
     import multiprocessing
 
@@ -310,41 +307,34 @@ def fit_part(part: Part, sweep_dir: Path, command: str, threads: int, send) -> N
     ``("values", [...])``, ``("preempted", exit_code)`` or ``("failed", why)``."""
     import torch
 
-    from callbacks.ensemble import note_early_signals
-
-    note_early_signals()  # first: the launcher forwards a stop signal however early it comes
-    os.setpgrp()  # out of the terminal's process group: a Ctrl-C reaches it once, forwarded by the launcher
-    for stream in (sys.stdout, sys.stderr):  # whole lines: the parts share the console (and a redirected log)
-        stream.reconfigure(line_buffering=True)
-    if part.jobs[0].cfg.trainer.num_threads is None:
-        torch.set_num_threads(threads)
-    try:
-        send.send(("values", fit_ensemble(part.jobs, sweep_dir, command, part.ensemble_id)))
-    except EnsemblePreempted as stop:
-        send.send(("preempted", stop.exit_code))
-    except BaseException as error:  # noqa: BLE001 - whatever it was, the launcher must hear of it
-        send.send(("failed", f"{type(error).__name__}: {error}"))
-    finally:
-        send.close()
+    with startup_signals_noted():  # first: the launcher forwards a stop signal however early it comes
+        os.setpgrp()  # out of the terminal's process group: a Ctrl-C reaches it once, forwarded by the launcher
+        for stream in (sys.stdout, sys.stderr):  # whole lines: the parts share the console (and a redirected log)
+            stream.reconfigure(line_buffering=True)
+        if part.jobs[0].cfg.trainer.num_threads is None:
+            torch.set_num_threads(threads)
+        try:
+            send.send(("values", fit_ensemble(part.jobs, sweep_dir, command, part.ensemble_id)))
+        except EnsemblePreempted as stop:
+            send.send(("preempted", stop.exit_code))
+        except BaseException as error:  # noqa: BLE001 - whatever it was, the launcher must hear of it
+            send.send(("failed", f"{type(error).__name__}: {error}"))
+        finally:
+            send.close()
 
 
 @contextmanager
 def forwarded_signals(processes) -> Iterator[None]:
     """While the workers run, a stop signal to this process (SLURM's, a user's Ctrl-C) is passed on to
     each of them, which checkpoints its members and stops (``callbacks.ensemble.EnsembleStop``)."""
-    from callbacks.preemption import SIGNALS
 
     def forward(signum: int, frame) -> None:
         for process in processes:
             if process.is_alive():
                 os.kill(process.pid, signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in SIGNALS}
-    try:
+    with signals_handled(STOP_SIGNALS, forward):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def sweep_command(config: DictConfig, sweep_dir: Path) -> str:

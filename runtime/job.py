@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from conf.validate import ConfigError, validate
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, SUMMARY_NAME, TRAIN_LOG
-from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, read_status, write_status
+from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, STOP_SIGNALS, read_status, write_status
 from runtime.console import tee_console
 from runtime.slurm import remember_slurm_run, requeue_this_job
 
@@ -60,8 +60,9 @@ def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], None]) -> float
                 return objective_value(cfg, run_dir) if cfg.objective else 0
             if not multirun:
                 remember_slurm_run(run_dir)  # a sweep's job finds its directory again by its number
-            write_status(run_dir, RUNNING)
-            train(cfg, run_dir)
+            with startup_signals_noted():  # before status.json says running: a signal from then on is kept
+                write_status(run_dir, RUNNING)
+                train(cfg, run_dir)
         except JobEnded as ended:
             ended.announce(run_dir)
             if not multirun or ended.status == PREEMPTED:
@@ -73,6 +74,9 @@ def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], None]) -> float
                 raise
             traceback.print_exc()
             return float("nan") if cfg.objective else 1
+        except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without a checkpoint
+            write_status(run_dir, FAILED, 128 + signal.SIGINT, error="stopped by a second Ctrl-C, without a checkpoint")
+            raise
         write_status(run_dir, FINISHED)
         return objective_value(cfg, run_dir) if cfg.objective else 0
 
@@ -82,25 +86,64 @@ TIME_LIMIT_WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's (sbatch --sign
 
 @contextmanager
 def time_limit_warnings_noted() -> Iterator[None]:
-    """Outside training (while a job starts, or writes its last files), a warning that the time limit
-    is near is noted and the job goes on: by default the signal would end the process before it
-    records how it ended. While training, ``callbacks.preemption.StopOnSignal`` takes them over
-    (checkpoint, requeue, stop)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals reach the main thread only
-        return
+    """Outside a run (before a sweep's job is prepared, or while it writes its last files), a warning
+    that the time limit is near is noted and the job goes on: by default the signal would end the
+    process before it records how it ended. While the run starts, :class:`StartupSignals` keeps it
+    (the run stops after its first step); while it trains, ``callbacks.preemption.StopOnSignal``
+    takes it over (checkpoint, requeue, stop)."""
 
     def note(signum: int, frame) -> None:  # the descriptor, not print(): a signal may land inside a write
         os.write(
             sys.__stderr__.fileno(), f"{signal.Signals(signum).name} received outside training: going on\n".encode()
         )
 
-    previous = {signum: signal.signal(signum, note) for signum in TIME_LIMIT_WARNINGS}
+    with signals_handled(TIME_LIMIT_WARNINGS, note):
+        yield
+
+
+@contextmanager
+def signals_handled(signums, handler: Callable[[int, object], None]) -> Iterator[None]:
+    """``handler`` for each of ``signums`` while the block runs; the handlers from before come back
+    after. Off the main thread, where signals never arrive, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, earlier in previous.items():
+            signal.signal(signum, earlier)
+
+
+class StartupSignals:
+    """The handler of a stop signal (:data:`records.status.STOP_SIGNALS`) that comes while a run starts
+    (imports, set-up, restoring a checkpoint), before :class:`callbacks.preemption.StopOnSignal` takes
+    the signals over: the signal is kept in ``noted`` rather than died of, and ``StopOnSignal``, finding
+    this handler in place as training starts, stops after the first step with a checkpoint. A second
+    Ctrl-C stops at once. Here, not in callbacks/, because it must be in place before Lightning loads."""
+
+    def __init__(self) -> None:
+        self.noted: list[signal.Signals] = []
+
+    def __call__(self, signum: int, frame) -> None:
+        if self.noted and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.noted.append(signal.Signals(signum))
+        os.write(  # the descriptor, not print(): a signal may land inside a write
+            sys.__stderr__.fileno(),
+            f"{signal.Signals(signum).name} received while starting: stopping after the first step, with a"
+            f" checkpoint (Ctrl-C again to stop at once, without one)\n".encode(),
+        )
+
+
+@contextmanager
+def startup_signals_noted() -> Iterator[None]:
+    """While a run (or an ensemble's runs) starts and trains, a stop signal is never died of: a
+    :class:`StartupSignals` has it until training starts, ``StopOnSignal`` while training; the handlers
+    from before come back after."""
+    with signals_handled(STOP_SIGNALS, StartupSignals()):
+        yield
 
 
 @contextmanager

@@ -13,12 +13,15 @@ from __future__ import annotations
 import csv
 import json
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 from records import wandb_records
-from tests.helpers import run_train, run_train_until, train_env, wandb_history
+from tests.helpers import REPO, run_train, run_train_until, train_env, wandb_history
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +102,32 @@ def test_sigterm_then_resume_in_place_equals_an_uninterrupted_run(tmp_path, unin
             uninterrupted / "trajectory" / entry["file"]
         ).read_bytes()
     assert (run_dir / ".hydra" / "overrides.yaml").is_file() and list(run_dir.glob(".hydra/resume-*/overrides.yaml"))
+
+
+def test_a_signal_while_the_run_starts_stops_it_after_its_first_step_and_resume_equals_an_uninterrupted_run(
+    tmp_path, uninterrupted
+):
+    """SIGTERM as soon as ``status.json`` says running (Lightning not loaded yet, seconds before training)."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *ARGS, "trainer.max_steps=40"]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=SINGLE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    started = time.monotonic()
+    while not (run_dir / "status.json").is_file() and process.poll() is None and time.monotonic() - started < 120:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    printed = process.communicate(timeout=300)[0]
+    assert process.returncode == 128 + signal.SIGTERM, printed[-3000:]
+    assert "SIGTERM received while starting: stopping after the first step" in printed
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "preempted" and status["step"] == 1, status
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == 1
+    resumed = run_train([*ARGS, "trainer.max_steps=40", f"resume={run_dir}"], run_dir, env=SINGLE_THREAD)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert csv_rows(run_dir) == csv_rows(uninterrupted)  # every step once, bit for bit
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGUSR1])

@@ -7,7 +7,8 @@ import os
 import signal
 import sys
 
-from callbacks.preemption import SIGNALS, StopOnSignal
+from callbacks.preemption import StopOnSignal
+from records.status import STOP_SIGNALS
 
 
 class SignalledMidWrite(io.RawIOBase):
@@ -51,7 +52,7 @@ def test_after_a_fit_every_stop_signal_has_the_handler_it_had_before(tmp_path):
     import lightning as L
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    before = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     trainer = L.Trainer(
         max_steps=2,
         callbacks=[StopOnSignal(tmp_path / "last.ckpt")],
@@ -61,4 +62,4 @@ def test_after_a_fit_every_stop_signal_has_the_handler_it_had_before(tmp_path):
         default_root_dir=tmp_path,
     )
     trainer.fit(BoringModel())
-    assert {signum: signal.getsignal(signum) for signum in SIGNALS} == before
+    assert {signum: signal.getsignal(signum) for signum in STOP_SIGNALS} == before
