@@ -30,18 +30,32 @@ class FinishedRun:
     stderr: str
 
 
-@pytest.fixture(scope="session")
-def shipped_run(tmp_path_factory, worker_id) -> FinishedRun:
-    """``python train.py`` as shipped (1500 steps, the default tracker, W&B offline), trained once for
-    the whole suite: under pytest-xdist the first worker to ask trains it while the other waits on a
-    file lock in the directory the workers share, then reads the same run."""
+def trained_once(tmp_path_factory, worker_id: str, name: str, args: list[str]) -> FinishedRun:
+    """``python train.py ARGS`` trained once for the whole suite: under pytest-xdist the first worker to
+    ask trains it while the other waits on a file lock in the directory the workers share, then reads
+    the same run. Its users write only under its ``analysis/``, each under a name of its own."""
     from tests.helpers import run_train
 
     shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
-    run_dir, ended = shared / "shipped_run", shared / "shipped_run.json"
-    with FileLock(str(shared / "shipped_run.lock")):
+    run_dir, ended = shared / name, shared / f"{name}.json"
+    with FileLock(str(shared / f"{name}.lock")):
         if not ended.is_file():
-            result = run_train([], run_dir, timeout=600)
+            result = run_train(args, run_dir, timeout=600)
             record = {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
             ended.write_text(json.dumps(record))
     return FinishedRun(run_dir, **json.loads(ended.read_text()))
+
+
+@pytest.fixture(scope="session")
+def shipped_run(tmp_path_factory, worker_id) -> FinishedRun:
+    """``python train.py`` as shipped: 1500 steps, the default tracker, W&B offline."""
+    return trained_once(tmp_path_factory, worker_id, "shipped_run", [])
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, worker_id) -> FinishedRun:
+    """The tiny run (:data:`tests.helpers.TINY`: 60 steps, weights kept at 0, 1, 4, 15, 30, 60) that
+    the analyses' tests read."""
+    from tests.helpers import TINY
+
+    return trained_once(tmp_path_factory, worker_id, "tiny_run", TINY)

@@ -19,11 +19,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("trained")
-    result = run_train(TINY, run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+def trained(tiny_run):
+    assert tiny_run.returncode == 0, tiny_run.stderr[-3000:]
+    return tiny_run.run_dir
 
 
 def test_a_run_keeps_its_planned_steps(trained):

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from records import wandb_records
-from tests.helpers import REPO, TINY, digest, module, run_train, train_env
+from tests.helpers import REPO, digest, module, train_env
 
 pytestmark = pytest.mark.slow
 
@@ -28,12 +28,10 @@ QUICK = [
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tiny_run):
     pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
-    run_dir = tmp_path_factory.mktemp("trained")
-    result = run_train(TINY, run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+    assert tiny_run.returncode == 0, tiny_run.stderr[-3000:]
+    return tiny_run.run_dir
 
 
 def test_stages_of_a_run_write_every_output_and_touch_nothing_else(trained):
