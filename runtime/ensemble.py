@@ -183,7 +183,7 @@ def cost_line(dispatcher, seconds: float) -> str:
         f"ensemble: {n} members in {seconds:.1f} s: training {dispatcher.training_seconds:.1f} s"
         f" ({1000 * dispatcher.training_seconds / steps:.1f} ms a step for all, "
         f"{1000 * dispatcher.training_seconds / steps / n:.2f} ms a member-step), the members' own callbacks"
-        f" {own:.1f} s ({own / n:.1f} s a member; {parts})"
+        f" {own:.1f} s ({own / n:.1f} s a member{'; ' + parts if parts else ''})"
     )
 
 
