@@ -29,15 +29,18 @@ fresh sequences of the training distribution that neither saw."""
 class ReferencePredictions:
     """Held-out sequences and what each strategy (and the truth, where known) predicts on them.
 
-    ``tokens [b, t]``; ``positions [p]``: the positions scored (indices into the model's ``[b, t, V]``
+    ``tokens [b, t]``; ``positions [p]``: the positions read (indices into the model's ``[b, t, V]``
     logits); ``strategies``: name -> ``[b, p, n_random]`` distributions, in the order the task names
     them (simplest first); ``truth``: ``[b, p, n_random]``, the distribution the data was drawn from,
-    or None where the task has no closed form for it."""
+    or None where the task has no closed form for it; ``scored``: ``[b, p]`` booleans, which of the
+    positions count in each sequence where that differs from sequence to sequence (a task whose
+    predictable stretches sit at random places), or None: every position of every sequence."""
 
     tokens: Tensor
     positions: Tensor
     strategies: dict[str, Tensor]
     truth: Tensor | None = None
+    scored: Tensor | None = None
 
     def __post_init__(self) -> None:
         shapes = {tuple(q.shape) for q in self.strategies.values()}
@@ -45,6 +48,14 @@ class ReferencePredictions:
             shapes.add(tuple(self.truth.shape))
         if len(shapes) != 1:
             raise ValueError(f"strategies and truth must share one shape [b, p, n_random], got {sorted(shapes)}")
+        if self.scored is not None:
+            if self.scored.dtype != torch.bool or tuple(self.scored.shape) != next(iter(shapes))[:2]:
+                raise ValueError(
+                    f"scored must be booleans [b, p] = {list(next(iter(shapes))[:2])},"
+                    f" got {self.scored.dtype} {list(self.scored.shape)}"
+                )
+            if not self.scored.any(1).all():
+                raise ValueError("every sequence needs a scored position (its KLs are means over them)")
 
 
 def counts_so_far(tokens: Tensor, n_random: int) -> Tensor:
@@ -116,6 +127,23 @@ def induction(tokens: Tensor, n_random: int, fallback: Tensor | None = None) -> 
     delta = F.one_hot(following.clamp(max=n_random - 1), n_random).double()
     fallback = uniform(tokens, n_random) if fallback is None else fallback
     return torch.where(found[..., None], delta, fallback)
+
+
+def one_and_two_layer(tokens: Tensor, n_random: int) -> dict[str, Tensor]:
+    """Uniform, copy (one layer's strategy) and induction (two layers'), simplest first: the strategies
+    of a task that names none of its own (:meth:`data.task.Task.reference`) and of copying tasks."""
+    return {
+        "uniform": uniform(tokens, n_random),
+        "copy": copy(tokens, n_random),
+        "induction": induction(tokens, n_random),
+    }
+
+
+def scored_mean(values: Tensor, scored: Tensor | None) -> Tensor:
+    """``values [b, p]`` averaged over each sequence's scored positions (``scored [b, p]``; None: all): ``[b]``."""
+    if scored is None:
+        return values.mean(-1)
+    return torch.where(scored, values, torch.zeros_like(values)).sum(-1) / scored.sum(-1)
 
 
 def at_positions(predictions: dict[str, Tensor], positions: Tensor) -> dict[str, Tensor]:

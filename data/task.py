@@ -69,17 +69,22 @@ class Task:
         """The task's sequences ``sample_ids`` and its strategies on them (:mod:`data.strategies`), simplest
         first. Unless a task names its own: uniform, copy (uniform over the tokens in the context: one
         layer's strategy) and induction (the token that followed the current one's latest earlier
-        occurrence), at every position that predicts a task token; no truth."""
+        occurrence), at every position that predicts a task token; no truth. Scored where most of the
+        next tokens may be unpredictable, these need not show a switch to induction where the model
+        learns it (:func:`names_own_strategies`)."""
         from data import strategies
 
         tokens = self.sampler(n_random)(sample_ids)
         positions = torch.arange(tokens.shape[1] - 1, device="cpu")
-        predicted = {
-            "uniform": strategies.uniform(tokens, n_random),
-            "copy": strategies.copy(tokens, n_random),
-            "induction": strategies.induction(tokens, n_random),
-        }
+        predicted = strategies.one_and_two_layer(tokens, n_random)
         return strategies.ReferencePredictions(tokens, positions, strategies.at_positions(predicted, positions))
+
+
+def names_own_strategies(task: type[Task]) -> bool:
+    """Whether ``task`` names its own strategies (overrides :meth:`Task.reference`). A run of one
+    that does not is compared with the generic strategies at every position: its timeline's lack of a
+    switch to induction does not say the model learnt none (:mod:`reports.strategy_timeline`)."""
+    return task.reference is not Task.reference
 
 
 BUILT_IN = "data.tasks"

@@ -17,6 +17,8 @@ import torch
 from scipy.optimize import minimize
 from torch import Tensor
 
+from data.strategies import scored_mean
+
 RISE_WEIGHT = 0.1
 """A strategy's mixture weight has started to rise at the first snapshot it reaches this and stays."""
 
@@ -37,10 +39,13 @@ def kl_rows(p: Tensor, log_p: Tensor, log_q: Tensor) -> Tensor:
     return torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p)).sum(-1)
 
 
-def strategy_kls(strategies: dict[str, Tensor], log_model: Tensor) -> dict[str, Tensor]:
-    """``KL(q_s ‖ model)`` per sequence ``[b]`` (mean over its scored positions) for each strategy
-    ``q_s [b, p, V]``; ``log_model [b, p, V]``: the model's log-probabilities of the task tokens."""
-    return {name: kl_rows(q, q.clamp_min(1e-300).log(), log_model).mean(-1) for name, q in strategies.items()}
+def strategy_kls(strategies: dict[str, Tensor], log_model: Tensor, scored: Tensor | None = None) -> dict[str, Tensor]:
+    """``KL(q_s ‖ model)`` per sequence ``[b]`` (mean over its scored positions, ``scored [b, p]``;
+    None: every position) for each strategy ``q_s [b, p, V]``; ``log_model [b, p, V]``: the model's
+    log-probabilities of the task tokens."""
+    return {
+        name: scored_mean(kl_rows(q, q.clamp_min(1e-300).log(), log_model), scored) for name, q in strategies.items()
+    }
 
 
 @dataclass(frozen=True)

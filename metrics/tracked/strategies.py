@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data.strategies import HELD_OUT_STRATEGY_IDS, ReferencePredictions
+from data.strategies import HELD_OUT_STRATEGY_IDS, ReferencePredictions, scored_mean
 from metrics.dynamics.strategies import TokenGroups, kl_rows, mixture_weights, strategy_kls, token_groups
 from metrics.tracked.base import Output, ProbeRun, Scalar, Stored, TrackedQuantity
 
@@ -78,11 +78,14 @@ class Strategies(TrackedQuantity):
     def use(self, reference: ReferencePredictions, n_random: int) -> Strategies:
         """Score on ``reference`` (held-out sequences and their strategies) instead."""
         self.reference, self.n_random = reference, n_random
-        stacked = torch.stack(list(reference.strategies.values()))  # (S, b, p, V)
-        groups = token_groups(stacked.flatten(1, 2))
+        stacked = torch.stack(list(reference.strategies.values())).flatten(1, 2)  # (S, b·p, V)
+        if reference.scored is not None:
+            stacked = stacked[:, reference.scored.flatten()]  # the mixture reads the scored positions only
+        groups = token_groups(stacked)
         # kept as NumPy and wrapped again at each snapshot: host memory, whatever device the model is on
         self.host = {name: q.numpy() for name, q in reference.strategies.items()}
         self.host_truth = None if reference.truth is None else reference.truth.numpy()
+        self.host_scored = None if reference.scored is None else reference.scored.numpy()
         self.host_groups = (groups.group.numpy(), groups.profile.numpy())
         self.lines = strategy_lines(reference)
         return self
@@ -105,13 +108,16 @@ class Strategies(TrackedQuantity):
         logits = logits.cpu().double()  # small: [b, p, V]; the KLs and the mixture in float64 on the host
         log_probs = (logits - logits.logsumexp(-1, keepdim=True))[..., : self.n_random]
         strategies = {name: torch.from_numpy(q) for name, q in self.host.items()}
-        kl = {name: value.numpy() for name, value in strategy_kls(strategies, log_probs).items()}
+        scored = None if self.host_scored is None else torch.from_numpy(self.host_scored)
+        kl = {name: value.numpy() for name, value in strategy_kls(strategies, log_probs, scored).items()}
         truth_kl = None
         if self.host_truth is not None:
             truth = torch.from_numpy(self.host_truth)
-            truth_kl = kl_rows(truth, truth.clamp_min(1e-300).log(), log_probs).mean(-1).numpy()
+            truth_kl = scored_mean(kl_rows(truth, truth.clamp_min(1e-300).log(), log_probs), scored).numpy()
         on_tokens = log_probs.exp()
         on_tokens = (on_tokens / on_tokens.sum(-1, keepdim=True)).flatten(0, 1)  # the model given a task token
+        if scored is not None:
+            on_tokens = on_tokens[scored.flatten()]
         groups = TokenGroups(*(torch.from_numpy(part) for part in self.host_groups))
         weights, mixture_kl = mixture_weights(on_tokens, groups)
         return StrategyReading(self.names, kl, truth_kl, weights, mixture_kl)
@@ -135,7 +141,7 @@ def strategy_lines(reference: ReferencePredictions) -> dict[str, float]:
     if truth is None:
         return {}
     log_truth = truth.clamp_min(1e-300).log()
-    return {
-        name: kl_rows(truth, log_truth, q.clamp_min(1e-300).log()).mean().item()
-        for name, q in reference.strategies.items()
-    }
+    lines = {name: kl_rows(truth, log_truth, q.clamp_min(1e-300).log()) for name, q in reference.strategies.items()}
+    if reference.scored is None:
+        return {name: kl.mean().item() for name, kl in lines.items()}
+    return {name: kl[reference.scored].mean().item() for name, kl in lines.items()}

@@ -118,3 +118,100 @@ def test_markov_probe_is_held_out_chains_read_in_halves():
     assert probe.repeated == slice(50, 99) and int(probe.tokens.max()) <= 2
     trained = task.sampler(3)(np.arange(8))
     assert not torch.equal(probe.tokens, trained)  # its own seed stream, not the training samples
+
+
+def test_sentence_gap_copy_scores_a_repeat_from_its_second_token_when_its_first_copy_is_in_the_row():
+    from data.tasks.sentence_gap_copy import repeat_positions
+
+    # three rows of 8 (BOS = 9), written out: [BOS] 1 2 3 | gap 5 | 1 2 3, then [BOS] 4 6 | 4 6 (no
+    # gap), then [BOS] 7 8 | 7 8 straddling rows 1 and 2, then [BOS] 0 0 | gap 0 | 0 0
+    copied_from = torch.tensor(
+        [
+            [-1, -1, -1, -1, -1, 1, 2, 3],
+            [-1, -1, -1, 9, 10, -1, -1, -1],
+            [14, 15, -1, -1, -1, -1, 19, 20],
+        ]
+    )
+    scored = repeat_positions(copied_from)
+    assert scored.shape == (3, 7)
+    # row 0: positions 5 and 6 predict the copy's 2 and 3 (position 4 predicts its first token, 1: not
+    # recallable); row 1: position 3 predicts 6; row 2: position 0 predicts 8, whose first copy's 7 is in
+    # row 1 (not scored), position 6 predicts the last 0
+    assert [row.nonzero()[:, 0].tolist() for row in scored] == [[5, 6], [3], [6]]
+
+
+def test_sentence_gap_copy_records_where_each_second_copy_comes_from():
+    from data.tasks.sentence_gap_copy import sentence_gap_packed, sentence_gap_tokens
+
+    n_random = 9
+    packed = sentence_gap_packed(1, np.arange(30), 16, n_random, max_sentence=4, max_gap=3)
+    assert torch.equal(packed.tokens, sentence_gap_tokens(1, np.arange(30), 16, n_random, max_sentence=4, max_gap=3))
+    flat, source = packed.tokens.flatten().tolist(), packed.copied_from.flatten().tolist()
+    starts = [i for i, token in enumerate(flat) if token == n_random]
+    for begin, end in zip(starts, starts[1:]):  # each complete segment: -1 up to its second copy, then its sentence
+        copied = [k for k in range(begin, end) if source[k] >= 0]
+        s = len(copied)
+        assert 1 <= s <= 4 and copied == list(range(end - s, end))
+        assert [source[k] for k in copied] == list(range(begin + 1, begin + 1 + s))
+        assert [flat[k] for k in copied] == flat[begin + 1 : begin + 1 + s]
+
+
+def test_sentence_gap_copy_strategies_by_hand_on_the_repeats():
+    from data.tasks.sentence_gap_copy import repeat_positions, sentence_gap_packed
+
+    task = tasks()["sentence_gap_copy"](seq_len=40, max_sentence=8, max_gap=6, seed=2)
+    n_random = 20
+    ids = np.arange(500, 532)
+    reference = task.reference(ids, n_random)
+    tokens, scored = reference.tokens, reference.scored
+    assert tokens.shape == (32, 40) and reference.positions.tolist() == list(range(39)) and reference.truth is None
+    assert list(reference.strategies) == ["uniform", "copy", "induction"] and scored.any(1).all()
+    for length in (32, 64, 128):  # the first 32 rows with a repeat to score of a stream as long, or longer
+        drawn = sentence_gap_packed(2, np.arange(500, 500 + length), 40, n_random, 8, 6)
+        repeats = repeat_positions(drawn.copied_from)
+        rows = [r for r in range(length) if repeats[r].any()]
+        if len(rows) >= 32:
+            break
+    assert torch.equal(tokens, drawn.tokens[rows[:32]]) and torch.equal(scored, repeats[rows[:32]])
+    checked = 0
+    for row in range(len(tokens)):
+        line = tokens[row].tolist()
+        for j in scored[row].nonzero()[:, 0].tolist():
+            earlier = [i for i in range(j) if line[i] == line[j]]  # token j seen before (its first copy at least)
+            assert earlier
+            followed = line[earlier[-1] + 1]
+            expected = torch.zeros(n_random, dtype=torch.float64)
+            expected[followed] = 1.0
+            assert torch.equal(reference.strategies["induction"][row, j], expected)
+            seen = sorted({t for t in line[: j + 1] if t < n_random})
+            copy = reference.strategies["copy"][row, j]
+            assert copy[seen].tolist() == pytest.approx([1 / len(seen)] * len(seen)) and copy.sum() == pytest.approx(1)
+            checked += 1
+    assert checked > 32
+    # the induction strategy names the next token wherever the current one occurred once before
+    hits = [
+        reference.strategies["induction"][row, j, tokens[row, j + 1]].item()
+        for row in range(len(tokens))
+        for j in scored[row].nonzero()[:, 0].tolist()
+        if tokens[row, : j + 1].tolist().count(tokens[row, j].item()) == 2
+    ]
+    assert hits and all(hit == 1.0 for hit in hits)
+
+
+def test_sentence_gap_copy_refuses_options_with_nothing_to_score():
+    task = tasks()["sentence_gap_copy"](seq_len=40, max_sentence=1)  # one-token sentences: no second token
+    with pytest.raises(ValueError, match="too few for the strategies"):
+        task.reference(np.arange(8), 20)
+
+
+def test_scored_positions_must_be_booleans_of_the_strategies_shape_with_one_per_sequence():
+    q = {"uniform": strategies.uniform(torch.zeros(2, 3, dtype=torch.long), 4)}
+    tokens, positions = torch.zeros(2, 3, dtype=torch.long), torch.arange(3)
+    with pytest.raises(ValueError, match="booleans"):
+        strategies.ReferencePredictions(tokens, positions, q, scored=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="every sequence"):
+        strategies.ReferencePredictions(tokens, positions, q, scored=torch.tensor([[True] * 3, [False] * 3]))
+    values = torch.tensor([[1.0, 2.0, 4.0], [3.0, 5.0, 7.0]])
+    scored = torch.tensor([[True, False, True], [False, True, False]])
+    assert strategies.scored_mean(values, scored).tolist() == [2.5, 5.0]
+    assert strategies.scored_mean(values, None).tolist() == pytest.approx([7 / 3, 5.0])

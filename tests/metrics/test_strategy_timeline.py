@@ -68,3 +68,43 @@ def test_rise_steps_mark_where_a_weight_first_holds_above_the_threshold():
     weights[50, 2] = 0.5  # one snapshot's blip: not a rise
     rises = rise_steps(STEPS, weights, NAMES)
     assert rises == {"unigram": 700.0}  # 0.1 first reached at step 700; uniform starts above it
+
+
+def test_the_strategies_quantity_reads_only_a_task_s_scored_positions():
+    """sentence_gap_copy's strategies count on the repeated sentences only: a model that is a known
+    mixture of them there, and all on one token elsewhere, reads as that mixture, its KL to each strategy
+    the mean over each row's repeats written out by hand."""
+    from types import SimpleNamespace
+
+    from metrics.tracked.strategies import Strategies
+
+    n_random = 20
+    reference = tasks()["sentence_gap_copy"](seq_len=40, max_sentence=8, max_gap=6).reference(np.arange(16), n_random)
+    q = reference.strategies
+    mixture = 0.3 * q["uniform"] + 0.7 * q["induction"]  # (b, p, V) at every position
+    elsewhere = torch.full_like(mixture, 1e-6)
+    elsewhere[..., 0] = 1.0
+    probs = torch.where(reference.scored[..., None], mixture, elsewhere / elsewhere.sum(-1, keepdim=True))
+    logits = torch.full((*reference.tokens.shape, n_random + 1), -1e4, dtype=torch.float64)  # BOS never predicted
+    logits[:, reference.positions, :n_random] = probs.log()
+
+    def model(tokens):
+        assert torch.equal(tokens, reference.tokens)
+        return logits
+
+    quantity = Strategies().use(reference, n_random)
+    reading = quantity.measure(SimpleNamespace(model=model, logits=logits))
+    assert np.abs(reading.weights - np.array([0.3, 0.0, 0.7])).max() < 1e-5 and abs(reading.mixture_kl) < 1e-10
+    for name in ("uniform", "copy", "induction"):
+        by_hand = []
+        for row in range(len(reference.tokens)):
+            kls = []
+            for j in reference.scored[row].nonzero()[:, 0].tolist():
+                strategy, model_row = q[name][row, j], probs[row, j]
+                kls.append(sum(float(s * (s.log() - m.log())) for s, m in zip(strategy, model_row) if s > 0))
+            by_hand.append(sum(kls) / len(kls))
+        assert reading.kl[name] == pytest.approx(by_hand, rel=1e-9)
+    assert reading.closest == 2  # induction: closer than uniform on the repeats
+    every = Strategies().use(type(reference)(reference.tokens, reference.positions, q), n_random)
+    unscored = every.measure(SimpleNamespace(model=model, logits=logits))
+    assert np.abs(unscored.weights - np.array([0.3, 0.0, 0.7])).max() > 0.1  # the other positions would count
