@@ -46,7 +46,13 @@ from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
 from reports.plots import composition_report, plt, training_curves
-from reports.strategy_timeline import read_timeline, timeline_figure, timeline_summary, without_false_cliff
+from reports.strategy_timeline import (
+    generic_strategies,
+    read_timeline,
+    timeline_figure,
+    timeline_summary,
+    without_false_cliff,
+)
 from reports.wandb_charts import LineChart, comparison_charts
 
 SMALLEST_PHASE_CHANGE = {"loss/repeated": 0.5, "heads/induction/top": 0.1}
@@ -272,7 +278,7 @@ def render(run_dir: Path, window: int) -> RunReport:
         strategies_path = run_dir / STRATEGIES_FIGURE
         fig.savefig(strategies_path, dpi=110)
         plt.close(fig)
-    summary = without_false_cliff(summary, timeline)
+    summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
     rows = validity.validity_rows(series, change)
     validity_path = None
     if rows:
@@ -374,13 +380,19 @@ def print_report(report: RunReport) -> None:
         print(f"no validity table: {report.no_validity_because}")
 
 
-def smoothing_window_of(run_dir: Path) -> int:
-    """The ``tracker.smoothing_window`` the run was trained with (its ``.hydra/config.yaml``), or the
-    default for a directory without one (a re-scoring's)."""
+def config_value(run_dir: Path, key: str):
+    """The value of ``key`` (dotted) in the config the run was trained with (its ``.hydra/config.yaml``),
+    None for a directory without one (a re-scoring's) or a config without the key."""
     from omegaconf import OmegaConf
 
     config = Path(run_dir) / HYDRA_DIR / HYDRA_CONFIG
-    window = OmegaConf.select(OmegaConf.load(config), "tracker.smoothing_window") if config.is_file() else None
+    return OmegaConf.select(OmegaConf.load(config), key) if config.is_file() else None
+
+
+def smoothing_window_of(run_dir: Path) -> int:
+    """The ``tracker.smoothing_window`` the run was trained with, or the default for a directory
+    without its config (a re-scoring's)."""
+    window = config_value(run_dir, "tracker.smoothing_window")
     return int(window) if window is not None else SMOOTHING_WINDOW
 
 

@@ -6,7 +6,10 @@ strategies' own KL(truth ‖ strategy) as horizontal lines; Edelman et al. 2024,
 The switches are the run's stage truth: a transition is named by the strategies it connects
 (``uniform → copy``, ``copy → induction``, ``unigram → bigram``), and the induction cliff's summary
 keys (``phase_change/loss_*``, ``phase_change/induction_*``) are kept only in a run whose timeline
-reaches the induction strategy.
+reaches the induction strategy, where the task names its own strategies. A task that names none is
+compared with the generic ones at every position (:meth:`data.task.Task.reference`), most of them
+unpredictable: a timeline of those that never reaches induction leaves the cliff's keys in place and
+says it did not check them (``phase_change/unchecked``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ KL, WEIGHT, LINE = f"{PREFIX}kl/", f"{PREFIX}weight/", f"{PREFIX}line/"
 CLIFF_STRATEGY = "induction"
 """The strategy a run must switch to for its largest loss fall to be reported as the induction cliff."""
 CLIFF_KEYS = ("phase_change/loss_", "phase_change/induction_")
+LEFT_OUT, UNCHECKED = "phase_change/left_out", "phase_change/unchecked"
 
 
 @dataclass(frozen=True)
@@ -95,15 +99,34 @@ def timeline_summary(timeline: Timeline) -> dict[str, object]:
     return summary
 
 
-def without_false_cliff(summary: dict[str, object], timeline: Timeline | None) -> dict[str, object]:
-    """``summary`` without the induction cliff's keys when the run tracked strategies and never
-    switched to induction (its largest loss fall was another transition, named by the switches)."""
-    if timeline is None or timeline.reaches_cliff:
+def without_false_cliff(
+    summary: dict[str, object], timeline: Timeline | None, generic: bool = False
+) -> dict[str, object]:
+    """``summary`` without the induction cliff's keys when the run tracked its task's own strategies
+    and never switched to induction (its largest loss fall was another transition, named by the
+    switches; ``phase_change/left_out`` says so). With ``generic`` strategies (a task that names none,
+    :func:`data.task.names_own_strategies`) no switch found proves nothing: the keys stay and
+    ``phase_change/unchecked`` says why they were not checked."""
+    if timeline is None or timeline.reaches_cliff or not any(key.startswith(CLIFF_KEYS) for key in summary):
         return summary
+    if generic:
+        return {
+            **summary,
+            UNCHECKED: "the task names no strategies of its own: the generic ones, scored at every position,"
+            " found no switch to induction, which does not rule the cliff out",
+        }
     kept = {key: value for key, value in summary.items() if not key.startswith(CLIFF_KEYS)}
-    if len(kept) < len(summary):
-        kept["phase_change/left_out"] = "no switch to the induction strategy: see strategies/switch/*"
+    kept[LEFT_OUT] = "no switch to the induction strategy: see strategies/switch/*"
     return kept
+
+
+def generic_strategies(task_name: str | None) -> bool:
+    """Whether the task ``task_name`` (a run's ``data.name``) is scored on the generic strategies, naming
+    none of its own; False for a name no registered task has (nothing known: the cliff is checked)."""
+    from data.task import names_own_strategies, tasks
+
+    task = tasks().get(task_name) if task_name else None
+    return task is not None and not names_own_strategies(task)
 
 
 def timeline_figure(timeline: Timeline, title: str):
