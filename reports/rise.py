@@ -4,29 +4,30 @@
     python -m reports.rise multirun/DATE/TIME                      # every job of a sweep, then mean ± sd
     python -m reports.rise multirun/DATE/TIME --analysis NAME      # what a re-score measured (analysis.rescore)
 
-Seed 002 wanted a composition score that stays near zero until the induction head forms and then
-rises to its final value. Whether a measure does that is a question about time, and the K-only path
-ablation (docs/measures.md, "Ground truth: ablation") answers it for the model itself: how much the
-writer's write into the reader's keys moves the reader's pattern (``--effect pattern_change``, the
-default: what K composition acts on) or the repeated-token loss (``loss_change``). So every series
-here is the run's **causal pair** (the pair whose ablation hurts the loss most at the last
-ablation step, the validity table's ground-truth pair; not always the circuit pair the tracker
-names from the head scores, docs/measures.md), read from the run's tensor store (``tensors/``, every
-pair at every snapshot), and put on one scale: its **rise** ``r(t) = (v(t) − v(t₀)) / (v_final −
-v(t₀))``, 0 at the first step and 1 at its final level (the mean over the last quarter of its steps,
-well after the phase change in the default run). The ablation's own rise is the reference row
-(``ablation``).
+aslvrstn 2022 ("Composition Measures in Transformers") wanted a composition score that stays near
+zero until the induction head forms and then rises to its final value. Whether a measure does that
+is a question about time, and the K-only path ablation (docs/measures.md, "Ground truth: ablation")
+answers it for the model itself: how much the writer's write into the reader's keys moves the
+reader's pattern (``--effect pattern_change``, the default: what K composition acts on) or the
+repeated-token loss (``loss_change``). So every series here is the run's **causal pair** (the pair
+whose ablation hurts the loss most at the last ablation step, the validity table's ground-truth
+pair; not always the circuit pair the tracker names from the head scores, docs/measures.md), read
+from the run's tensor store (``tensors/``, every pair at every snapshot), and put on one scale: its
+**rise** ``r(t) = (v(t) − v(t₀)) / (v_final − v(t₀))``, 0 at the first step and 1 at its final level
+(the mean over the last quarter of its steps, well after the phase change in the default run). The
+ablation's own rise is the reference row (``ablation``).
 
 Columns, per measure: ``before onset`` the largest raw value at the steps up to the loss's onset and
-``after end`` the smallest from its end on (the raw reading issue 33 set targets for); ``paced@onset``
-the raw value the measure would read at the onset had it risen exactly as the truth does (its first
-value plus the truth's rise at the onset times its own way to its final level: what "before onset"
-can be for a measure that follows the ground truth); the rise at the onset, the midpoint and the
-end (linear between snapshots); ``half − truth``: the first step the rise reaches 0.5 minus the
-ablation's (negative: the measure rises first); ``gap``: the mean ``|r_measure − r_ablation|`` at
-the ablation's steps from ``onset − w`` to ``end + w``, ``w = end − onset``. Several runs: each
-run's table, then the mean ± sd over the runs. The phase change is the run's (its
-``summary.json``; with ``--analysis``, the one the re-score found in its own series).
+``after end`` the smallest from its end on (the raw readings docs/share_results.md holds the
+data-aware share to: ≤ 0.1 before the onset, ≥ 0.5 after the end); ``paced@onset`` the raw value the
+measure would read at the onset had it risen exactly as the truth does (its first value plus the
+truth's rise at the onset times its own way to its final level: what "before onset" can be for a
+measure that follows the ground truth); the rise at the onset, the midpoint and the end (linear
+between snapshots); ``half − truth``: the first step the rise reaches 0.5 minus the ablation's
+(negative: the measure rises first); ``gap``: the mean ``|r_measure − r_ablation|`` at the
+ablation's steps from ``onset − w`` to ``end + w``, ``w = end − onset``. Several runs: each run's
+table, then the mean ± sd over the runs. The phase change is the run's (its ``summary.json``; with
+``--analysis``, the one the re-score found in its own series).
 A training run measures the ablation every 100 steps by default, so its truth is coarse through the
 phase change; ``python -m analysis.rescore RUN_DIR --name NAME`` measures it at every saved step
 (``trajectory/``, densest there), and ``--analysis NAME`` reads that.

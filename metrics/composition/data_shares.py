@@ -1,9 +1,10 @@
 """Data-aware composition: each upstream part's share of what a reader head reads, on the probe batch.
 
 The weight-based measures (:mod:`metrics.composition.measures`) ask how much of what a writer *could*
-write a reader *could* read. aslvrstn 2022 (seed 002) wanted a score that stays near zero until the
-induction head forms and then rises to its final value; that needs to know which directions the
-residual stream actually carries. Here the question is asked of the probe pass itself.
+write a reader *could* read. aslvrstn 2022 ("Composition Measures in Transformers") wanted a score
+that stays near zero until the induction head forms and then rises to its final value; that needs
+to know which directions the residual stream actually carries. Here the question is asked of the
+probe pass itself.
 
 **The parts.** The stream a layer reads, ``x = resid_pre[l2] [b, t, d_model]``, is a sum of parts:
 the tokens ``W_E[tok]``, the positions ``W_pos`` (in the stream unless shortformer), every earlier

@@ -36,8 +36,8 @@ KINDS_RANKED = "K"
 """The kind whose top pairs are named in summary mode: K-composition is what induction heads use."""
 
 STORY_MEASURE = "frobenius"
-"""The measure whose circuit-pair curve is told in W&B's ``1_story``: seed 002's, and the one the
-tracker logs most often by default."""
+"""The measure whose circuit-pair curve is told in W&B's ``1_story``: the one aslvrstn 2022 ("Composition
+Measures in Transformers") plotted, and the one the tracker logs most often by default."""
 
 
 # --- the data-aware share, a measure with options -------------------------------------------------------
