@@ -1,12 +1,15 @@
 # Two commands from a fresh clone:  make train   and   make test
-# Both create .venv if there is none and install the project into it. A torch that is already
-# installed (in .venv, or in the Python that creates it) is reused, never downloaded again.
+# Both create .venv if there is none and install the project into it: `make train` the core (what
+# the default run imports), `make test` every extra too (`make extras` alone). A torch that is
+# already installed (in .venv, or in the Python that creates it) is reused, never downloaded again.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+EXTRAS := dev,sweeps,tl,dashboard,llc
+EXTRAS_STAMP := $(VENV)/.installed-extras
 
-.PHONY: train test test-fast lint format bench axioms figure rescore stages clean
+.PHONY: train test test-fast extras lint format bench axioms figure rescore stages clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -14,8 +17,14 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	@# torch from the system site (if any) satisfies the requirement; else take the CPU wheel
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "torch==2.13.0" || $(BIN)/pip install "torch>=2.4,<3"
-	$(BIN)/pip install -e ".[dev,sweeps,tl,dashboard,llc]"
+	$(BIN)/pip install -e .
 	@touch $(STAMP)
+
+$(EXTRAS_STAMP): $(STAMP)
+	$(BIN)/pip install -e ".[$(EXTRAS)]"
+	@touch $(EXTRAS_STAMP)
+
+extras: $(EXTRAS_STAMP)
 
 train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
@@ -29,11 +38,11 @@ test: lint
 test-fast: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(ARGS)
 
-lint: $(STAMP)
+lint: $(EXTRAS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-format: $(STAMP)
+format: $(EXTRAS_STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
@@ -49,7 +58,7 @@ figure: $(STAMP)
 rescore: $(STAMP)
 	$(BIN)/python -m analysis.rescore $(RUN) $(ARGS)
 
-stages: $(STAMP)
+stages: $(EXTRAS_STAMP)
 	$(BIN)/python -m analysis.stages $(RUN) $(ARGS)
 
 clean:

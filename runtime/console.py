@@ -95,6 +95,24 @@ def one_line(report: str) -> str:
     return " ".join(part.rstrip(",") for part in parts)
 
 
+SWEEPS_PLUGINS = (
+    "hydra/launcher/joblib",
+    "hydra/launcher/submitit_local",
+    "hydra/launcher/submitit_slurm",
+    "hydra/sweeper/optuna",
+)
+SWEEPS_INSTALL = "pip install -e '.[sweeps]'"  # pyproject.toml's extra of Hydra's launcher and sweeper plugins
+
+
+def with_install_hint(message: str) -> str:
+    """``message``, and when it is Hydra's "Could not find" of a launcher or sweeper that the ``sweeps``
+    extra installs, the command that installs it (the core install leaves the extras out)."""
+    missing = next((plugin for plugin in SWEEPS_PLUGINS if f"Could not find '{plugin}'" in message), None)
+    if missing is None:
+        return message
+    return f"{message}; {missing.rsplit('/', 1)[-1]} comes with the 'sweeps' extra: {SWEEPS_INSTALL}"
+
+
 def release_startup_errors() -> None:
     """Let stderr through again: Hydra has composed the config (called by the first Hydra callback,
     and by train.py's main)."""
@@ -127,7 +145,7 @@ class StartupErrors:
         text = self.held.getvalue()
         failed = kind is SystemExit and error.code not in (0, None)
         hydra_report = failed and text.strip() and "Traceback (most recent call last)" not in text
-        self.stderr.write(f"config error: {one_line(text)}\n" if hydra_report else text)
+        self.stderr.write(f"config error: {with_install_hint(one_line(text))}\n" if hydra_report else text)
 
     def __getstate__(self) -> dict:
         return {}  # a sweep launcher pickles main with its globals: a job's copy holds nothing

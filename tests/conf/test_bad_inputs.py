@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import CodeRunningPayload, run_train, train_in_process
+from tests.helpers import CodeRunningPayload, run_train, run_train_process
 
 
 def checkpoint_file(tmp_path, kind: str) -> str:
@@ -174,8 +174,8 @@ def assert_refused_in_one_line(code: int, stderr: str, message: str, tmp_path) -
 
 @pytest.mark.parametrize("overrides, message", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
 def test_bad_input_is_one_line_before_anything_is_created(tmp_path, overrides, message):
-    code, stderr = train_in_process(with_checkpoints(overrides, tmp_path), tmp_path / "run")
-    assert_refused_in_one_line(code, stderr, message, tmp_path)
+    result = run_train(with_checkpoints(overrides, tmp_path), tmp_path / "run")
+    assert_refused_in_one_line(result.returncode, result.stderr, message, tmp_path)
 
 
 END_TO_END = [BAD_INPUTS[0], BAD_INPUTS[10], BAD_INPUTS[-1]]  # Hydra's check, the run guard's, a crafted checkpoint
@@ -184,15 +184,29 @@ END_TO_END = [BAD_INPUTS[0], BAD_INPUTS[10], BAD_INPUTS[-1]]  # Hydra's check, t
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides, message", END_TO_END, ids=[" ".join(o) for o, _ in END_TO_END])
 def test_python_train_py_refuses_bad_input_in_one_line_before_anything_is_created(tmp_path, overrides, message):
-    result = run_train(with_checkpoints(overrides, tmp_path), tmp_path / "run", timeout=120)
+    result = run_train_process(with_checkpoints(overrides, tmp_path), tmp_path / "run", timeout=120)
     assert_refused_in_one_line(result.returncode, result.stderr, message, tmp_path)
 
 
 @pytest.mark.slow
 def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "a_file").write_text("not a directory")
-    result = run_train(["trainer.max_steps=2"], tmp_path / "a_file" / "run", timeout=120)
+    result = run_train_process(["trainer.max_steps=2"], tmp_path / "a_file" / "run", timeout=120)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0 and len(lines) == 1, result.stderr
     assert "cannot make the run directory" in lines[0] and "Not a directory" in lines[0], lines[0]
     assert (tmp_path / "a_file").read_text() == "not a directory"
+
+
+def test_a_launcher_of_an_extra_not_installed_names_its_install_command():
+    """Hydra's one-line refusal of ``hydra/launcher=joblib`` where the ``sweeps`` extra is not installed
+    (its exact words, as a core install prints them) gains the install command; a misspelt launcher,
+    which no extra provides, does not."""
+    from runtime.console import with_install_hint
+
+    missing = "In 'hydra/config': Could not find 'hydra/launcher/joblib' Available options in 'hydra/launcher': basic, ensemble"
+    assert with_install_hint(missing) == f"{missing}; joblib comes with the 'sweeps' extra: pip install -e '.[sweeps]'"
+    optuna = "In 'hydra/config': Could not find 'hydra/sweeper/optuna' Available options in 'hydra/sweeper': basic"
+    assert with_install_hint(optuna).endswith("optuna comes with the 'sweeps' extra: pip install -e '.[sweeps]'")
+    typo = missing.replace("joblib", "joblb")
+    assert with_install_hint(typo) == typo
