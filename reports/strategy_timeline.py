@@ -6,10 +6,12 @@ strategies' own KL(truth ‖ strategy) as horizontal lines; Edelman et al. 2024,
 The switches are the run's stage truth: a transition is named by the strategies it connects
 (``uniform → copy``, ``copy → induction``, ``unigram → bigram``), and the induction cliff's summary
 keys (``phase_change/loss_*``, ``phase_change/induction_*``) are kept only in a run whose timeline
-reaches the induction strategy, where the task names its own strategies. A task that names none is
-compared with the generic ones at every position (:meth:`data.task.Task.reference`), most of them
-unpredictable: a timeline of those that never reaches induction leaves the cliff's keys in place and
-says it did not check them (``phase_change/unchecked``).
+shows induction: a switch to it, or, in a run that ends before the model is closer to induction than
+to anything else, induction's mixture weight rising (``phase_change/confirmed_by`` says so). That
+holds where the task names its own strategies. A task that names none is compared with the generic
+ones at every position (:meth:`data.task.Task.reference`), most of them unpredictable: a timeline of
+those that shows no induction leaves the cliff's keys in place and says it did not check them
+(``phase_change/unchecked``).
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-from metrics.dynamics.strategies import Switch, closest, rise_steps, switches, switches_with_intervals
+from metrics.dynamics.strategies import RISE_WEIGHT, Switch, closest, rise_steps, switches, switches_with_intervals
 from metrics.tracked.strategies import PER_SEQUENCE, PREFIX
 from records.tensor_store import read_tensor_store
 
 KL, WEIGHT, LINE = f"{PREFIX}kl/", f"{PREFIX}weight/", f"{PREFIX}line/"
 CLIFF_STRATEGY = "induction"
-"""The strategy a run must switch to for its largest loss fall to be reported as the induction cliff."""
+"""The strategy a run's timeline must show (a switch to it, or its mixture weight rising) for its
+largest loss fall to be reported as the induction cliff."""
 CLIFF_KEYS = ("phase_change/loss_", "phase_change/induction_")
-LEFT_OUT, UNCHECKED = "phase_change/left_out", "phase_change/unchecked"
+LEFT_OUT, UNCHECKED, CONFIRMED_BY = "phase_change/left_out", "phase_change/unchecked", "phase_change/confirmed_by"
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,28 @@ class Timeline:
     rises: dict[str, float]
 
     @property
+    def cliff_switch(self) -> Switch | None:
+        """The first switch to the induction strategy, if any."""
+        return next((switch for switch in self.switches if switch.target == CLIFF_STRATEGY), None)
+
+    @property
     def reaches_cliff(self) -> bool:
-        return any(switch.target == CLIFF_STRATEGY for switch in self.switches)
+        """Whether the timeline shows induction: a switch to it, or its mixture weight rising (the model
+        takes it up in part; :data:`metrics.dynamics.strategies.RISE_WEIGHT`)."""
+        return self.cliff_switch is not None or CLIFF_STRATEGY in self.rises
+
+    def rise_without_switch(self) -> str | None:
+        """What shows induction where no switch to it does (its weight's rise, its last weight, the
+        closest strategy at the end); None where a switch does, or nothing."""
+        if self.cliff_switch is not None or CLIFF_STRATEGY not in self.rises:
+            return None
+        last = self.names[int(closest(self.kl)[-1])]
+        weight = float(self.weights[-1, self.names.index(CLIFF_STRATEGY)])
+        return (
+            f"{CLIFF_STRATEGY}'s mixture weight rises at step {self.rises[CLIFF_STRATEGY]:g}"
+            f" ({RISE_WEIGHT} and held; {weight:.2f} at step {self.steps[-1]:g}); no switch to {CLIFF_STRATEGY}:"
+            f" the closest strategy at the end is {last}"
+        )
 
 
 def strategy_names(series) -> list[str]:
@@ -103,17 +126,21 @@ def without_false_cliff(
     summary: dict[str, object], timeline: Timeline | None, generic: bool = False
 ) -> dict[str, object]:
     """``summary`` without the induction cliff's keys when the run tracked its task's own strategies
-    and never switched to induction (its largest loss fall was another transition, named by the
-    switches; ``phase_change/left_out`` says so). With ``generic`` strategies (a task that names none,
-    :func:`data.task.names_own_strategies`) no switch found proves nothing: the keys stay and
+    and its timeline shows no induction (its largest loss fall was another transition, named by the
+    switches; ``phase_change/left_out`` says so). Kept on a rise of induction's weight alone, with
+    ``phase_change/confirmed_by`` saying so. With ``generic`` strategies (a task that names none,
+    :func:`data.task.names_own_strategies`) no induction found proves nothing: the keys stay and
     ``phase_change/unchecked`` says why they were not checked."""
-    if timeline is None or timeline.reaches_cliff or not any(key.startswith(CLIFF_KEYS) for key in summary):
+    if timeline is None or not any(key.startswith(CLIFF_KEYS) for key in summary):
         return summary
+    if timeline.reaches_cliff:
+        rise = timeline.rise_without_switch()
+        return summary if rise is None else {**summary, CONFIRMED_BY: rise}
     if generic:
         return {
             **summary,
             UNCHECKED: "the task names no strategies of its own: the generic ones, scored at every position,"
-            " found no switch to induction, which does not rule the cliff out",
+            " show no induction, which does not rule the cliff out",
         }
     kept = {key: value for key, value in summary.items() if not key.startswith(CLIFF_KEYS)}
     kept[LEFT_OUT] = "no switch to the induction strategy: see strategies/switch/*"

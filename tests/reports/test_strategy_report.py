@@ -44,9 +44,9 @@ def test_generic_strategies_that_find_no_switch_keep_the_cliff_and_say_it_is_unc
     """A task that names no strategies of its own is scored on the generic ones at every position: no
     switch to induction there is not a timeline that shows none (a run of the task's own strategies)."""
     kls = {"uniform": np.full(len(STEPS), 0.2), "copy": np.full(len(STEPS), 2.0), "induction": ramp(4.0, 3.0, 500)}
-    weights = {"uniform": np.ones(len(STEPS)), "copy": np.zeros(len(STEPS)), "induction": ramp(0.0, 0.2, 500)}
+    weights = {"uniform": ramp(1.0, 0.95, 500), "copy": np.zeros(len(STEPS)), "induction": ramp(0.0, 0.05, 500)}
     timeline = read_timeline(series_of(kls, weights))
-    assert timeline.switches == [] and not timeline.reaches_cliff
+    assert timeline.switches == [] and timeline.rises == {} and not timeline.reaches_cliff
     summary = {"phase_change/loss_onset_step": 480.0, "phase_change/induction_midpoint_step": 510.0, "final/x": 1.0}
     generic = without_false_cliff(summary, timeline, generic=True)
     assert {k: generic[k] for k in summary} == summary and "phase_change/left_out" not in generic
@@ -76,6 +76,24 @@ def test_only_a_task_without_a_reference_of_its_own_is_generic(monkeypatch):
     assert not generic_strategies("unknown") and not generic_strategies(None)
 
 
+def test_a_rise_of_induction_s_weight_without_a_switch_keeps_them_and_says_so():
+    """A run that ends mid-transition (aslvrstn_2022_cpu at step 4000): induction's mixture weight rises
+    through the loss's fall while uniform stays the closest strategy."""
+    kls = {"uniform": ramp(0.05, 0.9, 500), "copy": ramp(0.9, 1.7, 500), "induction": ramp(4.5, 2.0, 500)}
+    weights = {"uniform": ramp(1.0, 0.6, 500), "copy": ramp(0.0, 0.05, 500), "induction": ramp(0.0, 0.35, 500)}
+    timeline = read_timeline(series_of(kls, weights))
+    assert timeline.switches == [] and timeline.rises == {"induction": 500.0}
+    assert timeline.reaches_cliff and timeline.cliff_switch is None
+    summary = {"phase_change/loss_onset_step": 470.0, "phase_change/loss_midpoint_step": 490.0}
+    kept = without_false_cliff(summary, timeline)
+    assert {k: kept[k] for k in summary} == summary and "phase_change/left_out" not in kept
+    assert kept["phase_change/confirmed_by"] == (
+        "induction's mixture weight rises at step 500 (0.1 and held; 0.35 at step 990);"
+        " no switch to induction: the closest strategy at the end is uniform"
+    )
+    assert without_false_cliff(summary, timeline, generic=True) == kept  # shown: nothing left unchecked
+
+
 def test_a_run_that_reaches_induction_keeps_them():
     kls = {
         "uniform": ramp(0.1, 3.0, 300),
@@ -86,7 +104,8 @@ def test_a_run_that_reaches_induction_keeps_them():
     timeline = read_timeline(series_of(kls, weights))
     assert [s.label for s in timeline.switches] == ["uniform → copy", "copy → induction"]
     summary = {"phase_change/loss_onset_step": 580.0}
-    assert without_false_cliff(summary, timeline) == summary
+    assert without_false_cliff(summary, timeline) == summary  # a switch: nothing added
+    assert timeline.cliff_switch.label == "copy → induction" and timeline.rise_without_switch() is None
     assert without_false_cliff(summary, None) == summary  # a run without strategies: as before
 
 
@@ -122,7 +141,8 @@ def test_sweep_and_stages_read_the_switches_from_the_summary():
 
 def write_cliff_without_a_switch(run_dir, task_name: str | None) -> None:
     """A run directory whose repeated-token loss falls 5.5 -> 0.2 around step 400 while uniform stays
-    the closest strategy (the reading the generic strategies give seed-002-like data), trained on
+    the closest strategy and induction's weight stays under 0.1 (what generic strategies can read
+    where most positions are unpredictable), trained on
     ``task_name`` (its ``.hydra/config.yaml``; None: a directory without one)."""
     import csv
 
@@ -138,9 +158,9 @@ def write_cliff_without_a_switch(run_dir, task_name: str | None) -> None:
         "strategies/kl/uniform": np.full(len(STEPS), 0.2),
         "strategies/kl/copy": np.full(len(STEPS), 2.0),
         "strategies/kl/induction": 4.0 - 1.0 * fall,
-        "strategies/weight/uniform": 1.0 - 0.2 * fall,
+        "strategies/weight/uniform": 1.0 - 0.05 * fall,
         "strategies/weight/copy": np.zeros(len(STEPS)),
-        "strategies/weight/induction": 0.2 * fall,
+        "strategies/weight/induction": 0.05 * fall,  # below the 0.1 of a rise: no induction shown
     }
     (run_dir / "csv").mkdir(parents=True)
     with open(run_dir / "csv" / "metrics.csv", "w", newline="") as handle:
