@@ -31,7 +31,7 @@ class FinishedRun:
 
 
 def trained_once(tmp_path_factory, worker_id: str, name: str, args: list[str]) -> FinishedRun:
-    """``python train.py ARGS`` trained once for the whole suite: under pytest-xdist the first worker to
+    """``python train.py ARGS`` (in process: :func:`tests.helpers.run_train`) trained once for the whole suite: under pytest-xdist the first worker to
     ask trains it while the other waits on a file lock in the directory the workers share, then reads
     the same run. Its users write only under its ``analysis/``, each under a name of its own."""
     from tests.helpers import run_train
@@ -40,7 +40,7 @@ def trained_once(tmp_path_factory, worker_id: str, name: str, args: list[str]) -
     run_dir, ended = shared / name, shared / f"{name}.json"
     with FileLock(str(shared / f"{name}.lock")):
         if not ended.is_file():
-            result = run_train(args, run_dir, timeout=600)
+            result = run_train(args, run_dir)
             record = {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
             ended.write_text(json.dumps(record))
     return FinishedRun(run_dir, **json.loads(ended.read_text()))

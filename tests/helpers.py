@@ -356,8 +356,9 @@ def train_env(**extra: str) -> dict[str, str]:
     return dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1", **extra)
 
 
-def run_train(args: list[str], tmp_path: Path, timeout: int = 300, env: dict[str, str] | None = None):
-    """Run ``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path``."""
+def run_train_process(args: list[str], tmp_path: Path, timeout: int = 300, env: dict[str, str] | None = None):
+    """``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path``: for tests of the process
+    itself (signals, exit codes, its environment); every other test trains in process (:func:`run_train`)."""
     import subprocess
 
     command = [
@@ -371,18 +372,9 @@ def run_train(args: list[str], tmp_path: Path, timeout: int = 300, env: dict[str
 
 
 def run_tiny_sweep(directory: Path, *overrides: str) -> str:
-    """``python train.py -m OVERRIDES`` of the tiny run (:data:`TINY`) into ``directory``, W&B offline
-    as a user's default; asserts it succeeded and returns what it printed."""
-    import subprocess
-
-    result = subprocess.run(
-        [sys.executable, "train.py", "-m", *overrides, f"hydra.sweep.dir={directory}", *TINY],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    """``python train.py -m OVERRIDES`` of the tiny run (:data:`TINY`) into ``directory`` (in process:
+    :func:`run_train`), W&B offline as a user's default; asserts it succeeded and returns what it printed."""
+    result = run_train(["-m", *overrides, *TINY], directory)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -500,29 +492,61 @@ def composed(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-def train_in_process(args: list[str], run_dir: Path) -> tuple[int, str]:
-    """``python train.py hydra.run.dir=RUN_DIR ARGS`` in this process, for input that train.py must
-    refuse before any work: its own ``main`` under its own ``StartupErrors``, as ``__main__`` runs it.
-    Returns (exit status, what it wrote to stderr); a ``SystemExit`` carrying a message counts as the
-    interpreter counts it: the message on stderr, status 1. Input that is not refused would train here."""
+def run_train(args: list[str], run_dir: Path, threads: int | None = None) -> subprocess.CompletedProcess:
+    """``python [-m] train.py hydra.run.dir=RUN_DIR ARGS`` in this process: train.py's own ``main`` under its
+    own ``StartupErrors``, as ``__main__`` runs it (Hydra composing the command line, the run guard, the
+    job, W&B offline), without a new interpreter's ~6 s of imports. ``threads``: torch's threads for
+    the run (as ``OMP_NUM_THREADS`` would set them in a subprocess). Returns what a subprocess would:
+    the exit status (a ``SystemExit`` carrying a message counts as the interpreter counts it: the
+    message on stderr, status 1; an exception escaping ``main``: its traceback, status 1) and what it
+    printed. What a run changes in the process (torch's threads and default dtype, the environment,
+    the root logger's handlers, ``sys.argv``) is put back after it."""
     import contextlib
-    import io
+    import logging
+    import tempfile
+    import traceback
 
     import train
     from runtime.console import StartupErrors
 
-    stderr, argv, startup_errors = io.StringIO(), sys.argv, train.startup_errors
-    sys.argv = ["train.py", f"hydra.run.dir={run_dir}", *args]
-    try:
-        with contextlib.redirect_stderr(stderr):
-            train.startup_errors = StartupErrors()
-            try:
-                with train.startup_errors:
-                    train.main()
-            except SystemExit as exit:
-                if isinstance(exit.code, str):
-                    print(exit.code, file=sys.stderr)
-                return (1 if isinstance(exit.code, str) else exit.code or 0), stderr.getvalue()
-        return 0, stderr.getvalue()
-    finally:
-        sys.argv, train.startup_errors = argv, startup_errors
+    flags = [a for a in args if a in ("-m", "--multirun")]  # before the overrides, as argparse wants them
+    location = f"hydra.sweep.dir={run_dir}" if flags else f"hydra.run.dir={run_dir}"
+    args = [a for a in args if a not in flags]
+    argv, startup_errors, environ = sys.argv, train.startup_errors, dict(os.environ)
+    threads_before, dtype_before = torch.get_num_threads(), torch.get_default_dtype()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    sys.argv = ["train.py", *flags, location, "trainer.enable_progress_bar=false", *args]
+    if threads is not None:
+        torch.set_num_threads(threads)
+    code = 0
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as out, tempfile.TemporaryFile("w+", encoding="utf-8") as err:
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                train.startup_errors = StartupErrors()
+                try:
+                    with train.startup_errors:
+                        train.main()
+                except SystemExit as exit:
+                    if isinstance(exit.code, str):
+                        print(exit.code, file=sys.stderr)
+                    code = 1 if isinstance(exit.code, str) else exit.code or 0
+                except Exception:
+                    traceback.print_exc()
+                    code = 1
+        finally:
+            sys.argv, train.startup_errors = argv, startup_errors
+            os.environ.clear()
+            os.environ.update(environ)
+            torch.set_num_threads(threads_before)
+            torch.set_default_dtype(dtype_before)
+            root.handlers[:], root.level = handlers, level
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(sys.argv, code, out.read(), err.read())
+
+
+def run_refused(args: list[str], run_dir: Path) -> subprocess.CompletedProcess:
+    """:func:`run_train` of input that train.py must refuse before any work (no training: not a slow test)."""
+    return run_train(args, run_dir)

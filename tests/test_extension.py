@@ -16,7 +16,7 @@ from records import wandb_records
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory
 from reports.run_report import read_series
-from tests.helpers import REPO, run_train, train_env
+from tests.helpers import REPO, run_train_process, train_env
 
 MEASURE = '''
 """The best writer direction's Frobenius ratio with the reader: one function, one registration."""
@@ -139,7 +139,7 @@ def env_with(root) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def trained(extension, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
-    result = run_train(RUN, run_dir, env=env_with(extension))
+    result = run_train_process(RUN, run_dir, env=env_with(extension))
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -214,7 +214,7 @@ print(json.dumps([probe.gap, probe.repeat_start, probe.tokens.tolist()]))
 )
 def test_a_bad_value_of_each_is_one_line_before_any_work(extension, tmp_path, overrides, message):
     run_dir = tmp_path / "never"
-    result = run_train([*RUN, *overrides], run_dir, env=env_with(extension))
+    result = run_train_process([*RUN, *overrides], run_dir, env=env_with(extension))
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0 and len(lines) == 1 and message in lines[0], result.stderr[-2000:]
     assert not run_dir.exists()

@@ -51,7 +51,7 @@ def csv_rows(run_dir) -> list[tuple[int, list[tuple[str, str]]]]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight")
-    result = run_train([*ARGS, "trainer.max_steps=40"], run_dir, env=SINGLE_THREAD)
+    result = run_train([*ARGS, "trainer.max_steps=40"], run_dir, threads=1)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -72,7 +72,7 @@ def test_sigterm_then_resume_in_place_equals_an_uninterrupted_run(tmp_path, unin
     assert "stopped by SIGTERM" in (run_dir / "train.log").read_text()  # the console is in the run directory too
     assert f"resume={run_dir}" in stop_line
 
-    resumed = run_train([*ARGS, "trainer.max_steps=40", f"resume={run_dir}"], run_dir, env=SINGLE_THREAD)
+    resumed = run_train([*ARGS, "trainer.max_steps=40", f"resume={run_dir}"], run_dir, threads=1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     rows = csv_rows(run_dir)
@@ -124,7 +124,7 @@ def test_a_signal_while_the_run_starts_stops_it_after_its_first_step_and_resume_
     assert status["status"] == "preempted" and status["step"] == 1, status
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 1
-    resumed = run_train([*ARGS, "trainer.max_steps=40", f"resume={run_dir}"], run_dir, env=SINGLE_THREAD)
+    resumed = run_train([*ARGS, "trainer.max_steps=40", f"resume={run_dir}"], run_dir, threads=1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert csv_rows(run_dir) == csv_rows(uninterrupted)  # every step once, bit for bit
     assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"

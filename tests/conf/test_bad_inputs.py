@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import CodeRunningPayload, run_train, run_train_process
+from tests.helpers import CodeRunningPayload, run_refused, run_train_process
 
 
 def checkpoint_file(tmp_path, kind: str) -> str:
@@ -174,7 +174,7 @@ def assert_refused_in_one_line(code: int, stderr: str, message: str, tmp_path) -
 
 @pytest.mark.parametrize("overrides, message", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
 def test_bad_input_is_one_line_before_anything_is_created(tmp_path, overrides, message):
-    result = run_train(with_checkpoints(overrides, tmp_path), tmp_path / "run")
+    result = run_refused(with_checkpoints(overrides, tmp_path), tmp_path / "run")
     assert_refused_in_one_line(result.returncode, result.stderr, message, tmp_path)
 
 

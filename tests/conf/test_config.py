@@ -203,8 +203,8 @@ def test_a_wandb_mode_in_the_environment_that_wandb_refuses_is_one_line_before_a
 def test_wandb_mode_precedence(monkeypatch):
     from omegaconf import OmegaConf
 
-    from conf.build import wandb_mode
     from conf.schema import LoggerConfig, WandbMode
+    from conf.wandb_run import wandb_mode
 
     cfg = OmegaConf.create({"logger": OmegaConf.structured(LoggerConfig)})
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -4,8 +4,6 @@ with the real train.py when shrunk (its model, batch and schedules; everything e
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -13,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from conf.schema import register_schemas
 from conf.validate import config_problems
 from runtime.run_guard import RENAMED_EXPERIMENTS, renamed_experiment_warning
-from tests.helpers import REPO, train_env
+from tests.helpers import REPO, run_train
 
 register_schemas()
 
@@ -57,25 +55,9 @@ def test_a_preset_composes_to_a_valid_config(preset):
 @pytest.fixture(scope="module")
 def shrunk_sweep(tmp_path_factory):
     """Every preset, shrunk, as one ``python train.py -m experiment=...`` (job ``i`` is ``PRESETS[i]``):
-    one process for them all, a failing job marked failed while the others go on."""
+    in this process, a failing job marked failed while the others go on."""
     sweep_dir = tmp_path_factory.mktemp("presets")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            f"experiment={','.join(PRESETS)}",
-            f"hydra.sweep.dir={sweep_dir}",
-            "trainer.enable_progress_bar=false",
-            *SHRUNK,
-        ],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return sweep_dir, result
+    return sweep_dir, run_train(["-m", f"experiment={','.join(PRESETS)}", *SHRUNK], sweep_dir)
 
 
 @pytest.mark.slow

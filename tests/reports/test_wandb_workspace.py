@@ -61,7 +61,7 @@ def missing_keys(keys: set[str], summary: dict) -> list[str]:
 def test_every_panel_names_keys_a_default_run_and_a_big_run_log(shipped_run, tmp_path):
     assert shipped_run.returncode == 0, shipped_run.stderr[-3000:]  # python train.py: 1500 steps, a phase change
     assert missing_keys(*logged(shipped_run.run_dir)) == []
-    big = run_train(BIG, tmp_path / "big", timeout=600)
+    big = run_train(BIG, tmp_path / "big")
     assert big.returncode == 0, big.stderr[-3000:]
     keys, summary = logged(tmp_path / "big")
     assert not [key for key in keys if "->" in key]  # summary mode: the per-pair panels match max / mean

@@ -83,7 +83,7 @@ def float64_singles(tmp_path_factory) -> dict[int, Path]:
     singles = {}
     for seed in (0, 1):
         singles[seed] = tmp_path_factory.mktemp(f"single{seed}")
-        result = run_train([f"seed={seed}", *EQUAL], singles[seed], env=SINGLE_THREAD)
+        result = run_train([f"seed={seed}", *EQUAL], singles[seed], threads=1)
         assert result.returncode == 0, result.stderr[-3000:]
     return singles
 
