@@ -38,24 +38,28 @@ def main(cfg: DictConfig) -> float:
 
 
 def fit(cfg: DictConfig, run_dir: Path) -> None:
-    import lightning as L  # Lightning and W&B load only once the config is known to be good
-    import torch
+    import torch  # torch, Lightning and W&B load only once the config is known to be good
 
-    from conf.build import Continuation, build_datamodule, build_module, build_trainer, torch_threads, wandb_naming
+    from conf.wandb_run import Continuation, open_wandb_run, wandb_naming
 
-    logging.getLogger("lightning.pytorch").propagate = False  # Lightning prints itself: not twice via Hydra
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
     continuation = Continuation.of(cfg, run_dir)
     if continuation.checkpoint is not None:
         where = "in place" if continuation.in_place else f"into {run_dir}"
         print(f"resuming {continuation.checkpoint} at step {continuation.step}, {where}")
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if (threads := torch_threads(cfg, hydra_cfg.launcher if multirun else None)) is not None:
-        torch.set_num_threads(threads)
     naming = wandb_naming(cfg, list(hydra_cfg.overrides.task), hydra_cfg.sweep.dir if multirun else None)
     with training_outcome(run_dir):
-        trainer = build_trainer(cfg, run_dir, continuation, naming)
+        opening = open_wandb_run(cfg, run_dir, continuation, naming)  # W&B opens its run while Lightning loads
+        import lightning as L
+
+        from conf.build import build_datamodule, build_module, build_trainer, torch_threads
+
+        logging.getLogger("lightning.pytorch").propagate = False  # Lightning prints itself: not twice via Hydra
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        if (threads := torch_threads(cfg, hydra_cfg.launcher if multirun else None)) is not None:
+            torch.set_num_threads(threads)
+        trainer = build_trainer(cfg, run_dir, continuation, naming, opening)
         trainer.fit(
             build_module(cfg), datamodule=build_datamodule(cfg), ckpt_path=continuation.checkpoint, weights_only=True
         )

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import os
-import secrets
-import string
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -38,6 +34,14 @@ from conf.objects import (
     trajectory_events,
 )
 from conf.validate import llc_calibration_warning
+from conf.wandb_run import (
+    Continuation,
+    WandbNaming,
+    WandbOpening,
+    new_wandb_id,
+    wandb_init_options,
+    wandb_mode,
+)
 from data.datamodule import TokenDataModule
 from metrics.tracked.options import TrackerOptions
 from models.lit_module import InductionLM
@@ -47,10 +51,7 @@ from records.layout import (
     CHECKPOINTS,
     LAST_CHECKPOINT,
     RUN_KEY,
-    SWEEP_CONFIG,
     TRAJECTORY_DIR,
-    resume_checkpoint,
-    resumed_run_dir,
 )
 from records.wandb_log import SectionedWandbLogger
 from records.wandb_reach import effective_mode
@@ -83,92 +84,10 @@ def build_module(cfg: DictConfig) -> InductionLM:
     )
 
 
-def wandb_mode(cfg: DictConfig) -> str:
-    """The config's mode if set, else ``$WANDB_MODE``, else offline (no account or network needed)."""
-    mode = cfg.logger.wandb.mode
-    return mode.value if mode is not None else os.environ.get("WANDB_MODE", "offline")
-
-
-@dataclass(frozen=True)
-class Continuation:
-    """What a run continues: nothing, or a checkpoint; in place (same directory, CSV and W&B run) when
-    ``resume`` names the run directory itself."""
-
-    checkpoint: Path | None = None
-    step: int = 0  # the checkpoint's global step: the first step this run logs
-    in_place: bool = False
-    wandb_id: str | None = None  # the W&B run to continue (in place only)
-
-    @classmethod
-    def of(cls, cfg: DictConfig, run_dir: Path) -> Continuation:
-        if cfg.resume is None:
-            return cls()
-        checkpoint = resume_checkpoint(cfg.resume)
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-        in_place = resumed_run_dir(cfg.resume) == Path(run_dir).resolve()
-        record = state.get(RUN_KEY) or {}
-        return cls(checkpoint, int(state["global_step"]), in_place, record.get("wandb_id") if in_place else None)
-
-
-def new_wandb_id() -> str:
-    """A fresh W&B run id, chosen here so that checkpoints can record it before W&B starts; under a
-    W&B sweep agent, the run id the agent assigned (``$WANDB_RUN_ID``)."""
-    if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
-        return os.environ["WANDB_RUN_ID"]
-    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-
-
-@dataclass(frozen=True)
-class WandbNaming:
-    group: str | None = None
-    name: str | None = None
-    tags: tuple[str, ...] = ()
-
-
-WANDB_TAG_LENGTH = 64  # W&B refuses longer tags
-
-
-def wandb_naming(cfg: DictConfig, overrides: list[str], sweep_dir: str | None = None) -> WandbNaming:
-    """A run's W&B group, name and tags, where ``logger.wandb`` leaves them unset: a sweep's jobs
-    share the sweep directory as their group; a run is named by its command-line overrides, which
-    are also its tags (``seed=1``, ``model.n_heads=4``), besides the config's own tags and one per
-    training-time intervention (``intervention:ablate[L0H0] zero steps 0-end``)."""
-    wandb_cfg = cfg.logger.wandb
-    shown = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/", "logger.", "resume"))]
-    kinds = [f"intervention:{i.label()}"[:WANDB_TAG_LENGTH] for i in intervention_plan(cfg)]
-    tags = tuple(dict.fromkeys([*wandb_cfg.tags, *kinds, *(o[:WANDB_TAG_LENGTH] for o in shown)]))
-    swept = keys_swept_by(Path(sweep_dir)) if sweep_dir else set()
-    named = [o for o in shown if o.lstrip("+~").split("=", 1)[0] in swept] or shown
-    return WandbNaming(
-        group=wandb_cfg.group or (str(sweep_dir) if sweep_dir else None),
-        name=wandb_cfg.name or (" ".join(named) or None),
-        tags=tags,
-    )
-
-
-SWEEP_SYNTAX = ("choice(", "range(", "interval(", "glob(", "tag(", "shuffle(", "sort(")
-
-
-def keys_swept_by(sweep_dir: Path) -> set[str]:
-    """The keys a sweep varies, from the ``multirun.yaml`` Hydra writes before it launches the jobs:
-    its overrides with several values (``seed=0,1``, ``range(...)``), and an optimizing sweeper's params."""
-    try:
-        master = OmegaConf.load(sweep_dir / SWEEP_CONFIG)
-    except (FileNotFoundError, OSError):
-        return set()
-    keys = {
-        o.lstrip("+~").split("=", 1)[0]
-        for o in master.hydra.overrides.task
-        if "=" in o and ("," in o.split("=", 1)[1] or o.split("=", 1)[1].startswith(SWEEP_SYNTAX))
-    }
-    params = OmegaConf.select(master, "hydra.sweeper.params") or {}
-    return keys | set(params)
-
-
 def wandb_logger(cfg: DictConfig, save_dir: Path, **run) -> SectionedWandbLogger:
-    """The W&B run of a training run, an analysis or a sweep report, in ``save_dir``: the config's
-    project and entity, its mode (online only if the server answers, else offline with one warning
-    line: ``records/wandb_reach.py``), and the W&B run's own arguments in ``run`` (name, group, job_type, ...)."""
+    """The W&B run of an analysis or a sweep report, in ``save_dir``: the config's project and entity,
+    its mode (online only if the server answers, else offline with one warning line:
+    ``records/wandb_reach.py``), and the W&B run's own arguments in ``run`` (name, group, job_type, ...)."""
     w = cfg.logger.wandb
     mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, save_dir)
     return SectionedWandbLogger(project=w.project, entity=w.entity, save_dir=str(save_dir), mode=mode, **run)
@@ -181,25 +100,18 @@ def build_loggers(
     wandb_id: str | None,
     naming: WandbNaming = WandbNaming(),
     several_runs: bool = False,
+    opening: WandbOpening | None = None,
 ) -> list[Logger]:
-    """The run's loggers: its W&B run (a new one, or the one it continues in place) and its CSV.
-    ``several_runs``: this process holds other runs' W&B runs at the same time (an ensemble's members)."""
+    """The run's loggers: its W&B run (a new one, or the one it continues in place; ``opening``: the
+    one already being opened, :class:`conf.wandb_run.WandbOpening`) and its CSV. ``several_runs``: this
+    process holds other runs' W&B runs at the same time (an ensemble's members)."""
     loggers: list[Logger] = []
-    wandb_cfg = cfg.logger.wandb
-    if wandb_cfg.enabled:
-        loggers.append(
-            wandb_logger(
-                cfg,
-                run_dir,
-                group=naming.group,
-                tags=list(naming.tags or wandb_cfg.tags),
-                name=naming.name or wandb_cfg.name,
-                id=wandb_id,
-                resume="allow" if continuation.in_place else None,
-                config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-                **({"reinit": "create_new"} if several_runs else {}),
-            )
-        )
+    if cfg.logger.wandb.enabled:
+        if opening is not None:
+            loggers.append(SectionedWandbLogger(opening=opening))
+        else:  # opened when first used (an ensemble's members: one after another)
+            options = wandb_init_options(cfg, run_dir, continuation, wandb_id, naming, several_runs)
+            loggers.append(SectionedWandbLogger(save_dir=options.pop("dir"), **options))
     if cfg.logger.csv:
         loggers.append(ResumableCSVLogger(run_dir, resume_step=continuation.step if continuation.in_place else None))
     return loggers
@@ -302,13 +214,21 @@ def silence_known_warnings() -> None:
 
 
 def build_trainer(
-    cfg: DictConfig, run_dir: Path, continuation: Continuation = Continuation(), naming: WandbNaming = WandbNaming()
+    cfg: DictConfig,
+    run_dir: Path,
+    continuation: Continuation = Continuation(),
+    naming: WandbNaming = WandbNaming(),
+    opening: WandbOpening | None = None,
 ) -> L.Trainer:
-    """The trainer, its loggers and callbacks; the W&B run is the continued one or a new id."""
+    """The trainer, its loggers and callbacks; the W&B run is the continued one or a new id, or the one
+    ``opening`` is already opening (:func:`conf.wandb_run.open_wandb_run`)."""
     silence_known_warnings()
     trainer = cfg.trainer
     interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar
-    wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
+    if opening is not None:
+        wandb_id = opening.options["id"]
+    else:
+        wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
     callbacks = build_callbacks(cfg, run_dir, wandb_id, naming)
     guard = next(c for c in callbacks if isinstance(c, DivergenceGuard))  # the one reader of the loss
     if trainer.enable_progress_bar:
@@ -317,7 +237,7 @@ def build_trainer(
         default_root_dir=str(run_dir),
         gradient_clip_val=trainer.gradient_clip_val,
         enable_progress_bar=trainer.enable_progress_bar and interactive,
-        logger=build_loggers(cfg, run_dir, continuation, wandb_id, naming) or False,
+        logger=build_loggers(cfg, run_dir, continuation, wandb_id, naming, opening=opening) or False,
         callbacks=callbacks,
         **trainer_loop(trainer),
     )

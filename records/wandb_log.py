@@ -18,11 +18,28 @@ class SectionedWandbLogger(WandbLogger):
     through :meth:`log_metrics` (with their step), figures through ``log_image``, tables through
     ``log_table``, end-of-run values through :meth:`log_summary`, and :meth:`finish` ends it."""
 
-    def __init__(self, **options) -> None:
+    def __init__(self, opening=None, **options) -> None:
+        """``options``: ``WandbLogger``'s (``wandb.init`` runs when the run is first used); or ``opening``,
+        a ``conf.wandb_run.WandbOpening`` already opening the run on a thread of its own."""
+        if opening is not None:
+            o = opening.options
+            options = dict(project=o["project"], name=o["name"], id=o["id"], save_dir=o["dir"])
         super().__init__(**options)
+        self._opening = opening
         self._defined: set[str] = set()
         if self._wandb_init.get("anonymous") is None:  # the one private field: Lightning offers no way to leave it out
             self._wandb_init.pop("anonymous", None)  # wandb 0.31 warns that it "has no effect" whenever it is given
+
+    @property
+    def experiment(self):
+        """The W&B run: the one being opened, once it is open (with the step axes Lightning's own
+        ``wandb.init`` path defines), else Lightning's."""
+        if self._experiment is None and self._opening is not None:
+            run, self._opening = self._opening.run(), None
+            run.define_metric("trainer/global_step")
+            run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
+            self._experiment = run
+        return super().experiment
 
     def log_metrics(self, metrics: Mapping[str, object], step: int | None = None) -> None:
         renamed = {}

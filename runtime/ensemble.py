@@ -79,19 +79,17 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
     from callbacks.preemption import Preempted, StopOnSignal
     from callbacks.run_record import RunRecord
     from conf.build import (
-        Continuation,
         build_callbacks,
         build_datamodule,
         build_loggers,
         build_module,
-        new_wandb_id,
         run_record,
         silence_known_warnings,
         torch_threads,
         trainer_loop,
-        wandb_naming,
     )
     from conf.objects import from_config
+    from conf.wandb_run import Continuation, new_wandb_id, wandb_naming
     from data.datamodule import EnsembleDataModule
     from models.ensemble_module import EnsembleLM
     from models.optimizer import OptimizerSettings

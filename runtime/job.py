@@ -187,7 +187,10 @@ def training_outcome(run_dir: Path) -> Iterator[None]:
 
 def finish_wandb(exit_code: int, preempting: bool = False) -> None:
     """End the run's W&B run with ``exit_code`` (marked preempting first, if so); nothing to end
-    where W&B was never loaded (``logger.wandb.enabled=false``)."""
+    where W&B was never loaded (``logger.wandb.enabled=false``). A W&B run still opening is waited for first."""
+    from conf.wandb_run import WandbOpening
+
+    WandbOpening.settle()
     wandb = sys.modules.get("wandb")
     if wandb is None:
         return

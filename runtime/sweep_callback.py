@@ -43,7 +43,8 @@ def log_to_wandb(config: DictConfig, report) -> None:
     run named ``sweep report`` in the jobs' group."""
     import wandb
 
-    from conf.build import wandb_logger, wandb_naming
+    from conf.build import wandb_logger
+    from conf.wandb_run import wandb_naming
     from reports.sweep_report import SEED_KEYS
     from reports.wandb_charts import sweep_plots
 
