@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import minimize
 from torch import Tensor
 
 from data.strategies import scored_mean
@@ -39,13 +38,23 @@ def kl_rows(p: Tensor, log_p: Tensor, log_q: Tensor) -> Tensor:
     return torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p)).sum(-1)
 
 
-def strategy_kls(strategies: dict[str, Tensor], log_model: Tensor, scored: Tensor | None = None) -> dict[str, Tensor]:
+def safe_log(p: Tensor) -> Tensor:
+    """``log p`` with ``log 0`` a finite stand-in (``kl_rows`` drops those entries): ``p``'s shape."""
+    return p.clamp_min(1e-300).log()
+
+
+def strategy_kls(
+    strategies: dict[str, Tensor],
+    log_model: Tensor,
+    scored: Tensor | None = None,
+    log_strategies: dict[str, Tensor] | None = None,
+) -> dict[str, Tensor]:
     """``KL(q_s ‖ model)`` per sequence ``[b]`` (mean over its scored positions, ``scored [b, p]``;
     None: every position) for each strategy ``q_s [b, p, V]``; ``log_model [b, p, V]``: the model's
-    log-probabilities of the task tokens."""
-    return {
-        name: scored_mean(kl_rows(q, q.clamp_min(1e-300).log(), log_model), scored) for name, q in strategies.items()
-    }
+    log-probabilities of the task tokens. ``log_strategies``: each ``safe_log(q_s)``, where the caller
+    keeps them (a tracker reads the same strategies at every snapshot)."""
+    logs = log_strategies or {name: safe_log(q) for name, q in strategies.items()}
+    return {name: scored_mean(kl_rows(q, logs[name], log_model), scored) for name, q in strategies.items()}
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,8 @@ def mixture_weights(model: Tensor, groups: TokenGroups) -> tuple[np.ndarray, flo
         value = entropy_part - float((mass * np.log(mix))[used].sum()) / N
         gradient = -np.einsum("ng,ngs->s", np.where(used, mass / mix, 0.0), profile) / N
         return value, gradient
+
+    from scipy.optimize import minimize  # here, not at the top: SciPy's 0.3 s only for a run that reads strategies
 
     start = np.full(S, 1.0 / S)
     solved = minimize(

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from data.strategies import HELD_OUT_STRATEGY_IDS, ReferencePredictions, scored_mean
-from metrics.dynamics.strategies import TokenGroups, kl_rows, mixture_weights, strategy_kls, token_groups
+from metrics.dynamics.strategies import TokenGroups, kl_rows, mixture_weights, safe_log, strategy_kls, token_groups
 from metrics.tracked.base import Output, ProbeRun, Scalar, Stored, TrackedQuantity
 
 PREFIX = "strategies/"
@@ -84,7 +84,9 @@ class Strategies(TrackedQuantity):
         groups = token_groups(stacked)
         # kept as NumPy and wrapped again at each snapshot: host memory, whatever device the model is on
         self.host = {name: q.numpy() for name, q in reference.strategies.items()}
+        self.host_logs = {name: safe_log(q).numpy() for name, q in reference.strategies.items()}  # read every snapshot
         self.host_truth = None if reference.truth is None else reference.truth.numpy()
+        self.host_truth_log = None if reference.truth is None else safe_log(reference.truth).numpy()
         self.host_scored = None if reference.scored is None else reference.scored.numpy()
         self.host_groups = (groups.group.numpy(), groups.profile.numpy())
         self.lines = strategy_lines(reference)
@@ -109,11 +111,12 @@ class Strategies(TrackedQuantity):
         log_probs = (logits - logits.logsumexp(-1, keepdim=True))[..., : self.n_random]
         strategies = {name: torch.from_numpy(q) for name, q in self.host.items()}
         scored = None if self.host_scored is None else torch.from_numpy(self.host_scored)
-        kl = {name: value.numpy() for name, value in strategy_kls(strategies, log_probs, scored).items()}
+        logs = {name: torch.from_numpy(log) for name, log in self.host_logs.items()}
+        kl = {name: value.numpy() for name, value in strategy_kls(strategies, log_probs, scored, logs).items()}
         truth_kl = None
         if self.host_truth is not None:
-            truth = torch.from_numpy(self.host_truth)
-            truth_kl = scored_mean(kl_rows(truth, truth.clamp_min(1e-300).log(), log_probs), scored).numpy()
+            truth, log_truth = torch.from_numpy(self.host_truth), torch.from_numpy(self.host_truth_log)
+            truth_kl = scored_mean(kl_rows(truth, log_truth, log_probs), scored).numpy()
         on_tokens = log_probs.exp()
         on_tokens = (on_tokens / on_tokens.sum(-1, keepdim=True)).flatten(0, 1)  # the model given a task token
         if scored is not None:
