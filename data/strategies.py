@@ -129,9 +129,36 @@ def induction(tokens: Tensor, n_random: int, fallback: Tensor | None = None) -> 
     return torch.where(found[..., None], delta, fallback)
 
 
+def longest_match(tokens: Tensor, n_random: int, fallback: Tensor | None = None) -> Tensor:
+    """Induction on the longest match: the context's longest suffix ending at token j that occurred
+    before (ending at some i < j), and the token that followed it, uniform over the followers where
+    several earlier occurrences match as far back; ``fallback`` (default :func:`uniform`) where token j
+    has not occurred before followed by a task token. On copied text this recalls the copy's source:
+    the tokens before j agree with it as far back as the copy goes, where a chance earlier occurrence
+    of token j alone (which :func:`induction` takes when it is the latest) agrees for one token."""
+    b, t = tokens.shape
+    same = tokens[:, :, None] == tokens[:, None, :]  # (b, j, i)
+    length = torch.zeros(b, t, t, dtype=torch.long, device="cpu")  # tokens equal going back from j and i
+    length[:, 0] = same[:, 0].long()
+    for j in range(1, t):
+        length[:, j, 1:] = same[:, j, 1:] * (1 + length[:, j - 1, :-1])
+        length[:, j, 0] = same[:, j, 0].long()
+    followed = torch.zeros(b, t, dtype=torch.bool, device="cpu")
+    followed[:, :-1] = tokens[:, 1:] < n_random  # position i has a task token after it
+    earlier = torch.ones(t, t, dtype=torch.bool, device="cpu").tril(-1)  # i < j
+    length = torch.where(earlier & followed[:, None, :], length, torch.zeros_like(length))
+    longest = length.amax(-1, keepdim=True)  # (b, j, 1)
+    matches = ((length == longest) & (longest > 0)).double()  # (b, j, i)
+    following = F.one_hot(tokens.roll(-1, 1).clamp(max=n_random - 1), n_random).double()  # (b, i, V): token i + 1
+    recalled = torch.einsum("bji,biv->bjv", matches, following)
+    found = longest[..., 0] > 0
+    fallback = uniform(tokens, n_random) if fallback is None else fallback
+    return torch.where(found[..., None], recalled / recalled.sum(-1, keepdim=True).clamp_min(1.0), fallback)
+
+
 def one_and_two_layer(tokens: Tensor, n_random: int) -> dict[str, Tensor]:
     """Uniform, copy (one layer's strategy) and induction (two layers'), simplest first: the strategies
-    of a task that names none of its own (:meth:`data.task.Task.reference`) and of copying tasks."""
+    of a task that names none of its own (:meth:`data.task.Task.reference`)."""
     return {
         "uniform": uniform(tokens, n_random),
         "copy": copy(tokens, n_random),

@@ -47,6 +47,21 @@ def test_copy_and_induction_by_hand():
     assert induction[2].tolist() == pytest.approx([1 / 9] * 9)  # 5 not seen before: the fallback
 
 
+def test_longest_match_induction_by_hand():
+    tokens = torch.tensor([[9, 1, 2, 3, 5, 2, 7, 1, 2, 4, 1]])  # n_random = 9: id 9 is BOS
+    longest = strategies.longest_match(tokens, 9)[0]
+    latest = strategies.induction(tokens, 9)[0]
+    # at 8 the context ends 1 2, as at 2 (followed by 3); the latest 2 alone, at 5, was followed by 7
+    assert longest[8].tolist() == pytest.approx([0, 0, 0, 1, 0, 0, 0, 0, 0])
+    assert latest[8].tolist() == pytest.approx([0, 0, 0, 0, 0, 0, 0, 1, 0])
+    assert longest[5].tolist() == pytest.approx([0, 0, 0, 1, 0, 0, 0, 0, 0])  # one earlier 2: as induction
+    # at 10 the 1s at 1 and 7 agree for one token each (BOS 1, 7 1 against 4 1): uniform over their followers
+    assert longest[10].tolist() == pytest.approx([0, 0, 1, 0, 0, 0, 0, 0, 0])
+    mixed = strategies.longest_match(torch.tensor([[1, 2, 5, 1, 3, 0, 1]]), 9)[0]
+    assert mixed[6].tolist() == pytest.approx([0, 0, 0.5, 0.5, 0, 0, 0, 0, 0])  # 1 followed by 2, then by 3
+    assert longest[4].tolist() == pytest.approx([1 / 9] * 9)  # 5 not seen before: the fallback
+
+
 def test_repeated_copy_strategy_has_loss_ln_n_on_the_repeats():
     task = tasks()["repeated"](n_min=6, n_max=6, seq_len=25)
     reference = task.reference(np.arange(20), 64)
@@ -173,21 +188,33 @@ def test_sentence_gap_copy_strategies_by_hand_on_the_repeats():
         if len(rows) >= 32:
             break
     assert torch.equal(tokens, drawn.tokens[rows[:32]]) and torch.equal(scored, repeats[rows[:32]])
-    checked = 0
+    checked = right = latest = 0
     for row in range(len(tokens)):
         line = tokens[row].tolist()
         for j in scored[row].nonzero()[:, 0].tolist():
-            earlier = [i for i in range(j) if line[i] == line[j]]  # token j seen before (its first copy at least)
-            assert earlier
-            followed = line[earlier[-1] + 1]
+            matched = {}  # earlier i followed by a task token -> how far back tokens agree from i and j
+            for i in range(j):
+                if line[i + 1] < n_random:
+                    k = 0
+                    while k <= i and line[i - k] == line[j - k]:
+                        k += 1
+                    matched[i] = k
+            longest = max(matched.values())
+            assert longest >= 1  # token j seen before (its first copy at least)
             expected = torch.zeros(n_random, dtype=torch.float64)
-            expected[followed] = 1.0
-            assert torch.equal(reference.strategies["induction"][row, j], expected)
+            for i, k in matched.items():
+                if k == longest:
+                    expected[line[i + 1]] += 1
+            expected /= expected.sum()
+            assert torch.allclose(reference.strategies["induction"][row, j], expected, rtol=0, atol=1e-15)
+            right += expected[line[j + 1]].item() == 1.0
+            latest += strategies.induction(tokens[row : row + 1], n_random)[0, j, line[j + 1]].item() == 1.0
             seen = sorted({t for t in line[: j + 1] if t < n_random})
             copy = reference.strategies["copy"][row, j]
             assert copy[seen].tolist() == pytest.approx([1 / len(seen)] * len(seen)) and copy.sum() == pytest.approx(1)
             checked += 1
-    assert checked > 32
+    # it recalls what the copy repeats (but for ties), more often than the latest occurrence alone does
+    assert checked > 32 and right > 0.75 * checked and right > latest
     # the induction strategy names the next token wherever the current one occurred once before
     hits = [
         reference.strategies["induction"][row, j, tokens[row, j + 1]].item()
