@@ -1,0 +1,90 @@
+"""What a run costs before and after its steps: ``python train.py trainer.max_steps=1`` against
+``python -c "import torch, lightning"`` (the floor any Lightning run pays), whole processes timed
+alternately, best of N each; then the ten slowest imports of ``python -X importtime train.py --help``.
+
+    python -m bench.startup [--repeats 3] [--repo DIR] [--out results.json] [OVERRIDE ...]
+
+OVERRIDEs go to the one-step run (``logger.wandb.enabled=false``, ``experiment=elhage_2l``); ``--repo``
+times another checkout's ``train.py`` (an earlier commit's) with this interpreter. Target: the
+one-step run at most 2.0x the import floor. Run directories go to a temporary folder, W&B offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_RATIO = 2.0
+FLOOR = [sys.executable, "-c", "import torch, lightning"]
+
+
+def wall(command: list[str], repo: Path = REPO) -> float:
+    """Seconds ``command`` takes as a whole process, run from ``repo`` (exits non-zero: an error)."""
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"error: {' '.join(command)} exited {result.returncode}: {result.stderr.strip()[-500:]}")
+    return seconds
+
+
+def slowest_imports(repo: Path = REPO, top: int = 10) -> list[tuple[float, str]]:
+    """The ``top`` imports of ``train.py --help`` with the largest cumulative time (s: a module with what
+    it imports), from ``-X importtime``, at any depth."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "train.py", "--help"], cwd=repo, capture_output=True, text=True
+    )
+    rows = []
+    for line in result.stderr.splitlines():
+        match = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
+        if match:
+            rows.append((int(match.group(2)) / 1e6, len(match.group(3)), match.group(4)))
+    return sorted(((seconds, name) for seconds, _, name in rows), reverse=True)[:top]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose train.py is timed")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    floor, run = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        for repeat in range(args.repeats + 1):  # the first round warms the file cache and is not counted
+            step = [sys.executable, "train.py", f"hydra.run.dir={scratch}/run{repeat}", "trainer.max_steps=1"]
+            a, b = wall(FLOOR), wall([*step, *args.overrides], args.repo)
+            if repeat:
+                floor.append(a)
+                run.append(b)
+            print(
+                f"round {repeat}{' (warm-up)' if not repeat else ''}: import torch, lightning {a:.2f} s; one step {b:.2f} s"
+            )
+    ratio = min(run) / min(floor)
+    imports = slowest_imports(args.repo)
+    print(
+        f"\nbest of {args.repeats}: import torch, lightning {min(floor):.2f} s; python train.py trainer.max_steps=1 {min(run):.2f} s"
+    )
+    print(f"ratio {ratio:.2f} (target <= {MAX_RATIO}): {'met' if ratio <= MAX_RATIO else 'NOT met'}")
+    print(f"\nslowest imports of python -X importtime train.py --help in {args.repo} (cumulative s):")
+    for seconds, name in imports:
+        print(f"  {seconds:6.3f}  {name}")
+    if args.out:
+        record = {"repo": str(args.repo), "floor_s": floor, "one_step_s": run, "ratio": ratio, "imports": imports}
+        args.out.write_text(json.dumps(record, indent=2))
+    return 0 if ratio <= MAX_RATIO else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
