@@ -7,7 +7,11 @@ The labelled matplotlib figures are for the end-of-run report.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
 from functools import lru_cache
+from pathlib import Path
 
 import matplotlib
 
@@ -188,6 +192,38 @@ def _composition_panel(ax, scores: np.ndarray, limit: float):
                 shade = "white" if abs(value) > 0.6 * limit else "black"
                 ax.text(col, row, f"{value:+.3f}", ha="center", va="center", fontsize=7, color=shade)
     return image
+
+
+class DrawnAside:
+    """``draw()`` (build a figure and save it) in a forked child process while this one goes on, so that
+    a report's figures take two cores where there are two; :meth:`wait` waits for it, and draws here
+    after all if the child failed (or where there is no fork, or one core). The child touches nothing
+    but NumPy and Matplotlib and leaves by ``os._exit``: nothing of the parent's (W&B, files) is flushed
+    or closed twice."""
+
+    def __init__(self, draw: Callable[[], None]) -> None:
+        self.draw, self.pid = draw, None
+        if sys.platform.startswith("linux") and len(os.sched_getaffinity(0)) > 1:  # fork is unsafe on macOS
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self.pid = os.fork()
+            if self.pid == 0:  # the child
+                code = 1
+                try:
+                    draw()
+                    code = 0
+                finally:
+                    os._exit(code)
+
+    def wait(self) -> None:
+        if self.pid is None or os.waitpid(self.pid, 0)[1] != 0:
+            self.draw()
+
+
+def save_figure(fig: Figure, path: Path) -> None:
+    """Save ``fig`` as a report's figure (PNG, 110 dpi) and close it without drawing it again."""
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def figure_to_rgb(fig: Figure) -> np.ndarray:

@@ -45,7 +45,7 @@ from records.tables import write_rows
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
-from reports.plots import composition_report, plt, training_curves
+from reports.plots import DrawnAside, composition_report, save_figure, training_curves
 from reports.strategy_timeline import (
     generic_strategies,
     read_timeline,
@@ -228,6 +228,17 @@ def render(run_dir: Path, window: int) -> RunReport:
     circuit = series.get(f"circuit/K/{measure}")
     baseline = series.get(f"comp/baseline/{measure}")
     change = phase_change_of(series, "loss/repeated", True, window)
+    composition_path = composition = None
+    final = final_composition(store_dir, series)
+    if final is not None:  # the largest figure: drawn on another core while this one draws the rest
+        by_measure, step = final
+        composition_path = run_dir / COMPOSITION_FIGURE
+        composition = DrawnAside(
+            lambda: save_figure(
+                composition_report(by_measure, f"composition minus baseline at step {step}: {run_label(run_dir)}"),
+                composition_path,
+            )
+        )
     fig = training_curves(
         loss_first=series["loss/first_occurrence"],
         loss_repeated=series["loss/repeated"],
@@ -259,16 +270,7 @@ def render(run_dir: Path, window: int) -> RunReport:
         },
     )
     figure_path = run_dir / PHASE_CHANGE_FIGURE
-    fig.savefig(figure_path, dpi=110)
-    plt.close(fig)  # saved; closing without drawing it again (figure_to_rgb would, for nothing)
-    composition_path = None
-    final = final_composition(store_dir, series)
-    if final is not None:
-        by_measure, step = final
-        fig = composition_report(by_measure, f"composition minus baseline at step {step}: {run_label(run_dir)}")
-        composition_path = run_dir / COMPOSITION_FIGURE
-        fig.savefig(composition_path, dpi=110)
-        plt.close(fig)
+    save_figure(fig, figure_path)
     summary = summarize(series, window)
     timeline = read_timeline(series, store_dir)
     strategies_path = None
@@ -276,8 +278,7 @@ def render(run_dir: Path, window: int) -> RunReport:
         summary.update(timeline_summary(timeline))
         fig = timeline_figure(timeline, f"which strategy the model uses: {run_label(run_dir)}")
         strategies_path = run_dir / STRATEGIES_FIGURE
-        fig.savefig(strategies_path, dpi=110)
-        plt.close(fig)
+        save_figure(fig, strategies_path)
     summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
     rows = validity.validity_rows(series, change)
     validity_path = None
@@ -292,8 +293,7 @@ def render(run_dir: Path, window: int) -> RunReport:
             intervention_windows(run_dir),
         )
         validity_path = run_dir / VALIDITY_FIGURE
-        fig.savefig(validity_path, dpi=110)
-        plt.close(fig)
+        save_figure(fig, validity_path)
         for row in rows:
             for column in validity.SUMMARY_COLUMNS:
                 if row[column] is not None and not math.isnan(
@@ -311,6 +311,8 @@ def render(run_dir: Path, window: int) -> RunReport:
             else "the model has no earlier->later head pairs (one layer)"
         )
     charts = comparison_charts(series, change)
+    if composition is not None:
+        composition.wait()
     return RunReport(
         figure_path, summary, validity_path, rows or None, because, composition_path, strategies_path, charts
     )
