@@ -1,12 +1,13 @@
 """What the tracker adds to a whole run, as a user times it: ``python train.py`` with the default tracker
 against the same command with ``tracker=off``, whole processes, interleaved (on, off, on, off, ...).
 
-    python -m bench.tracker_wall [--repeats 2] [--max-ratio 1.15] [--out results.json] [OVERRIDE ...]
+    python -m bench.tracker_wall [--repeats 2] [--max-ratio 1.15] [--repo DIR] [--out results.json] [OVERRIDE ...]
 
 OVERRIDEs go to both commands; the default is the 4 layers x 8 heads x d_model 256 x d_head 32 model
 for 200 steps. The tracker's share includes all it brings to a run: the snapshots, the tensor store,
 the adaptive trajectory steps and the end-of-run report (a run with ``tracker=off`` draws none).
-W&B offline, run directories in a temporary folder. Exits 1 when the median ratio is above ``--max-ratio``.
+``--repo`` times another checkout's ``train.py`` (an earlier commit's) with this interpreter. W&B
+offline, run directories in a temporary folder. Exits 1 when the median ratio is above ``--max-ratio``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.startup import wall
+from bench.startup import REPO, wall
 
 SHAPE = ["model.n_layers=4", "model.n_heads=8", "model.d_model=256", "model.d_head=32", "trainer.max_steps=200"]
 
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-ratio", type=float, default=1.15)
+    parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose train.py is timed")
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*", help=f"train.py overrides (default: {' '.join(SHAPE)})")
     args = parser.parse_args(argv)
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             for setting, walls in (([], on), (["tracker=off"], off)):
                 run_dir = f"{scratch}/{len(on) + len(off)}"
                 command = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides, *setting]
-                walls.append(wall([*command, "trainer.enable_progress_bar=false"]))
+                walls.append(wall([*command, "trainer.enable_progress_bar=false"], args.repo))
                 print(f"repeat {repeat}: tracker {'off' if setting else 'on '} {walls[-1]:.1f} s", flush=True)
     ratio = statistics.median(on) / statistics.median(off)
     print(f"\ntracker on {statistics.median(on):.1f} s, off {statistics.median(off):.1f} s (medians of {args.repeats})")
