@@ -461,17 +461,6 @@ TINY = [  # a 60-step run that keeps its weights at 0, 1, 4, 15, 30, 60: for ana
 ]
 
 
-def module(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", name, *map(str, args)],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def digest(run_dir) -> dict[str, str]:
     """Every file of a run directory outside ``analysis/``, by content hash."""
     return {
@@ -496,38 +485,58 @@ def run_train(args: list[str], run_dir: Path, threads: int | None = None) -> sub
     """``python [-m] train.py hydra.run.dir=RUN_DIR ARGS`` in this process: train.py's own ``main`` under its
     own ``StartupErrors``, as ``__main__`` runs it (Hydra composing the command line, the run guard, the
     job, W&B offline), without a new interpreter's ~6 s of imports. ``threads``: torch's threads for
-    the run (as ``OMP_NUM_THREADS`` would set them in a subprocess). Returns what a subprocess would:
-    the exit status (a ``SystemExit`` carrying a message counts as the interpreter counts it: the
-    message on stderr, status 1; an exception escaping ``main``: its traceback, status 1) and what it
-    printed. What a run changes in the process (torch's threads and default dtype, the environment,
-    the root logger's handlers, ``sys.argv``) is put back after it."""
-    import contextlib
-    import logging
-    import tempfile
-    import traceback
-
+    the run (as ``OMP_NUM_THREADS`` would set them in a subprocess). Returns what a subprocess would
+    (:func:`in_this_process`)."""
     import train
     from runtime.console import StartupErrors
 
     flags = [a for a in args if a in ("-m", "--multirun")]  # before the overrides, as argparse wants them
     location = f"hydra.sweep.dir={run_dir}" if flags else f"hydra.run.dir={run_dir}"
     args = [a for a in args if a not in flags]
-    argv, startup_errors, environ = sys.argv, train.startup_errors, dict(os.environ)
+
+    def main() -> None:
+        startup_errors, train.startup_errors = train.startup_errors, StartupErrors()
+        try:
+            with train.startup_errors:
+                train.main()
+        finally:
+            train.startup_errors = startup_errors
+
+    return in_this_process(main, ["train.py", *flags, location, "trainer.enable_progress_bar=false", *args], threads)
+
+
+def module(name: str, *args) -> subprocess.CompletedProcess:
+    """``python -m NAME ARGS`` in this process (:func:`in_this_process`): the module run as ``__main__``."""
+    import runpy
+
+    return in_this_process(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True), [name, *map(str, args)])
+
+
+def in_this_process(main, argv: list[str], threads: int | None = None) -> subprocess.CompletedProcess:
+    """``main()`` with ``sys.argv`` = ``argv``, W&B offline, as a process would run it, returning what a
+    subprocess would: the exit status (a ``SystemExit`` carrying a message counts as the interpreter
+    counts it: the message on stderr, status 1; an exception escaping: its traceback, status 1) and what
+    it printed. What a run changes in the process (torch's threads and default dtype, the environment,
+    the root logger's handlers, ``sys.argv``) is put back after it, and W&B's service ended."""
+    import contextlib
+    import logging
+    import tempfile
+    import traceback
+
+    saved_argv, environ = sys.argv, dict(os.environ)
     threads_before, dtype_before = torch.get_num_threads(), torch.get_default_dtype()
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
-    sys.argv = ["train.py", *flags, location, "trainer.enable_progress_bar=false", *args]
+    sys.argv = list(argv)
     if threads is not None:
         torch.set_num_threads(threads)
     code = 0
     with tempfile.TemporaryFile("w+", encoding="utf-8") as out, tempfile.TemporaryFile("w+", encoding="utf-8") as err:
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                train.startup_errors = StartupErrors()
                 try:
-                    with train.startup_errors:
-                        train.main()
+                    main()
                 except SystemExit as exit:
                     if isinstance(exit.code, str):
                         print(exit.code, file=sys.stderr)
@@ -536,15 +545,18 @@ def run_train(args: list[str], run_dir: Path, threads: int | None = None) -> sub
                     traceback.print_exc()
                     code = 1
         finally:
-            sys.argv, train.startup_errors = argv, startup_errors
+            if "wandb" in sys.modules:  # W&B's service ends as at a process's exit: its log is the run's alone
+                sys.modules["wandb"].teardown()
+            sys.argv = saved_argv
             os.environ.clear()
             os.environ.update(environ)
+            os.environ.pop("WANDB_SERVICE", None)  # the service ended above, whoever started it
             torch.set_num_threads(threads_before)
             torch.set_default_dtype(dtype_before)
             root.handlers[:], root.level = handlers, level
         out.seek(0)
         err.seek(0)
-        return subprocess.CompletedProcess(sys.argv, code, out.read(), err.read())
+        return subprocess.CompletedProcess(argv, code, out.read(), err.read())
 
 
 def run_refused(args: list[str], run_dir: Path) -> subprocess.CompletedProcess:
