@@ -60,12 +60,21 @@ def strategy_kls(
 @dataclass(frozen=True)
 class TokenGroups:
     """The strategies' values per position with tokens merged where every strategy agrees (copy and
-    induction give most tokens the same values): the mixture's objective needs only each group's
-    model mass. ``group [N, V]`` (a group id per token), ``profile [N, G, S]`` (the strategies' value
-    of one token of the group; 0 for padding groups)."""
+    induction give most tokens the same values): KLs to the strategies and the mixture's objective
+    need only each group's sums. ``group [N, V]`` (a group id per token), ``profile [N, G, S]`` (the
+    strategies' value of one token of the group; 0 for padding groups)."""
 
     group: Tensor
     profile: Tensor
+
+    def sums(self, values: Tensor) -> Tensor:
+        """``values [N, V]`` summed over each group's tokens: ``[N, G]``."""
+        return torch.zeros(self.profile.shape[:2], dtype=values.dtype).scatter_add_(1, self.group, values)
+
+    def first(self, strategies: int) -> TokenGroups:
+        """The same groups with only the first ``strategies`` columns of the profile (groups that the
+        others split stay split: the sums over them are the same)."""
+        return TokenGroups(self.group, self.profile[..., :strategies])
 
 
 def token_groups(strategies: Tensor) -> TokenGroups:
@@ -88,21 +97,30 @@ def token_groups(strategies: Tensor) -> TokenGroups:
     return TokenGroups(group, profile)
 
 
-def mixture_weights(model: Tensor, groups: TokenGroups) -> tuple[np.ndarray, float]:
+def negative_entropies(strategies: Tensor) -> Tensor:
+    """``Σ_v q log q`` of each of ``strategies [S, N, V]`` at each position, ``0 log 0 = 0``: ``[N, S]``."""
+    return kl_rows(strategies, safe_log(strategies), torch.zeros_like(strategies)).T
+
+
+def grouped_kls(groups: TokenGroups, negative_entropy: Tensor, log_model: Tensor) -> Tensor:
+    """``KL(q_s ‖ model)`` at each of N positions for each strategy: ``[N, S]``, as ``Σ_v q_s log q_s``
+    (``negative_entropy [N, S]``, :func:`negative_entropies`) less ``Σ_g q_s(g) Σ_{v∈g} log model``
+    (``log_model [N, V]``): two sums over the tokens' groups instead of one per strategy over V."""
+    return negative_entropy - torch.einsum("ng,ngs->ns", groups.sums(log_model), groups.profile)
+
+
+def mixture_weights(model: Tensor, groups: TokenGroups, log_model: Tensor | None = None) -> tuple[np.ndarray, float]:
     """The weights ``w [S]`` on the simplex whose mixture ``Σ_s w_s q_s`` is closest to ``model [N, V]``
-    (probabilities of the task tokens, rows summing to 1) in ``KL(model ‖ mixture)`` averaged over
-    the N positions, and that KL. Solved with SciPy's SLSQP from equal weights (a convex problem in S
-    variables: only the groups' masses enter, ``[N, G]``)."""
+    (probabilities of the task tokens, rows summing to 1; ``log_model``: their logs, where the caller
+    has them) in ``KL(model ‖ mixture)`` averaged over the N positions, and that KL. Solved with SciPy's
+    SLSQP from equal weights (a convex problem in S variables: only the groups' masses enter, ``[N, G]``)."""
     model = model.double()
-    mass = (
-        torch.zeros(groups.profile.shape[:2], dtype=torch.float64, device="cpu")
-        .scatter_add_(1, groups.group, model)
-        .numpy()
-    )
+    mass = groups.sums(model).numpy()
     profile = groups.profile.numpy()  # (N, G, S)
     N, _, S = profile.shape
     used = mass > 0
-    entropy_part = float(torch.where(model > 0, model * model.clamp_min(1e-300).log(), 0.0).sum() / N)
+    log_model = model.clamp_min(1e-300).log() if log_model is None else log_model.double()
+    entropy_part = float(torch.where(model > 0, model * log_model, 0.0).sum() / N)
 
     def objective(w: np.ndarray) -> tuple[float, np.ndarray]:
         mix = np.maximum(profile @ w, 1e-300)  # (N, G)

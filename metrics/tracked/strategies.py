@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data.strategies import HELD_OUT_STRATEGY_IDS, ReferencePredictions, scored_mean
-from metrics.dynamics.strategies import TokenGroups, kl_rows, mixture_weights, safe_log, strategy_kls, token_groups
+from data.strategies import HELD_OUT_STRATEGY_IDS, ReferencePredictions
+from metrics.dynamics.strategies import grouped_kls, kl_rows, mixture_weights, negative_entropies, token_groups
 from metrics.tracked.base import Output, ProbeRun, Scalar, Stored, TrackedQuantity
 
 PREFIX = "strategies/"
@@ -22,9 +22,7 @@ class StrategiesOptions:
     """``tracker.strategies.*``: every ``every_n_steps`` steps (0: off), on ``sequences`` held-out
     sequences of the task (drawn once, the same at every snapshot)."""
 
-    every_n_steps: int = (
-        20  # a switch's step to 20 steps; ~2.5 ms a reading at the default shape (docs/configuration.md)
-    )
+    every_n_steps: int = 20  # a switch's step to 20 steps (docs/configuration.md)
     sequences: int = 16
 
     def problems(self) -> list[str]:
@@ -78,19 +76,21 @@ class Strategies(TrackedQuantity):
         return self
 
     def use(self, reference: ReferencePredictions, n_random: int) -> Strategies:
-        """Score on ``reference`` (held-out sequences and their strategies) instead."""
+        """Score on ``reference`` (held-out sequences and their strategies) instead. What every snapshot
+        reads is prepared here, on the host (whatever device the model is on): the scored positions'
+        token groups under the strategies and the truth (:class:`TokenGroups`), their negative entropies,
+        and each scored position's sequence."""
         self.reference, self.n_random = reference, n_random
-        stacked = torch.stack(list(reference.strategies.values())).flatten(1, 2)  # (S, b·p, V)
-        if reference.scored is not None:
-            stacked = stacked[:, reference.scored.flatten()]  # the mixture reads the scored positions only
-        groups = token_groups(stacked)
-        # kept as NumPy and wrapped again at each snapshot: host memory, whatever device the model is on
-        self.host = {name: q.numpy() for name, q in reference.strategies.items()}
-        self.host_logs = {name: safe_log(q).numpy() for name, q in reference.strategies.items()}  # read every snapshot
-        self.host_truth = None if reference.truth is None else reference.truth.numpy()
-        self.host_truth_log = None if reference.truth is None else safe_log(reference.truth).numpy()
-        self.host_scored = None if reference.scored is None else reference.scored.numpy()
-        self.host_groups = (groups.group.numpy(), groups.profile.numpy())
+        columns = [*reference.strategies.values(), *([] if reference.truth is None else [reference.truth])]
+        stacked = torch.stack(columns).flatten(1, 2)  # (S [+ truth], b·p, V)
+        b, p = reference.tokens.shape[0], len(reference.positions)
+        scored = torch.ones(b, p, dtype=torch.bool) if reference.scored is None else reference.scored
+        stacked = stacked[:, scored.flatten()]  # (S [+ truth], N, V): the scored positions only
+        self.groups = token_groups(stacked)
+        self.negative_entropy = negative_entropies(stacked)  # (N, S [+ truth])
+        self.rows = scored.flatten().nonzero().squeeze(1)  # (N,) into the flattened (b·p) positions
+        self.row_sequence = self.rows // p  # (N,)
+        self.per_sequence_rows = scored.sum(-1, keepdim=True).double()  # (b, 1)
         self.lines = strategy_lines(reference)
         return self
 
@@ -111,21 +111,18 @@ class Strategies(TrackedQuantity):
         ]  # (b, p, V): interventions on
         logits = logits.cpu().double()  # small: [b, p, V]; the KLs and the mixture in float64 on the host
         log_probs = (logits - logits.logsumexp(-1, keepdim=True))[..., : self.n_random]
-        strategies = {name: torch.from_numpy(q) for name, q in self.host.items()}
-        scored = None if self.host_scored is None else torch.from_numpy(self.host_scored)
-        logs = {name: torch.from_numpy(log) for name, log in self.host_logs.items()}
-        kl = {name: value.numpy() for name, value in strategy_kls(strategies, log_probs, scored, logs).items()}
-        truth_kl = None
-        if self.host_truth is not None:
-            truth, log_truth = torch.from_numpy(self.host_truth), torch.from_numpy(self.host_truth_log)
-            truth_kl = scored_mean(kl_rows(truth, log_truth, log_probs), scored).numpy()
-        on_tokens = log_probs.exp()
-        on_tokens = (on_tokens / on_tokens.sum(-1, keepdim=True)).flatten(0, 1)  # the model given a task token
-        if scored is not None:
-            on_tokens = on_tokens[scored.flatten()]
-        groups = TokenGroups(*(torch.from_numpy(part) for part in self.host_groups))
-        weights, mixture_kl = mixture_weights(on_tokens, groups)
-        return StrategyReading(self.names, kl, truth_kl, weights, mixture_kl)
+        log_probs = log_probs.flatten(0, 1)[self.rows]  # (N, n_random): the scored positions
+        kls = grouped_kls(self.groups, self.negative_entropy, log_probs)  # (N, S [+ truth])
+        b = reference.tokens.shape[0]
+        per_sequence = torch.zeros(b, kls.shape[1], dtype=torch.float64).index_add_(0, self.row_sequence, kls)
+        per_sequence = (per_sequence / self.per_sequence_rows).numpy()  # (b, S [+ truth])
+        names = self.names
+        kl = {name: per_sequence[:, i] for i, name in enumerate(names)}
+        truth_kl = per_sequence[:, len(names)] if reference.truth is not None else None
+        on_tokens = log_probs - log_probs.logsumexp(-1, keepdim=True)  # the model given a task token
+        groups = self.groups.first(len(names))
+        weights, mixture_kl = mixture_weights(on_tokens.exp(), groups, log_model=on_tokens)
+        return StrategyReading(names, kl, truth_kl, weights, mixture_kl)
 
     def outputs(self, result: StrategyReading, run: ProbeRun) -> list[Output]:
         outputs: list[Output] = []

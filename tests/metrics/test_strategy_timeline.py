@@ -108,3 +108,39 @@ def test_the_strategies_quantity_reads_only_a_task_s_scored_positions():
     every = Strategies().use(type(reference)(reference.tokens, reference.positions, q), n_random)
     unscored = every.measure(SimpleNamespace(model=model, logits=logits))
     assert np.abs(unscored.weights - np.array([0.3, 0.0, 0.7])).max() > 0.1  # the other positions would count
+
+
+@pytest.mark.parametrize("name", sorted(tasks()))
+def test_the_tracked_reading_equals_the_dense_kls_and_mixture_on_every_task(name):
+    """The tracker's grouped reading (two sums over token groups) against the dense one: every
+    strategy's and the truth's KL over the whole vocabulary, the mixture over groups of the strategies
+    alone, on a random model's predictions."""
+    from types import SimpleNamespace
+
+    from conf.objects import n_random, task_of
+    from data.strategies import scored_mean
+    from metrics.dynamics.strategies import kl_rows, safe_log, strategy_kls
+    from metrics.tracked.strategies import Strategies
+    from tests.helpers import composed
+
+    config = composed("experiment=markov_icl" if name == "markov_icl" else f"data={name}")  # its model fits its states
+    reading = Strategies().for_task(task_of(config), n_random(config))
+    vocabulary = reading.n_random
+    reference = reading.reference
+    generator = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(*reference.tokens.shape, vocabulary + 1, generator=generator, dtype=torch.float64)
+    model = SimpleNamespace(model=lambda tokens: logits, logits=logits)
+    found = reading.measure(model)
+    log_model = logits[:, reference.positions].log_softmax(-1)[..., :vocabulary]
+    dense = strategy_kls(reference.strategies, log_model, reference.scored)
+    for strategy in reference.strategies:
+        np.testing.assert_allclose(found.kl[strategy], dense[strategy].numpy(), rtol=1e-12, atol=1e-12)
+    if reference.truth is not None:
+        truth = scored_mean(kl_rows(reference.truth, safe_log(reference.truth), log_model), reference.scored)
+        np.testing.assert_allclose(found.truth_kl, truth.numpy(), rtol=1e-12, atol=1e-12)
+    scored = torch.ones(log_model.shape[:2], dtype=torch.bool) if reference.scored is None else reference.scored
+    on_tokens = log_model.softmax(-1)[scored]
+    stacked = torch.stack(list(reference.strategies.values()))[:, scored]
+    weights, kl = mixture_weights(on_tokens, token_groups(stacked))
+    np.testing.assert_allclose(found.weights, weights, atol=1e-6)
+    assert found.mixture_kl == pytest.approx(kl, abs=1e-10)
