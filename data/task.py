@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -35,6 +35,11 @@ TokenSampler = Callable[[np.ndarray], Tensor]
 class Task:
     """The options every task has. Token ids ``0 .. n_random - 1`` are the task's own; with ``bos``
     the id ``n_random`` is BOS (``n_random`` is the model's ``d_vocab`` less one for BOS)."""
+
+    reader_behaviour: ClassVar[str] = "induction"
+    """The prefix-matching behaviour its probe shows (:mod:`metrics.heads.behaviour`): ``induction`` on
+    repeated tokens, ``statistical_induction`` where earlier occurrences are a chain's in-context
+    counts. The circuit pair's reader is the head that does it most."""
 
     name: str = ""  # the task's name (``data=NAME``): set by each task
     seed: int = 0  # the config makes it follow the run's ``seed`` unless set on its own (data.seed=S)

@@ -33,6 +33,8 @@ def publish_report(run_dir: Path, loggers: list, step: int, window: int) -> RunR
                 logger.log_image(key="images/composition_final", images=[str(report.composition_figure)], step=step)
             if report.strategies_figure is not None:
                 logger.log_image(key="images/strategies", images=[str(report.strategies_figure)], step=step)
+            if report.heads_figure is not None:
+                logger.log_image(key="images/heads", images=[str(report.heads_figure)], step=step)
             if report.validity_rows:
                 logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
                 logger.log_table(

@@ -30,6 +30,7 @@ from records.keys import scored_flat_indices
 from records.layout import (
     COMPOSITION_FIGURE,
     CSV_RELATIVE_PATH,
+    HEADS_FIGURE,
     HYDRA_CONFIG,
     HYDRA_DIR,
     INTERVENTION_RECORD,
@@ -45,6 +46,7 @@ from records.tables import write_rows
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
+from reports.head_types import head_summary, heads_figure, read_head_history
 from reports.plots import DrawnAside, composition_report, save_figure, training_curves
 from reports.strategy_timeline import (
     generic_strategies,
@@ -209,6 +211,7 @@ class RunReport:
     no_validity_because: str | None = None  # why there is no validity table, when there is none
     composition_figure: Path | None = None  # None when the run kept no tensor store
     strategies_figure: Path | None = None  # None when the run tracked no strategies
+    heads_figure: Path | None = None  # None when the run tracked no head behaviours
     charts: dict[str, LineChart] = field(default_factory=dict)  # W&B's comparison charts, by key
 
 
@@ -280,6 +283,11 @@ def render(run_dir: Path, window: int) -> RunReport:
         strategies_path = run_dir / STRATEGIES_FIGURE
         save_figure(fig, strategies_path)
     summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
+    heads_path = None
+    if (history := read_head_history(store_dir)) is not None:
+        summary.update(head_summary(history))
+        heads_path = run_dir / HEADS_FIGURE
+        save_figure(heads_figure(history, f"what every head becomes: {run_label(run_dir)}"), heads_path)
     rows = validity.validity_rows(series, change)
     validity_path = None
     if rows:
@@ -314,7 +322,15 @@ def render(run_dir: Path, window: int) -> RunReport:
     if composition is not None:
         composition.wait()
     return RunReport(
-        figure_path, summary, validity_path, rows or None, because, composition_path, strategies_path, charts
+        figure_path,
+        summary,
+        validity_path,
+        rows or None,
+        because,
+        composition_path,
+        strategies_path,
+        heads_path,
+        charts,
     )
 
 

@@ -184,6 +184,7 @@ def fake_results(n_layers: int, n_heads: int, measures=None, seed: int = 0) -> d
         "copying": CopyingScores(heads(), heads(), heads()),
         "matching": pair_tensor(n_layers, n_heads, g),
         "strategies": fake_strategy_reading(g),
+        "behaviour": fake_behaviour_reading(n_layers, n_heads, g),
         "ablation": AblationResult(
             KeyAblation(
                 pattern_change=pair_tensor(n_layers, n_heads, g), loss_change=pair_tensor(n_layers, n_heads, g)
@@ -198,6 +199,21 @@ def fake_results(n_layers: int, n_heads: int, measures=None, seed: int = 0) -> d
         },
     }
     return results
+
+
+def fake_behaviour_reading(n_layers: int, n_heads: int, g: torch.Generator):
+    """A random reading of every head's behaviours on a batch of 4 sequences (the behaviour quantity's result)."""
+    from metrics.heads.behaviour import BEHAVIOURS, Null, head_types
+    from metrics.tracked.head_behaviour import BehaviourReading
+
+    per_sequence = torch.rand(n_layers, 4, n_heads, len(BEHAVIOURS), generator=g, dtype=torch.float64)
+    scores = per_sequence.mean(1)
+    behaviours = tuple(name for name in BEHAVIOURS if name != "statistical_induction")
+    null = Null(
+        torch.full((len(BEHAVIOURS),), 0.1, dtype=torch.float64),
+        torch.full((len(BEHAVIOURS),), 0.05, dtype=torch.float64),
+    )
+    return BehaviourReading(scores, per_sequence, head_types(scores, null, behaviours), behaviours, null)
 
 
 def fake_strategy_reading(g: torch.Generator):

@@ -92,6 +92,9 @@ class MarkovICL(Task):
     paper's), 2 for trigram chains; rows Dirichlet(``alpha``·1); ``doubly_stochastic``: uniform
     stationary distribution."""
 
+    reader_behaviour = (
+        "statistical_induction"  # Edelman et al. 2024: attention to the tokens after x_t's earlier occurrences
+    )
     name: str = "markov_icl"
     batch_size: int = 64
     seq_len: int = 101

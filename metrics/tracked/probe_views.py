@@ -10,6 +10,7 @@ from torch import Tensor
 
 from metrics.dynamics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
 from metrics.heads.attention_scores import duplicate_token_score, induction_score, previous_token_score
+from metrics.heads.behaviour import BEHAVIOURS
 from metrics.heads.circuit_pair import circuit_pair
 from metrics.tracked.base import Output, PerHead, ProbeRun, Scalar, TrackedQuantity
 
@@ -98,17 +99,31 @@ class DuplicateToken(HeadScore):
 
 
 class CircuitPair(TrackedQuantity):
-    """The circuit pair (docs/measures.md): the top previous-token head and the top induction head of a
-    later layer, ``((l1, h1), (l2, h2))``; what the ``circuit/`` keys of every other quantity read."""
+    """The circuit pair (docs/measures.md): the top previous-token head and the top head of a later
+    layer at the task's reader behaviour (``Task.reader_behaviour``), ``((l1, h1), (l2, h2))``: the
+    induction score on repeated tokens, the statistical-induction score (the ``behaviour`` quantity's)
+    on chains; what the ``circuit/`` keys of every other quantity read."""
 
     name = "circuit"
-    after = ("previous_token", "induction")
+    after = ("previous_token", "induction", "behaviour")
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.reader = "induction"
+
+    def for_task(self, task, n_random: int) -> CircuitPair:
+        self.reader = task.reader_behaviour
+        return self
 
     def applies(self, model) -> bool:
         return model.shape.n_layers >= 2
 
     def measure(self, run: ProbeRun):
-        return circuit_pair(run.results["previous_token"], run.results["induction"])
+        behaviour = run.results.get("behaviour")
+        if self.reader == "induction" or behaviour is None or self.reader not in behaviour.behaviours:
+            return circuit_pair(run.results["previous_token"], run.results["induction"])
+        reader = behaviour.scores[..., BEHAVIOURS.index(self.reader)].nan_to_num(nan=-1.0)
+        return circuit_pair(run.results["previous_token"], reader)
 
     def outputs(self, result, run: ProbeRun) -> list[Output]:
         (l1, h1), (l2, h2) = result

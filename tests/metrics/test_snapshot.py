@@ -9,7 +9,7 @@ from data.probe import make_probe_batch
 from metrics.snapshot import take_snapshot
 from tests.helpers import random_model
 
-EVERY_SNAPSHOT = {"loss_views", "previous_token", "induction", "duplicate_token", "circuit", "composition"}
+EVERY_SNAPSHOT = {"loss_views", "previous_token", "induction", "duplicate_token", "behaviour", "circuit", "composition"}
 
 
 def test_a_snapshot_takes_what_runs_at_every_snapshot_and_what_it_names():

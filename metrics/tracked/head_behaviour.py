@@ -1,0 +1,101 @@
+"""What every head does at each snapshot: its behaviour scores on the probe (:mod:`metrics.heads.behaviour`:
+previous-token, current-token, first-token, duplicate-token and the task's prefix matching), each
+against the null of random attention on the same tokens, and the head's type (the behaviour that
+clears its null by the widest margin, else unspecialised)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from metrics.heads.behaviour import (
+    BEHAVIOURS,
+    TYPES,
+    Null,
+    applicable_behaviours,
+    behaviour_targets,
+    head_types,
+    null_from_random_patterns,
+    per_sequence_scores,
+)
+from metrics.tracked.base import Output, ProbeRun, Scalar, Stored, TrackedQuantity
+
+PREFIX = "behaviour/"
+TYPE_KEY = f"{PREFIX}type"  # TYPE_KEY/LxHy: the head's type code, an index into metrics.heads.behaviour.TYPES
+SCORES = f"{PREFIX}scores"  # [L, H, behaviours] per snapshot in the tensor store (NaN: nowhere defined)
+PER_SEQUENCE = f"{PREFIX}per_sequence"  # [L, b, H, behaviours] per snapshot in the tensor store
+MAX_TYPE_KEYS = 32  # a key per head's type while the model has at most this many heads (the store keeps all)
+NULL_MEAN, NULL_STD = f"{PREFIX}null_mean", f"{PREFIX}null_std"  # [behaviours] per snapshot in the store
+
+
+@dataclass(frozen=True)
+class BehaviourReading:
+    """One snapshot's reading: ``scores [L, H, behaviours]`` (NaN where a behaviour is nowhere defined),
+    ``per_sequence [L, b, H, behaviours]``, ``types [L, H]`` (codes into :data:`TYPES`), the
+    behaviours read (in :data:`BEHAVIOURS` order) and the null they were typed against."""
+
+    scores: Tensor
+    per_sequence: Tensor
+    types: Tensor
+    behaviours: tuple[str, ...]
+    null: Null
+
+
+class HeadBehaviour(TrackedQuantity):
+    """``behaviour/NAME/top`` (the best head's score) for each behaviour that applies to the probe's
+    tokens (every head's in the tensor store), ``behaviour/type/LxHy`` (each head's type code: 0 unspecialised, then
+    :data:`~metrics.heads.behaviour.BEHAVIOURS` + 1; up to :data:`MAX_TYPE_KEYS` heads),
+    ``behaviour/count/TYPE`` (heads of each type it can have), and in the tensor store the types,
+    the per-sequence scores and the null, from which the end-of-run report dates every head's type
+    switches with bootstrap intervals. Prefix matching is read under the task's own name for it
+    (``Task.reader_behaviour``: ``induction`` on repeated tokens, ``statistical_induction`` on
+    chains). Read with the run's interventions on, from the probe pass the other scores read."""
+
+    name = "behaviour"
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.prefix_matching = "induction"
+        self.bos_id: int | None = None
+        self.prepared: tuple | None = None  # (tokens, targets, behaviours, null): the probe's, once
+
+    def for_task(self, task, n_random: int) -> HeadBehaviour:
+        self.prefix_matching = task.reader_behaviour
+        self.bos_id = n_random if task.bos else None
+        return self
+
+    def targets_of(self, tokens: Tensor):
+        """The probe's target masks, applicable behaviours and random-attention null, made at the first
+        snapshot and kept (the probe is the same at every snapshot)."""
+        if self.prepared is None or not torch.equal(self.prepared[0], tokens):
+            targets = behaviour_targets(tokens, self.bos_id)
+            behaviours = applicable_behaviours(targets, self.prefix_matching)
+            self.prepared = (tokens, targets, behaviours, null_from_random_patterns(targets))
+        return self.prepared[1:]
+
+    def measure(self, run: ProbeRun) -> BehaviourReading:
+        targets, behaviours, null = self.targets_of(run.tokens.cpu())
+        patterns = run.patterns.detach().cpu().double()  # (L, b, H, t, t)
+        per_sequence = per_sequence_scores(patterns, targets)  # (L, b, H, behaviours)
+        scores = per_sequence.nanmean(dim=1)  # (L, H, behaviours)
+        return BehaviourReading(scores, per_sequence, head_types(scores, null, behaviours), behaviours, null)
+
+    def outputs(self, result: BehaviourReading, run: ProbeRun) -> list[Output]:
+        outputs: list[Output] = [
+            Scalar(f"{PREFIX}{name}/top", float(result.scores[..., BEHAVIOURS.index(name)].max()))
+            for name in result.behaviours
+        ]
+        outputs.append(Stored(SCORES, result.scores.float().numpy()))
+        L, H = result.types.shape
+        if L * H <= MAX_TYPE_KEYS:
+            outputs += [Scalar(f"{TYPE_KEY}/L{l}H{h}", float(result.types[l, h])) for l in range(L) for h in range(H)]
+        outputs.append(Stored(TYPE_KEY, result.types.numpy().astype("float32")))
+        counts = torch.bincount(result.types.flatten(), minlength=len(TYPES))
+        read = (TYPES[0], *result.behaviours)  # unspecialised and the behaviours read: the types a head can have
+        outputs += [Scalar(f"{PREFIX}count/{kind}", float(counts[TYPES.index(kind)])) for kind in read]
+        outputs.append(Stored(PER_SEQUENCE, result.per_sequence.float().numpy()))
+        outputs.append(Stored(NULL_MEAN, result.null.mean.float().numpy()))
+        outputs.append(Stored(NULL_STD, result.null.std.float().numpy()))
+        return outputs

@@ -1,0 +1,151 @@
+"""What every head of a run became and when, from its tensor store: each head's behaviour type at
+every snapshot (:mod:`metrics.heads.behaviour`), the steps where it changes (with bootstrap
+intervals over the probe's sequences), the summary keys, and the figure ``heads.png`` (the heads ×
+steps type map; each head's score at its final type's behaviour over training, coloured by its type
+at each step)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+
+from metrics.heads.behaviour import BEHAVIOURS, TYPES, Null, head_types, type_switches
+from metrics.tracked.head_behaviour import NULL_MEAN, NULL_STD, PER_SEQUENCE, PREFIX
+from records.tensor_store import read_tensor_store
+
+TYPE_COLOURS = {
+    "unspecialised": "0.8",
+    "previous_token": "tab:blue",
+    "current_token": "tab:purple",
+    "first_token": "tab:brown",
+    "duplicate_token": "tab:olive",
+    "induction": "tab:red",
+    "statistical_induction": "tab:orange",
+}
+
+
+@dataclass(frozen=True)
+class HeadHistory:
+    """``steps [n]``; ``scores [n, L, H, behaviours]`` (mean over the probe's sequences); ``types [n, L, H]``
+    (codes into :data:`TYPES`); ``behaviours`` read; ``switches[l][h]``: that head's type switches."""
+
+    steps: np.ndarray
+    scores: np.ndarray
+    types: np.ndarray
+    behaviours: tuple[str, ...]
+    switches: list[list[list]]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.types.shape[1], self.types.shape[2]
+
+    def final_type(self, layer: int, head: int) -> str:
+        return TYPES[int(self.types[-1, layer, head])]
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def read_head_history(store_dir: Path, behaviours: tuple[str, ...] | None = None) -> HeadHistory | None:
+    """Every head's history from the tensor store (None: the run tracked no behaviours). ``behaviours``:
+    those to type by (default: those with a score anywhere in the run, of the two prefix-matching
+    names the one the run read)."""
+    if not store_dir.is_dir():
+        return None
+    stored = read_tensor_store(store_dir, [PER_SEQUENCE, NULL_MEAN, NULL_STD])
+    if len(stored) < 3:
+        return None
+    steps, per_sequence = stored[PER_SEQUENCE]  # (n, L, b, H, behaviours)
+    per_sequence = torch.from_numpy(np.asarray(per_sequence, dtype=np.float64))
+    null = Null(torch.from_numpy(stored[NULL_MEAN][1][-1]).double(), torch.from_numpy(stored[NULL_STD][1][-1]).double())
+    scores = per_sequence.nanmean(dim=2)  # (n, L, H, behaviours)
+    if behaviours is None:
+        read = ~scores.isnan().all(dim=(0, 1, 2))
+        behaviours = tuple(name for i, name in enumerate(BEHAVIOURS) if bool(read[i]))
+        if "induction" in behaviours and "statistical_induction" in behaviours:  # one mask, two names
+            behaviours = tuple(name for name in behaviours if name != "statistical_induction")
+    types = head_types(scores, null, behaviours).numpy()
+    n, L, b, H, B = per_sequence.shape
+    by_head = per_sequence.permute(0, 2, 1, 3, 4).reshape(n, b, L * H, B)  # (n, b, heads, behaviours)
+    found = type_switches(steps, by_head, null, behaviours)
+    switches = [[found[layer * H + head] for head in range(H)] for layer in range(L)]
+    return HeadHistory(steps, scores.numpy(), types, behaviours, switches)
+
+
+def head_summary(history: HeadHistory) -> dict[str, object]:
+    """``behaviour/final/LxHy`` (each head's type at the last snapshot), ``behaviour/switch/LxHy/{i}``
+    (``"unspecialised → previous_token"``) with its ``/step``, ``/low``, ``/high`` and ``/found``, and
+    ``behaviour/types`` (the types the heads end with, unspecialised left out, comma-separated)."""
+    summary: dict[str, object] = {}
+    L, H = history.shape
+    final = set()
+    for layer in range(L):
+        for head in range(H):
+            label = head_label(layer, head)
+            kind = history.final_type(layer, head)
+            summary[f"{PREFIX}final/{label}"] = kind
+            if kind != TYPES[0]:
+                final.add(kind)
+            for i, switch in enumerate(history.switches[layer][head], start=1):
+                key = f"{PREFIX}switch/{label}/{i}"
+                summary[key] = switch.label
+                summary[f"{key}/step"] = float(switch.step)
+                summary.update({f"{key}/low": switch.low, f"{key}/high": switch.high, f"{key}/found": switch.found})
+    summary[f"{PREFIX}types"] = ", ".join(sorted(final))
+    return summary
+
+
+def heads_figure(
+    history: HeadHistory, title: str, llc: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+) -> Figure:
+    """Left: the heads × steps type map. Right: each head's curve over training, coloured by its type
+    at each step — its weight-refined LLC where ``llc`` (``{LxHy: (steps, values)}``) has it, else its
+    score at its final type's behaviour (at its largest behaviour for an unspecialised head)."""
+    L, H = history.shape
+    labels = [head_label(layer, head) for layer in range(L) for head in range(H)]
+    codes = history.types.reshape(len(history.steps), L * H).T  # (heads, n)
+    colours = ListedColormap([TYPE_COLOURS[name] for name in TYPES])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, max(3.5, 0.35 * len(labels) + 1.5)))
+    x = history.steps
+    edges = (
+        np.concatenate([[x[0]], (x[1:] + x[:-1]) / 2, [x[-1]]]) if len(x) > 1 else np.array([x[0] - 0.5, x[0] + 0.5])
+    )
+    left.pcolormesh(edges, np.arange(len(labels) + 1), codes, cmap=colours, vmin=-0.5, vmax=len(TYPES) - 0.5)
+    left.set_yticks(np.arange(len(labels)) + 0.5, labels, fontsize=7)
+    left.invert_yaxis()
+    left.set_xlabel("step")
+    left.set_title("each head's type at each snapshot", fontsize=9)
+    for layer in range(L):
+        for head in range(H):
+            kind = history.final_type(layer, head)
+            label = head_label(layer, head)
+            if llc is not None and label in llc:
+                steps, values = llc[label]
+                ylabel = "weight-refined LLC"
+            else:
+                column = BEHAVIOURS.index(kind) if kind in BEHAVIOURS else None
+                series = history.scores[:, layer, head]
+                steps = x
+                values = series[:, column] if column is not None else np.nanmax(series, axis=-1)
+                ylabel = "score at its final type's behaviour"
+            at = np.searchsorted(x, steps, side="right") - 1
+            types = history.types[np.clip(at, 0, len(x) - 1), layer, head]
+            right.plot(steps, values, color="0.85", lw=0.8, zorder=1)
+            right.scatter(steps, values, c=[TYPE_COLOURS[TYPES[t]] for t in types], s=6, zorder=2)
+            right.annotate(label, (steps[-1], values[-1]), fontsize=6, xytext=(2, 0), textcoords="offset points")
+    right.set_xlabel("step")
+    right.set_ylabel(ylabel)
+    right.set_title("each head over training, coloured by its type", fontsize=9)
+    shown = sorted({TYPES[t] for t in np.unique(history.types)}, key=TYPES.index)
+    handles = [plt.Line2D([], [], marker="s", ls="", color=TYPE_COLOURS[name], label=name) for name in shown]
+    right.legend(handles=handles, fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
