@@ -136,12 +136,14 @@ def applicable_behaviours(
     )
 
 
-def per_sequence_scores(pattern: Tensor, targets: BehaviourTargets) -> Tensor:
+def per_sequence_scores(pattern: Tensor, targets: BehaviourTargets, weights: Tensor | None = None) -> Tensor:
     """Each sequence's mean mass on its targets over its defined queries: ``pattern [..., batch,
     heads, query, key]`` -> ``[..., batch, heads, behaviours]`` (NaN where a sequence has no defined
-    query)."""
-    weights = targets.weights(pattern.dtype, pattern.device)
-    scores = torch.einsum("...bhqk,nbqk->...bhn", pattern, weights)
+    query). ``weights``: ``targets.weights`` in the pattern's dtype and device, where the caller keeps them."""
+    weights = targets.weights(pattern.dtype, pattern.device) if weights is None else weights
+    *lead, b, h, q, k = pattern.shape
+    flat = weights.flatten(2).permute(1, 2, 0)  # (b, q·k, behaviours)
+    scores = (pattern.reshape(-1, b, h, q * k) @ flat).reshape(*lead, b, h, -1)  # a batched GEMM per sequence
     defined = (targets.counts > 0).T.to(pattern.device)  # (b, behaviours)
     return torch.where(defined[:, None, :], scores, torch.full_like(scores, float("nan")))
 

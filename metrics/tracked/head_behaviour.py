@@ -59,7 +59,7 @@ class HeadBehaviour(TrackedQuantity):
         super().__init__(options)
         self.prefix_matching = "induction"
         self.bos_id: int | None = None
-        self.prepared: tuple | None = None  # (tokens, targets, behaviours, null): the probe's, once
+        self.prepared: tuple | None = None  # (tokens, targets, behaviours, null, weights): the probe's, once
 
     def for_task(self, task, n_random: int) -> HeadBehaviour:
         self.prefix_matching = task.reader_behaviour
@@ -67,18 +67,19 @@ class HeadBehaviour(TrackedQuantity):
         return self
 
     def targets_of(self, tokens: Tensor):
-        """The probe's target masks, applicable behaviours and random-attention null, made at the first
-        snapshot and kept (the probe is the same at every snapshot)."""
+        """The probe's target masks, applicable behaviours, random-attention null and the masks' weights
+        in float32, made at the first snapshot and kept (the probe is the same at every snapshot)."""
         if self.prepared is None or not torch.equal(self.prepared[0], tokens):
             targets = behaviour_targets(tokens, self.bos_id)
             behaviours = applicable_behaviours(targets, self.prefix_matching)
-            self.prepared = (tokens, targets, behaviours, null_from_random_patterns(targets))
+            weights = targets.weights(torch.float32, torch.device("cpu"))
+            self.prepared = (tokens, targets, behaviours, null_from_random_patterns(targets), weights)
         return self.prepared[1:]
 
     def measure(self, run: ProbeRun) -> BehaviourReading:
-        targets, behaviours, null = self.targets_of(run.tokens.cpu())
-        patterns = run.patterns.detach().cpu().double()  # (L, b, H, t, t)
-        per_sequence = per_sequence_scores(patterns, targets)  # (L, b, H, behaviours)
+        targets, behaviours, null, weights = self.targets_of(run.tokens.cpu())
+        patterns = run.patterns.detach().cpu().float()  # (L, b, H, t, t)
+        per_sequence = per_sequence_scores(patterns, targets, weights).double()  # (L, b, H, behaviours)
         scores = per_sequence.nanmean(dim=1)  # (L, H, behaviours)
         return BehaviourReading(scores, per_sequence, head_types(scores, null, behaviours), behaviours, null)
 
