@@ -15,7 +15,7 @@ import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from metrics.heads.behaviour import BEHAVIOURS, TYPES, Null, head_types, type_switches
+from metrics.heads.behaviour import BEHAVIOURS, PREFIX_MATCHING, TYPES, Null, head_types, type_switches
 from metrics.tracked.head_behaviour import NULL_MEAN, NULL_STD, PER_SEQUENCE, PREFIX
 from records.tensor_store import read_tensor_store
 
@@ -53,10 +53,19 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-def read_head_history(store_dir: Path, behaviours: tuple[str, ...] | None = None) -> HeadHistory | None:
-    """Every head's history from the tensor store (None: the run tracked no behaviours). ``behaviours``:
-    those to type by (default: those with a score anywhere in the run, of the two prefix-matching
-    names the one the run read)."""
+def reader_behaviour(task_name: str | None) -> str:
+    """The prefix-matching behaviour the run's task reads (``Task.reader_behaviour``; ``induction`` for
+    a task not installed here)."""
+    from data.task import tasks
+
+    task = tasks().get(task_name or "")
+    return task.reader_behaviour if task is not None else "induction"
+
+
+def read_head_history(store_dir: Path, prefix_matching: str = "induction") -> HeadHistory | None:
+    """Every head's history from the tensor store (None: the run tracked no behaviours), typed by the
+    behaviours with a score anywhere in the run, prefix matching under the run's task's name for it
+    (``prefix_matching``: its ``Task.reader_behaviour``)."""
     if not store_dir.is_dir():
         return None
     stored = read_tensor_store(store_dir, [PER_SEQUENCE, NULL_MEAN, NULL_STD])
@@ -66,11 +75,12 @@ def read_head_history(store_dir: Path, behaviours: tuple[str, ...] | None = None
     per_sequence = torch.from_numpy(np.asarray(per_sequence, dtype=np.float64))
     null = Null(torch.from_numpy(stored[NULL_MEAN][1][-1]).double(), torch.from_numpy(stored[NULL_STD][1][-1]).double())
     scores = per_sequence.nanmean(dim=2)  # (n, L, H, behaviours)
-    if behaviours is None:
-        read = ~scores.isnan().all(dim=(0, 1, 2))
-        behaviours = tuple(name for i, name in enumerate(BEHAVIOURS) if bool(read[i]))
-        if "induction" in behaviours and "statistical_induction" in behaviours:  # one mask, two names
-            behaviours = tuple(name for name in behaviours if name != "statistical_induction")
+    read = ~scores.isnan().all(dim=(0, 1, 2))
+    behaviours = tuple(
+        name
+        for i, name in enumerate(BEHAVIOURS)
+        if bool(read[i]) and (name not in PREFIX_MATCHING or name == prefix_matching)  # one mask, two names
+    )
     types = head_types(scores, null, behaviours).numpy()
     n, L, b, H, B = per_sequence.shape
     by_head = per_sequence.permute(0, 2, 1, 3, 4).reshape(n, b, L * H, B)  # (n, b, heads, behaviours)

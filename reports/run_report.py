@@ -46,7 +46,7 @@ from records.tables import write_rows
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
-from reports.head_types import head_summary, heads_figure, read_head_history
+from reports.head_types import head_summary, heads_figure, read_head_history, reader_behaviour
 from reports.plots import DrawnAside, composition_report, save_figure, training_curves
 from reports.strategy_timeline import (
     generic_strategies,
@@ -284,7 +284,7 @@ def render(run_dir: Path, window: int) -> RunReport:
         save_figure(fig, strategies_path)
     summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
     heads_path = None
-    if (history := read_head_history(store_dir)) is not None:
+    if (history := read_head_history(store_dir, reader_behaviour(config_value(run_dir, "data.name")))) is not None:
         summary.update(head_summary(history))
         heads_path = run_dir / HEADS_FIGURE
         save_figure(heads_figure(history, f"what every head becomes: {run_label(run_dir)}"), heads_path)
