@@ -11,8 +11,10 @@ At every selected saved step (``RUN_DIR/trajectory/``):
 
 - the LLC λ̂ by SGLD (:mod:`metrics.dynamics.llc`, devinterp: the ``llc`` extra) on
   ``stages.llc.batches × batch_size`` held-out sequences of the run's own training distribution,
-  with its chain spread and whether its loss trace settled; with ``stages.llc.heads`` also λ̂ of
-  each head of the circuit pair, sampled alone;
+  with its chain spread and whether its loss trace settled; with ``stages.llc.heads`` also the
+  weight-refined λ̂ of every head and every layer (Wang et al. 2024), all in one batched SGLD run
+  (:mod:`metrics.dynamics.refined_llc`), and with ``stages.llc.data_refined`` their data-refined λ̂
+  on each named component of a mixture task;
 - the per-token losses on ``stages.sequences`` fixed held-out sequences: the essential dynamics
   (:mod:`metrics.dynamics.stages`) are their principal components over the trajectory.
 
@@ -74,12 +76,15 @@ class Stages(Analysis):
         problems = stages_problems(cfg.stages)
         if not problems and cfg.stages.llc_enabled:
             require_devinterp()
-        return problems
+        return problems + data_refined_problems(cfg)
 
     def __init__(self, request: Request) -> None:
         super().__init__(request)
         self.stages = stages = request.cfg.stages
-        self.heads = circuit_heads(request.run_dir) if stages.llc_enabled and stages.llc.heads else []
+        shape = request.cfg.model
+        every_head = [(layer, head) for layer in range(shape.n_layers) for head in range(shape.n_heads)]
+        self.heads = every_head if stages.llc_enabled and stages.llc.heads else []
+        self.data_refined = list(stages.llc.data_refined) if stages.llc_enabled else []
 
     def describe(self) -> str:
         parts = ["essential dynamics"]
@@ -89,7 +94,9 @@ class Stages(Analysis):
                 0, f"LLC ({s.chains} chains × {s.draws} draws, ε {s.lr:g}, γ {s.localization:g}, nβ {s.n_beta:.3g})"
             )
         if self.heads:
-            parts.insert(1, "per-head LLC of " + ", ".join(f"L{layer}H{head}" for layer, head in self.heads))
+            parts.insert(1, f"the weight-refined LLC of every head and layer ({len(self.heads)} heads, one batch)")
+        if self.data_refined:
+            parts.insert(2, "their data-refined LLC on " + ", ".join(self.data_refined))
         return ", ".join(parts)
 
     def settings(self) -> dict:
@@ -100,6 +107,7 @@ class Stages(Analysis):
             "llc": llc,
             "sequences": self.stages.sequences,
             "heads": [list(h) for h in self.heads],
+            "data_refined": self.data_refined,
             "row": "per-chain",  # rows carry each chain's λ̂ (llc_chain_*): older measurements do not
         }
 
@@ -114,20 +122,28 @@ class Stages(Analysis):
         self.probe = held_out_sequences(cfg, stages.sequences, offset=stages.llc.batches * stages.llc.batch_size).to(
             device
         )
+        count = stages.llc.batches * stages.llc.batch_size
+        self.refined_rows = {name: component_sequences(cfg, name, count).to(device) for name in self.data_refined}
 
     def measure(self, step: int, model) -> tuple[dict, dict[str, torch.Tensor]]:
-        """llc.csv's row (λ̂ of the model and of each circuit head, each head's ``..._diverged`` too)
-        and the per-token losses ``[sequences * (seq_len - 1)]`` on the held-out probe."""
-        from metrics.dynamics.llc import head_masks, llc_record, next_token_loss
+        """llc.csv's row (λ̂ of the model; with ``heads`` of every head ``llc_LxHy`` and layer ``llc_Lx``,
+        each with ``_std`` and ``_diverged``; data-refined ``llc_on_NAME_LxHy``) and the per-token losses
+        ``[sequences * (seq_len - 1)]`` on the held-out probe."""
+        from metrics.dynamics.llc import llc_record, next_token_loss
+        from metrics.dynamics.refined_llc import refined_llcs
 
         row: dict[str, float] = {}
         if self.stages.llc_enabled:
             settings, tolerance = sgld_settings(self.stages.llc), self.stages.llc.settle_tolerance
-            row.update({f"llc_{k}": v for k, v in llc_record(model, self.llc_rows, settings, tolerance).items()})
-            for layer, head in self.heads:
-                by_head = llc_record(model, self.llc_rows, settings, tolerance, head_masks(model, layer, head))
-                for key in ("mean", "std", "diverged"):
-                    row[f"llc_L{layer}H{head}" + ("" if key == "mean" else f"_{key}")] = by_head[key]
+            if not self.heads:
+                row.update({f"llc_{k}": v for k, v in llc_record(model, self.llc_rows, settings, tolerance).items()})
+            else:  # the model, every head and every layer: one batch
+                records = refined_llcs(model, self.llc_rows, settings, tolerance, ("model", "heads", "layers"))
+                row.update({f"llc_{k}": v for k, v in records.pop("model").items()})
+                row.update(group_columns("llc_", records))
+            for name, rows in self.refined_rows.items():
+                records = refined_llcs(model, rows, settings, tolerance, ("heads", "layers"))
+                row.update(group_columns(f"llc_on_{name}_", records))
         with torch.no_grad():
             losses = next_token_loss(model, self.probe).flatten()
         return row, {"losses": losses.cpu()}
@@ -163,7 +179,8 @@ class Stages(Analysis):
         result = {
             "stages": OmegaConf.to_container(stages, resolve=True),
             "n_beta": sgld_settings(stages.llc).n_beta,
-            "circuit_heads": [f"L{layer}H{head}" for layer, head in self.heads],
+            "heads": [f"L{layer}H{head}" for layer, head in self.heads],
+            "head_types": (agreement := head_type_agreement(request, rows, self.heads, self.data_refined)),
             "boundaries": [asdict(b) for b in kept],
             "weak_boundaries": [asdict(b) for b in boundaries if not b.kept],  # found, but in too few resamples
             "phase_change": change,
@@ -188,11 +205,15 @@ class Stages(Analysis):
         return Conclusion(
             result=result,
             tables={ESSENTIAL_DYNAMICS_TABLE: [{"step": step, **at} for step, at in coords.items()]},
-            figures=draw(rows, self.heads, series, dynamics, kept, states, change, self.cfg, request),
+            figures={
+                **draw(rows, self.heads, series, dynamics, kept, states, change, self.cfg, request),
+                **heads_with_llc(request, rows, self.heads),
+            },
             curves=coords,
             summary={
                 **{f"stages/boundary_{key}": [asdict(b)[key] for b in kept] for key in BOUNDARY_KEYS},
                 "stages/significant_components": dynamics.significant,
+                **head_type_summary(agreement),
             },
             columns=boundary_columns(result["boundaries"]),
             incomplete=bool(diverged),
@@ -202,18 +223,117 @@ class Stages(Analysis):
         print_stages(conclusion.result)
 
 
-def circuit_heads(run_dir) -> list[tuple[int, int]]:
-    """The circuit pair's (layer, head) twice, from the run's last snapshot ([] without one)."""
-    from reports.sweep_report import final_circuit_pair
+def head_type_summary(agreement: dict | None) -> dict[str, object]:
+    """``stages/heads/NAME/ari`` (and ``_p``) for the weight-refined curves and each data-refined set,
+    and ``stages/llc/LxHy/final`` (each head's last weight-refined λ̂)."""
+    if agreement is None:
+        return {}
+    summary: dict[str, object] = {}
+    for name, found in agreement.items():
+        if name != "types" and "ari" in found:
+            summary[f"stages/heads/{name}/ari"] = found["ari"]
+            summary[f"stages/heads/{name}/ari_p"] = found["ari_p"]
+    for label, value in agreement.get("weight_refined", {}).get("final", {}).items():
+        summary[f"stages/llc/{label}/final"] = value
+    return summary
 
-    pair = final_circuit_pair(run_dir)
-    return [(int(layer), int(head)) for layer, head in re.findall(r"L(\d+)H(\d+)", pair)]
+
+def heads_with_llc(request: Request, rows: list[dict], heads: list) -> dict[str, object]:
+    """``heads.png`` with each head's weight-refined λ̂ over the saved steps, coloured by its behaviour
+    type (:func:`reports.head_types.heads_figure`); nothing without per-head LLCs or a behaviour history."""
+    from conf.objects import task_of
+    from records.layout import HEADS_FIGURE, TENSORS_DIR
+    from reports.head_types import head_label, heads_figure, read_head_history
+
+    if not heads or not rows or "llc_mean" not in rows[0]:
+        return {}
+    history = read_head_history(request.run_dir / TENSORS_DIR, task_of(request.cfg).reader_behaviour)
+    if history is None:
+        return {}
+    steps = np.array([r["step"] for r in rows], dtype=float)
+    llc = {head_label(l, h): (steps, np.array([r[f"llc_{head_label(l, h)}"] for r in rows])) for l, h in heads}
+    return {HEADS_FIGURE: heads_figure(history, f"{request.run_dir.name}: every head's weight-refined LLC", llc)}
+
+
+def head_type_agreement(request: Request, rows: list[dict], heads: list, data_refined: list[str]) -> dict | None:
+    """Every head's behaviour type at the run's last snapshot (its tensor store, :mod:`reports.head_types`)
+    against the clusters of the heads' refined LLC curves (:mod:`metrics.dynamics.head_clusters`): for
+    the weight-refined curves and each data-refined set, the clusters, their ARI with the types and its
+    permutation null, and each type's mean final λ̂ (Wang et al. 2024's ordering). None without
+    per-head LLCs or a behaviour history."""
+    from conf.objects import task_of
+    from metrics.dynamics.head_clusters import cluster_agreement
+    from records.layout import TENSORS_DIR
+    from reports.head_types import head_label, read_head_history
+
+    if not heads or len(rows) < 3:
+        return None
+    history = read_head_history(request.run_dir / TENSORS_DIR, task_of(request.cfg).reader_behaviour)
+    if history is None:
+        return None
+    labels = [head_label(layer, head) for layer, head in heads]
+    types = [history.final_type(layer, head) for layer, head in heads]
+    steps = np.array([r["step"] for r in rows], dtype=float)
+    found: dict = {"types": dict(zip(labels, types, strict=True))}
+    for prefix, name in [("llc_", "weight_refined"), *((f"llc_on_{c}_", f"on_{c}") for c in data_refined)]:
+        values = np.array([[r[f"{prefix}{label}"] for r in rows] for label in labels])  # (heads, steps)
+        finite = np.isfinite(values).all(axis=0)
+        if finite.sum() < 3:
+            found[name] = {"left_out": "fewer than 3 steps where every head's λ̂ is finite"}
+            continue
+        agreement = cluster_agreement(steps[finite], values[:, finite], np.array(types))
+        final = values[:, finite][:, -1]
+        found[name] = {
+            "clusters": dict(zip(labels, agreement.labels.tolist(), strict=True)),
+            "ari": agreement.ari,
+            "ari_null_mean": agreement.null_mean,
+            "ari_null_95": agreement.null_95,
+            "ari_p": agreement.p,
+            "final": dict(zip(labels, final.tolist(), strict=True)),
+            "final_by_type": {t: float(np.mean(final[np.array(types) == t])) for t in sorted(set(types))},
+        }
+    return found
 
 
 def chain_estimates(rows: list[dict]) -> torch.Tensor:
     """``[steps, chains]``: each step's λ̂ of every SGLD chain (NaN where an estimate diverged)."""
     chains = sorted((key for key in rows[0] if re.fullmatch(r"llc_chain_\d+", key)), key=lambda k: int(k[10:]))
     return torch.tensor([[row[key] for key in chains] for row in rows], dtype=torch.float64)
+
+
+def group_columns(prefix: str, records: dict[str, dict[str, float]]) -> dict[str, float]:
+    """llc.csv's columns of each group's record: ``PREFIX + GROUP`` (λ̂), ``..._std`` and ``..._diverged``."""
+    return {
+        f"{prefix}{group}" + ("" if key == "mean" else f"_{key}"): record[key]
+        for group, record in records.items()
+        for key in ("mean", "std", "diverged")
+    }
+
+
+def data_refined_problems(cfg: DictConfig) -> list[str]:
+    """``stages.llc.data_refined`` names components of the run's mixture task, once each."""
+    names = list(cfg.stages.llc.data_refined)
+    if not names:
+        return []
+    if cfg.data.name != "mixture":
+        return [
+            f"stages.llc.data_refined={names}: names components of a mixture task; this run's task is {cfg.data.name}"
+        ]
+    known = list(cfg.data.components)
+    unknown = [name for name in names if name not in known]
+    problems = [f"stages.llc.data_refined: {unknown} not among the run's components {known}"] if unknown else []
+    if len(set(names)) < len(names):
+        problems.append(f"stages.llc.data_refined={names}: a component named twice")
+    return problems
+
+
+def component_sequences(cfg: DictConfig, name: str, count: int) -> torch.Tensor:
+    """``[count, seq_len]`` held-out sequences of component ``name`` of the run's mixture task, in its
+    vocabulary: the data-refined LLC's loss."""
+    from conf.objects import HELD_OUT_IDS, n_random, task_of
+
+    task = task_of(cfg)
+    return task.component_sequences(name, np.arange(HELD_OUT_IDS, HELD_OUT_IDS + count), n_random(cfg))
 
 
 def diverged_estimates(row: dict) -> list[str]:
@@ -279,7 +399,7 @@ def draw(rows, heads, series, dynamics, boundaries, states, change, cfg, request
         llc["model"] = (steps, np.array([r["llc_mean"] for r in rows]))
         llc_std = (steps, np.array([r["llc_std"] for r in rows]))
         for layer, head in heads:
-            llc[f"L{layer}H{head} alone"] = (steps, np.array([r[f"llc_L{layer}H{head}"] for r in rows]))
+            llc[f"L{layer}H{head}"] = (steps, np.array([r[f"llc_L{layer}H{head}"] for r in rows]))
     smoothed = None
     if states is not None:  # the curve the LLC's boundaries are read from, at its finite steps
         smoothed = (np.expm1(states.x.numpy()), states.smoothed.numpy())

@@ -212,7 +212,12 @@ class LLCConfig:
     batches: int = 8  # the sampled set: batches × batch_size held-out sequences of the run's training data
     seed: int = 0
     settle_tolerance: float = 0.1  # an estimate whose loss trace drifts more (a share of λ̂) is flagged
-    heads: bool = True  # also each head of the circuit pair, sampled alone (devinterp's param_masks)
+    # also every head's and every layer's weight-refined LLC (Wang et al. 2024), the model's with them in
+    # one batched SGLD run (metrics/dynamics/refined_llc.py)
+    heads: bool = True
+    # the data-refined LLCs too: every head's and layer's with the loss on each of these components of a
+    # mixture task (data=mixture), e.g. [repeated, markov_icl]
+    data_refined: list[str] = field(default_factory=list)
     # during training: λ̂ every this many steps, logged as llc/* (0: only afterwards, by analysis.stages)
     every_n_steps: int = 0
     # n_layers, n_heads, d_model, d_head of the model lr and localization were calibrated on: another

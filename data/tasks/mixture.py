@@ -138,6 +138,13 @@ class Mixture(Task):
         vocab = self.vocab.get(name, n_random)
         return isinstance(vocab, int) and not isinstance(vocab, bool) and 1 <= vocab <= n_random
 
+    def component_sequences(self, name: str, sample_ids: np.ndarray, n_random: int) -> Tensor:
+        """Component ``name``'s sequences for ``sample_ids`` ``[b, seq_len]``, in the mixture's vocabulary
+        (its tokens embedded as the mixture embeds them): one part of the training distribution alone,
+        e.g. the loss of a data-refined LLC."""
+        vocab = self.vocab_of(name, n_random)
+        return embedded(self.component(name).sampler(vocab)(np.asarray(sample_ids)), vocab, n_random, self.bos)
+
     def weights(self) -> np.ndarray:
         """The components' weights ``[C]``, in ``components``' order."""
         return np.array([float(w) for w in self.components.values()])

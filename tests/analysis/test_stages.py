@@ -46,7 +46,11 @@ def test_stages_of_a_run_write_every_output_and_touch_nothing_else(trained):
         rows = list(csv.DictReader(handle))
     assert [int(r["step"]) for r in rows] == steps
     assert all(float(r["llc_std"]) >= 0 and r["llc_settled"] in ("0.0", "1.0") for r in rows)
-    assert len(stages["circuit_heads"]) == 2 and all(f"llc_{h}" in rows[0] for h in stages["circuit_heads"])
+    assert len(stages["heads"]) == 4 and all(f"llc_{h}" in rows[0] for h in stages["heads"])  # every head of 2 x 2
+    assert {"llc_L0", "llc_L1", "llc_L0_std", "llc_L1_diverged"} <= rows[0].keys()  # and every layer
+    types = stages["head_types"]
+    assert set(types["types"]) == set(stages["heads"]) and -1 <= types["weight_refined"]["ari"] <= 1
+    assert 0 <= types["weight_refined"]["ari_p"] <= 1 and (out / "heads.png").stat().st_size > 10_000
     with open(out / "essential_dynamics.csv") as handle:
         assert list(csv.DictReader(handle))[0].keys() == {"step", "PC1", "PC2", "PC3"}
     assert (out / "stages.png").stat().st_size > 10_000 and (out / "essential_dynamics.png").stat().st_size > 10_000
