@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from metrics.dynamics.llc import SGLDSettings, llc_record
+from metrics.dynamics.refined_llc import refined_llcs
 from models.ensemble import standalone
 
 
@@ -19,12 +20,21 @@ class LLCEstimates(L.Callback):
     (:func:`metrics.dynamics.llc.estimate_llc` on ``rows [n, seq]``, held-out sequences of the
     training distribution), logged as ``llc/mean``, ``llc/std`` (across chains), ``llc/drift``,
     ``llc/settled`` and ``llc/diverged`` at that step (a diverged chain: NaN and a warning; training
-    goes on). devinterp seeds the global RNGs; they are restored afterwards, so training draws what
-    it would have drawn without the estimate. The first estimate prints its cost. An ensemble member's
+    goes on); with ``heads`` also every head's and every layer's weight-refined λ̂ (Wang et al. 2024),
+    ``llc/LxHy`` and ``llc/Lx``, the model's sampled with them in one batch
+    (:func:`metrics.dynamics.refined_llc.refined_llcs`). The samplers seed the global RNGs; they are
+    restored afterwards, so training draws what it would have drawn without the estimate. The first estimate prints its cost. An ensemble member's
     model (views of the stacked weights) is sampled through a copy of its own (``models.ensemble.standalone``)."""
 
-    def __init__(self, settings: SGLDSettings, rows: torch.Tensor, every_n_steps: int, settle_tolerance: float) -> None:
-        self.settings, self.rows = settings, rows
+    def __init__(
+        self,
+        settings: SGLDSettings,
+        rows: torch.Tensor,
+        every_n_steps: int,
+        settle_tolerance: float,
+        heads: bool = False,
+    ) -> None:
+        self.settings, self.rows, self.heads = settings, rows, heads
         self.every_n_steps, self.settle_tolerance = every_n_steps, settle_tolerance
         self.reported = False
         self.last_step: int | None = None
@@ -42,12 +52,16 @@ class LLCEstimates(L.Callback):
         started = time.perf_counter()
         states = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[pl_module.device] if pl_module.device.type == "cuda" else []):
-            record = llc_record(
-                standalone(pl_module.model), self.rows.to(pl_module.device), self.settings, self.settle_tolerance
-            )
+            model, rows = standalone(pl_module.model), self.rows.to(pl_module.device)
+            if self.heads:
+                groups = refined_llcs(model, rows, self.settings, self.settle_tolerance, ("model", "heads", "layers"))
+                record = groups.pop("model")
+            else:
+                record, groups = llc_record(model, rows, self.settings, self.settle_tolerance), {}
         random.setstate(states[0])
         np.random.set_state(states[1])
         metrics = {f"llc/{key}": record[key] for key in ("mean", "std", "drift", "settled", "diverged")}
+        metrics.update({f"llc/{group}": found["mean"] for group, found in groups.items()})
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         if record["diverged"]:

@@ -156,7 +156,7 @@ def build_callbacks(
         if warning := llc_calibration_warning(cfg):
             print(warning, file=sys.stderr)
         rows = llc_sequences(cfg)
-        callbacks.append(LLCEstimates(sgld_settings(llc), rows, llc.every_n_steps, llc.settle_tolerance))
+        callbacks.append(LLCEstimates(sgld_settings(llc), rows, llc.every_n_steps, llc.settle_tolerance, llc.heads))
     return callbacks
 
 

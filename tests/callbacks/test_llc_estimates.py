@@ -25,6 +25,8 @@ def test_llc_every_n_steps_is_logged_and_leaves_training_unchanged(tmp_path):
     assert without.returncode == 0, without.stderr[-3000:]
     logged = read_series(tmp_path / "with" / "csv" / "metrics.csv")
     assert list(logged["llc/mean"][0]) == [30.0, 60.0] and all(logged["llc/std"][1] >= 0)
+    for group in ("L0H0", "L0H1", "L1H0", "L1H1", "L0", "L1"):  # every head and layer (stages.llc.heads)
+        assert list(logged[f"llc/{group}"][0]) == [30.0, 60.0], group
     assert "llc: λ̂" in (tmp_path / "with" / "train.log").read_text()
     plain = read_series(tmp_path / "without" / "csv" / "metrics.csv")
     for key in ("train/loss", "loss/repeated"):  # devinterp reseeds the global RNGs: they are restored
