@@ -69,7 +69,9 @@ class TokenGroups:
 
     def sums(self, values: Tensor) -> Tensor:
         """``values [N, V]`` summed over each group's tokens: ``[N, G]``."""
-        return torch.zeros(self.profile.shape[:2], dtype=values.dtype).scatter_add_(1, self.group, values)
+        return torch.zeros(self.profile.shape[:2], dtype=values.dtype, device=values.device).scatter_add_(
+            1, self.group, values
+        )
 
     def first(self, strategies: int) -> TokenGroups:
         """The same groups with only the first ``strategies`` columns of the profile (groups that the

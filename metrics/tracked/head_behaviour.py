@@ -66,20 +66,21 @@ class HeadBehaviour(TrackedQuantity):
         self.bos_id = n_random if task.bos else None
         return self
 
-    def targets_of(self, tokens: Tensor):
+    def targets_of(self, tokens: Tensor, device: torch.device):
         """The probe's target masks, applicable behaviours, random-attention null and the masks' weights
-        in float32, made at the first snapshot and kept (the probe is the same at every snapshot)."""
-        if self.prepared is None or not torch.equal(self.prepared[0], tokens):
+        in float32 on ``device``, made at the first snapshot and kept (the probe is the same at every
+        snapshot)."""
+        if self.prepared is None or not torch.equal(self.prepared[0], tokens) or self.prepared[4].device != device:
             targets = behaviour_targets(tokens, self.bos_id)
             behaviours = applicable_behaviours(targets, self.prefix_matching)
-            weights = targets.weights(torch.float32, torch.device("cpu"))
+            weights = targets.weights(torch.float32, device)
             self.prepared = (tokens, targets, behaviours, null_from_random_patterns(targets), weights)
         return self.prepared[1:]
 
     def measure(self, run: ProbeRun) -> BehaviourReading:
-        targets, behaviours, null, weights = self.targets_of(run.tokens.cpu())
-        patterns = run.patterns.detach().cpu().float()  # (L, b, H, t, t)
-        per_sequence = per_sequence_scores(patterns, targets, weights).double()  # (L, b, H, behaviours)
+        patterns = run.patterns.detach().float()  # (L, b, H, t, t), where the model is: one small copy back
+        targets, behaviours, null, weights = self.targets_of(run.tokens.cpu(), patterns.device)
+        per_sequence = per_sequence_scores(patterns, targets, weights).cpu().double()  # (L, b, H, behaviours)
         scores = per_sequence.nanmean(dim=1)  # (L, H, behaviours)
         return BehaviourReading(scores, per_sequence, head_types(scores, null, behaviours), behaviours, null)
 

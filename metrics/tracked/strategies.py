@@ -10,7 +10,14 @@ import numpy as np
 import torch
 
 from data.strategies import HELD_OUT_STRATEGY_IDS, ReferencePredictions
-from metrics.dynamics.strategies import grouped_kls, kl_rows, mixture_weights, negative_entropies, token_groups
+from metrics.dynamics.strategies import (
+    TokenGroups,
+    grouped_kls,
+    kl_rows,
+    mixture_weights,
+    negative_entropies,
+    token_groups,
+)
 from metrics.tracked.base import Output, ProbeRun, Scalar, Stored, TrackedQuantity
 
 PREFIX = "strategies/"
@@ -86,11 +93,17 @@ class Strategies(TrackedQuantity):
         b, p = reference.tokens.shape[0], len(reference.positions)
         scored = torch.ones(b, p, dtype=torch.bool) if reference.scored is None else reference.scored
         stacked = stacked[:, scored.flatten()]  # (S [+ truth], N, V): the scored positions only
-        self.groups = token_groups(stacked)
-        self.negative_entropy = negative_entropies(stacked)  # (N, S [+ truth])
-        self.rows = scored.flatten().nonzero().squeeze(1)  # (N,) into the flattened (b·p) positions
-        self.row_sequence = self.rows // p  # (N,)
-        self.per_sequence_rows = scored.sum(-1, keepdim=True).double()  # (b, 1)
+        groups = token_groups(stacked)
+        rows = scored.flatten().nonzero().squeeze(1)  # (N,) into the flattened (b·p) positions
+        # kept as NumPy and wrapped again at each snapshot: host memory, whatever device the model is on
+        self.host = {
+            "group": groups.group.numpy(),  # (N, V)
+            "profile": groups.profile.numpy(),  # (N, G, S [+ truth])
+            "negative_entropy": negative_entropies(stacked).numpy(),  # (N, S [+ truth])
+            "rows": rows.numpy(),
+            "row_sequence": (rows // p).numpy(),  # (N,): each scored position's sequence
+            "rows_per_sequence": scored.sum(-1, keepdim=True).double().numpy(),  # (b, 1)
+        }
         self.lines = strategy_lines(reference)
         return self
 
@@ -111,17 +124,18 @@ class Strategies(TrackedQuantity):
         ]  # (b, p, V): interventions on
         logits = logits.cpu().double()  # small: [b, p, V]; the KLs and the mixture in float64 on the host
         log_probs = (logits - logits.logsumexp(-1, keepdim=True))[..., : self.n_random]
-        log_probs = log_probs.flatten(0, 1)[self.rows]  # (N, n_random): the scored positions
-        kls = grouped_kls(self.groups, self.negative_entropy, log_probs)  # (N, S [+ truth])
+        host = {name: torch.from_numpy(array) for name, array in self.host.items()}
+        groups = TokenGroups(host["group"], host["profile"])
+        log_probs = log_probs.flatten(0, 1)[host["rows"]]  # (N, n_random): the scored positions
+        kls = grouped_kls(groups, host["negative_entropy"], log_probs)  # (N, S [+ truth])
         b = reference.tokens.shape[0]
-        per_sequence = torch.zeros(b, kls.shape[1], dtype=torch.float64).index_add_(0, self.row_sequence, kls)
-        per_sequence = (per_sequence / self.per_sequence_rows).numpy()  # (b, S [+ truth])
+        per_sequence = torch.zeros(b, kls.shape[1], dtype=torch.float64, device="cpu")
+        per_sequence = (per_sequence.index_add_(0, host["row_sequence"], kls) / host["rows_per_sequence"]).numpy()
         names = self.names
         kl = {name: per_sequence[:, i] for i, name in enumerate(names)}
         truth_kl = per_sequence[:, len(names)] if reference.truth is not None else None
         on_tokens = log_probs - log_probs.logsumexp(-1, keepdim=True)  # the model given a task token
-        groups = self.groups.first(len(names))
-        weights, mixture_kl = mixture_weights(on_tokens.exp(), groups, log_model=on_tokens)
+        weights, mixture_kl = mixture_weights(on_tokens.exp(), groups.first(len(names)), log_model=on_tokens)
         return StrategyReading(names, kl, truth_kl, weights, mixture_kl)
 
     def outputs(self, result: StrategyReading, run: ProbeRun) -> list[Output]:
