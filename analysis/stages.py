@@ -207,7 +207,7 @@ class Stages(Analysis):
             tables={ESSENTIAL_DYNAMICS_TABLE: [{"step": step, **at} for step, at in coords.items()]},
             figures={
                 **draw(rows, self.heads, series, dynamics, kept, states, change, self.cfg, request),
-                **heads_with_llc(request, rows, self.heads),
+                **heads_with_llc(request, rows, self.heads, agreement),
             },
             curves=coords,
             summary={
@@ -238,9 +238,10 @@ def head_type_summary(agreement: dict | None) -> dict[str, object]:
     return summary
 
 
-def heads_with_llc(request: Request, rows: list[dict], heads: list) -> dict[str, object]:
+def heads_with_llc(request: Request, rows: list[dict], heads: list, agreement: dict | None) -> dict[str, object]:
     """``heads.png`` with each head's weight-refined λ̂ over the saved steps, coloured by its behaviour
-    type (:func:`reports.head_types.heads_figure`); nothing without per-head LLCs or a behaviour history."""
+    type, and the clusters of those curves against the types (:func:`reports.head_types.heads_figure`);
+    nothing without per-head LLCs or a behaviour history."""
     from conf.objects import task_of
     from records.layout import HEADS_FIGURE, TENSORS_DIR
     from reports.head_types import head_label, heads_figure, read_head_history
@@ -252,7 +253,15 @@ def heads_with_llc(request: Request, rows: list[dict], heads: list) -> dict[str,
         return {}
     steps = np.array([r["step"] for r in rows], dtype=float)
     llc = {head_label(l, h): (steps, np.array([r[f"llc_{head_label(l, h)}"] for r in rows])) for l, h in heads}
-    return {HEADS_FIGURE: heads_figure(history, f"{request.run_dir.name}: every head's weight-refined LLC", llc)}
+    found = (agreement or {}).get("weight_refined", {})
+    caption = (
+        f"ARI {found['ari']:+.2f} (null mean {found['ari_null_mean']:+.2f}, 95 % {found['ari_null_95']:+.2f};"
+        f" p {found['ari_p']:.3f})"
+        if "ari" in found
+        else ""
+    )
+    title = f"{request.run_dir.name}: every head's weight-refined LLC"
+    return {HEADS_FIGURE: heads_figure(history, title, llc, found.get("clusters"), caption)}
 
 
 def head_type_agreement(request: Request, rows: list[dict], heads: list, data_refined: list[str]) -> dict | None:

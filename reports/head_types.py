@@ -53,6 +53,12 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
+def head_of(label: str) -> tuple[int, int]:
+    """``"L1H3"`` -> ``(1, 3)``."""
+    layer, head = label[1:].split("H")
+    return int(layer), int(head)
+
+
 def reader_behaviour(task_name: str | None) -> str:
     """The prefix-matching behaviour the run's task reads (``Task.reader_behaviour``; ``induction`` for
     a task not installed here)."""
@@ -113,16 +119,26 @@ def head_summary(history: HeadHistory) -> dict[str, object]:
 
 
 def heads_figure(
-    history: HeadHistory, title: str, llc: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    history: HeadHistory,
+    title: str,
+    llc: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    clusters: dict[str, int] | None = None,
+    caption: str = "",
 ) -> Figure:
-    """Left: the heads × steps type map. Right: each head's curve over training, coloured by its type
+    """Left: the heads × steps type map. Middle: each head's curve over training, coloured by its type
     at each step — its weight-refined LLC where ``llc`` (``{LxHy: (steps, values)}``) has it, else its
-    score at its final type's behaviour (at its largest behaviour for an unspecialised head)."""
+    score at its final type's behaviour (at its largest behaviour for an unspecialised head). With
+    ``clusters`` (``{LxHy: cluster}``, :mod:`metrics.dynamics.head_clusters`), right: the table of
+    clusters against final types, ``caption`` beneath it (the ARI and its null)."""
     L, H = history.shape
     labels = [head_label(layer, head) for layer in range(L) for head in range(H)]
     codes = history.types.reshape(len(history.steps), L * H).T  # (heads, n)
     colours = ListedColormap([TYPE_COLOURS[name] for name in TYPES])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, max(3.5, 0.35 * len(labels) + 1.5)))
+    panels = 3 if clusters else 2
+    fig, axes = plt.subplots(
+        1, panels, figsize=(6.5 * panels, max(3.5, 0.35 * len(labels) + 1.5)), width_ratios=[1, 1, 0.8][:panels]
+    )
+    left, right = axes[0], axes[1]
     x = history.steps
     edges = (
         np.concatenate([[x[0]], (x[1:] + x[:-1]) / 2, [x[-1]]]) if len(x) > 1 else np.array([x[0] - 0.5, x[0] + 0.5])
@@ -156,6 +172,28 @@ def heads_figure(
     shown = sorted({TYPES[t] for t in np.unique(history.types)}, key=TYPES.index)
     handles = [plt.Line2D([], [], marker="s", ls="", color=TYPE_COLOURS[name], label=name) for name in shown]
     right.legend(handles=handles, fontsize=7, loc="best")
+    if clusters:
+        table = axes[2]
+        table.axis("off")
+        kinds = sorted({history.final_type(l, h) for l in range(L) for h in range(H)}, key=TYPES.index)
+        groups = sorted(set(clusters.values()))
+        cells = [
+            [
+                ", ".join(
+                    label
+                    for label in labels
+                    if clusters.get(label) == c and history.final_type(*head_of(label)) == kind
+                )
+                or "·"
+                for kind in kinds
+            ]
+            for c in groups
+        ]
+        shown = table.table(cellText=cells, rowLabels=[f"cluster {c}" for c in groups], colLabels=kinds, loc="center")
+        shown.auto_set_font_size(False)
+        shown.set_fontsize(7)
+        table.set_title("clusters of the LLC curves against the final types", fontsize=9)
+        table.text(0.5, 0.05, caption, ha="center", fontsize=8, transform=table.transAxes)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
