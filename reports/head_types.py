@@ -118,6 +118,24 @@ def head_summary(history: HeadHistory) -> dict[str, object]:
     return summary
 
 
+def head_lines(summary: dict[str, object]) -> list[str]:
+    """One line a head from :func:`head_summary`'s keys: its final type and each switch with its interval."""
+    lines = []
+    for key, kind in summary.items():
+        if not key.startswith(f"{PREFIX}final/"):
+            continue
+        label = key.rsplit("/", 1)[1]
+        switches, i = [], 1
+        while (switch := summary.get(f"{PREFIX}switch/{label}/{i}")) is not None:
+            at = f"{PREFIX}switch/{label}/{i}"
+            switches.append(
+                f"{switch} at {summary[at + '/step']:.0f} [{summary[at + '/low']:.0f}, {summary[at + '/high']:.0f}]"
+            )
+            i += 1
+        lines.append(f"{label}: {kind}" + (f" ({'; '.join(switches)})" if switches else ""))
+    return lines
+
+
 def heads_figure(
     history: HeadHistory,
     title: str,

@@ -46,7 +46,7 @@ from records.tables import write_rows
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
-from reports.head_types import head_summary, heads_figure, read_head_history, reader_behaviour
+from reports.head_types import head_lines, head_summary, heads_figure, read_head_history, reader_behaviour
 from reports.plots import DrawnAside, composition_report, save_figure, training_curves
 from reports.strategy_timeline import (
     generic_strategies,
@@ -385,7 +385,13 @@ def print_report(report: RunReport) -> None:
         print(f"final composition: {report.composition_figure}")
     if report.strategies_figure is not None:
         print(f"strategy timeline: {report.strategies_figure}")
+    if report.heads_figure is not None:
+        print(f"every head: {report.heads_figure}")
+        for line in head_lines(report.summary):
+            print(f"  {line}")
     for key, value in report.summary.items():
+        if key.startswith("behaviour/"):
+            continue  # told per head above
         if isinstance(value, str):
             print(f"  {key:48s} {value}")
         elif not key.startswith("validity/"):
