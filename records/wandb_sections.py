@@ -14,7 +14,7 @@ logged as ``SECTION/K`` (the CSV and the tensor store keep ``K``):
                     baselines (``comp/baseline/``)
 ``3_ground_truth``  each measure's agreement with the ablation (``validity/``), the strategies' lines and mixture fit (``strategies/``)
 ``4_heads``         every head's scores, and the other scores' best head (``heads/``); every head's
-                    behaviour scores and type, and how many heads have each type (``behaviour/``)
+                    behaviour scores and type, and how many heads have each type (``heads/behaviour/``)
 ``5_pairs``         every pair: composition, matching, ablation (``comp/``, ``match/``, ``ablation/``,
                     and in summary mode ``top/``)
 ==================  =============================================================================
@@ -47,7 +47,7 @@ def story() -> frozenset[str]:
 SECTIONS = (
     ("2_composition", ("circuit/", "comp/baseline/")),
     ("3_ground_truth", ("validity/", "strategies/")),
-    ("4_heads", ("heads/", "behaviour/")),
+    ("4_heads", ("heads/",)),
     ("5_pairs", ("comp/", "match/", "ablation/", "top/")),
 )
 """Section -> the tracker key prefixes it holds, after ``1_story``; the first match wins."""

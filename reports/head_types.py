@@ -16,8 +16,12 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
 from metrics.heads.behaviour import BEHAVIOURS, PREFIX_MATCHING, TYPES, Null, head_types, type_switches
-from metrics.tracked.head_behaviour import NULL_MEAN, NULL_STD, PER_SEQUENCE, PREFIX
+from metrics.tracked.head_behaviour import NULL_MEAN, NULL_STD, PER_SEQUENCE
 from records.tensor_store import read_tensor_store
+
+SUMMARY_PREFIX = "heads/"
+"""The summary's keys of every head: ``heads/type/LxHy``, ``heads/switch/LxHy/i``, ``heads/types``."""
+SUMMARY_KEYS = tuple(f"{SUMMARY_PREFIX}{part}" for part in ("type/", "switch/", "types"))
 
 TYPE_COLOURS = {
     "unspecialised": "0.8",
@@ -96,9 +100,9 @@ def read_head_history(store_dir: Path, prefix_matching: str = "induction") -> He
 
 
 def head_summary(history: HeadHistory) -> dict[str, object]:
-    """``behaviour/final/LxHy`` (each head's type at the last snapshot), ``behaviour/switch/LxHy/{i}``
+    """``heads/type/LxHy`` (each head's type at the last snapshot), ``heads/switch/LxHy/{i}``
     (``"unspecialised → previous_token"``) with its ``/step``, ``/low``, ``/high`` and ``/found``, and
-    ``behaviour/types`` (the types the heads end with, unspecialised left out, comma-separated)."""
+    ``heads/types`` (the types the heads end with, unspecialised left out, comma-separated)."""
     summary: dict[str, object] = {}
     L, H = history.shape
     final = set()
@@ -106,15 +110,15 @@ def head_summary(history: HeadHistory) -> dict[str, object]:
         for head in range(H):
             label = head_label(layer, head)
             kind = history.final_type(layer, head)
-            summary[f"{PREFIX}final/{label}"] = kind
+            summary[f"{SUMMARY_PREFIX}type/{label}"] = kind
             if kind != TYPES[0]:
                 final.add(kind)
             for i, switch in enumerate(history.switches[layer][head], start=1):
-                key = f"{PREFIX}switch/{label}/{i}"
+                key = f"{SUMMARY_PREFIX}switch/{label}/{i}"
                 summary[key] = switch.label
                 summary[f"{key}/step"] = float(switch.step)
                 summary.update({f"{key}/low": switch.low, f"{key}/high": switch.high, f"{key}/found": switch.found})
-    summary[f"{PREFIX}types"] = ", ".join(sorted(final))
+    summary[f"{SUMMARY_PREFIX}types"] = ", ".join(sorted(final))
     return summary
 
 
@@ -122,12 +126,12 @@ def head_lines(summary: dict[str, object]) -> list[str]:
     """One line a head from :func:`head_summary`'s keys: its final type and each switch with its interval."""
     lines = []
     for key, kind in summary.items():
-        if not key.startswith(f"{PREFIX}final/"):
+        if not key.startswith(f"{SUMMARY_PREFIX}type/"):
             continue
         label = key.rsplit("/", 1)[1]
         switches, i = [], 1
-        while (switch := summary.get(f"{PREFIX}switch/{label}/{i}")) is not None:
-            at = f"{PREFIX}switch/{label}/{i}"
+        while (switch := summary.get(f"{SUMMARY_PREFIX}switch/{label}/{i}")) is not None:
+            at = f"{SUMMARY_PREFIX}switch/{label}/{i}"
             switches.append(
                 f"{switch} at {summary[at + '/step']:.0f} [{summary[at + '/low']:.0f}, {summary[at + '/high']:.0f}]"
             )

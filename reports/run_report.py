@@ -46,6 +46,7 @@ from records.tables import write_rows
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
+from reports.head_types import SUMMARY_KEYS as HEAD_SUMMARY_KEYS
 from reports.head_types import head_lines, head_summary, heads_figure, read_head_history, reader_behaviour
 from reports.plots import DrawnAside, composition_report, save_figure, training_curves
 from reports.strategy_timeline import (
@@ -390,7 +391,7 @@ def print_report(report: RunReport) -> None:
         for line in head_lines(report.summary):
             print(f"  {line}")
     for key, value in report.summary.items():
-        if key.startswith("behaviour/"):
+        if key.startswith(HEAD_SUMMARY_KEYS):
             continue  # told per head above
         if isinstance(value, str):
             print(f"  {key:48s} {value}")

@@ -262,12 +262,10 @@ def fake_snapshot(n_layers: int, n_heads: int, measures=None, seed: int = 0, **o
 def snapshot_keys(snap: Snapshot, measures=None, max_pair_keys: int = 300, top_pairs: int = 3, max_head_keys: int = 32):
     """``records.keys.snapshot_metrics`` of ``snap`` in the mode a tracker of the default quantities
     (tracking ``measures``) would log a model of its shape in."""
+    from metrics.tracked.base import PerPair
     from records.keys import pair_key_count, snapshot_metrics
 
-    shape = next(
-        (tuple(o.values.shape[:2]) for o in snap.outputs if hasattr(o, "values") and getattr(o.values, "ndim", 0) == 4),
-        None,
-    )
+    shape = next((tuple(o.values.shape[:2]) for o in snap.outputs if isinstance(o, PerPair)), None)  # [L, H, L, H]
     keys_per_pair = sum(q.pair_keys for q in fake_quantities(measures).values())
     per_pair = shape is None or pair_key_count(*shape, keys_per_pair) <= max_pair_keys
     return snapshot_metrics(snap.outputs, snap.circuit, per_pair, top_pairs, max_head_keys)

@@ -276,17 +276,15 @@ def test_default_experiment_shows_the_phase_change(shipped_run):
     assert switches[-1].endswith("→ induction"), switches  # the stage truth reaches the induction strategy
     # every head's type: the circuit's writer ends a previous-token head and its reader an induction head,
     # each turning into it within the phase change, with a bootstrap interval around the step
-    assert summary[f"behaviour/final/{writer}"] == "previous_token"
-    assert summary[f"behaviour/final/{reader}"] == "induction"
+    assert summary[f"heads/type/{writer}"] == "previous_token"
+    assert summary[f"heads/type/{reader}"] == "induction"
     for head, kind in ((writer, "previous_token"), (reader, "induction")):
         key = next(
-            k
-            for k, v in summary.items()
-            if k.startswith(f"behaviour/switch/{head}/") and v == f"unspecialised → {kind}"
+            k for k, v in summary.items() if k.startswith(f"heads/switch/{head}/") and v == f"unspecialised → {kind}"
         )
         assert summary[f"{key}/low"] <= summary[f"{key}/step"] <= summary[f"{key}/high"]
         assert onset - 100 <= summary[f"{key}/step"] <= summary["phase_change/loss_end_step"] + 100
-    assert {"previous_token", "induction"} <= set(summary["behaviour/types"].split(", "))
+    assert {"previous_token", "induction"} <= set(summary["heads/types"].split(", "))
     assert (tmp_path / "heads.png").is_file()
 
 

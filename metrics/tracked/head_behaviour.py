@@ -22,7 +22,7 @@ from metrics.heads.behaviour import (
 )
 from metrics.tracked.base import Output, ProbeRun, Scalar, Stored, TrackedQuantity
 
-PREFIX = "behaviour/"
+PREFIX = "heads/behaviour/"  # under heads/: W&B's 4_heads section (records/wandb_sections.py)
 TYPE_KEY = f"{PREFIX}type"  # TYPE_KEY/LxHy: the head's type code, an index into metrics.heads.behaviour.TYPES
 SCORES = f"{PREFIX}scores"  # [L, H, behaviours] per snapshot in the tensor store (NaN: nowhere defined)
 PER_SEQUENCE = f"{PREFIX}per_sequence"  # [L, b, H, behaviours] per snapshot in the tensor store
@@ -44,14 +44,15 @@ class BehaviourReading:
 
 
 class HeadBehaviour(TrackedQuantity):
-    """``behaviour/NAME/top`` (the best head's score) for each behaviour that applies to the probe's
-    tokens (every head's in the tensor store), ``behaviour/type/LxHy`` (each head's type code: 0 unspecialised, then
-    :data:`~metrics.heads.behaviour.BEHAVIOURS` + 1; up to :data:`MAX_TYPE_KEYS` heads),
-    ``behaviour/count/TYPE`` (heads of each type it can have), and in the tensor store the types,
-    the per-sequence scores and the null, from which the end-of-run report dates every head's type
-    switches with bootstrap intervals. Prefix matching is read under the task's own name for it
-    (``Task.reader_behaviour``: ``induction`` on repeated tokens, ``statistical_induction`` on
-    chains). Read with the run's interventions on, from the probe pass the other scores read."""
+    """``heads/behaviour/NAME/top`` (the best head's score) for each behaviour that applies to the
+    probe's tokens (every head's in the tensor store), ``heads/behaviour/type/LxHy`` (each head's type
+    code: 0 unspecialised, then :data:`~metrics.heads.behaviour.BEHAVIOURS` + 1; up to
+    :data:`MAX_TYPE_KEYS` heads), ``heads/behaviour/count/TYPE`` (heads of each type it can have), and
+    in the tensor store the types, the per-sequence scores and the null, from which the end-of-run
+    report dates every head's type switches with bootstrap intervals. Prefix matching is read under the
+    task's own name for it (``Task.reader_behaviour``: ``induction`` on repeated tokens,
+    ``statistical_induction`` on chains). Read with the run's interventions on, from the probe pass the
+    other scores read."""
 
     name = "behaviour"
 

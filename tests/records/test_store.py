@@ -129,10 +129,13 @@ def test_snapshot_tensors_names_shapes_and_values(tmp_path):
             for s in ("induction", "prev_token", "duplicate", "copying", "copying_empirical", "copying_top_rate")
         ]
         + [f"strategies/per_sequence/{s}" for s in ("uniform", "copy", "induction")]
-        + [f"behaviour/{s}" for s in ("scores", "type", "per_sequence", "null_mean", "null_std")]
+        + [f"heads/behaviour/{s}" for s in ("scores", "type", "per_sequence", "null_mean", "null_std")]
     )
     assert tensors["strategies/per_sequence/copy"].shape == (8,)
-    assert tensors["behaviour/per_sequence"].shape == (3, 4, 2, 6) and tensors["behaviour/type"].shape == (3, 2)
+    assert tensors["heads/behaviour/per_sequence"].shape == (3, 4, 2, 6) and tensors["heads/behaviour/type"].shape == (
+        3,
+        2,
+    )
     assert tensors["comp/K/subspace"].shape == (3, 2, 3, 2) and tensors["heads/induction"].shape == (3, 2)
     assert tensors["comp/baseline/subspace"].tolist() == [0.11, 0.001]
     with TensorStore(tmp_path) as store:
