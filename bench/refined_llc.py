@@ -18,7 +18,7 @@ first calls):
 
 Also printed: each head's λ̂ both ways (the same chains: they agree to float32 rounding) and, for the
 batched runs, the GEMM FLOP rate they reach (:func:`metrics.dynamics.refined_llc.step_flops`: forward and
-backward of every member) as a share of the device's best fp32 ``[8192, 768] x [768, 768]`` GEMM
+backward of every member, from its first moving layer) as a share of the device's best fp32 ``[8192, 768] x [768, 768]`` GEMM
 (:func:`bench.composition.gemm_flop_rate` on the CPU).
 """
 
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> dict:
     steps, batch, seq = settings.burnin + settings.draws, settings.batch_size, rows.shape[1]
     flops = {}
     for name, groups in (("batched_heads", heads), ("batched_all", every)):
-        moving = set().union(*(group_masks(model, group) for group in groups))
-        flops[name] = len(groups) * settings.chains * steps * step_flops(shape, batch, seq, moving)
+        per_step = sum(step_flops(shape, batch, seq, group_masks(model, group)) for group in groups)
+        flops[name] = settings.chains * steps * per_step
     rate = gemm_rate(device)
     achieved = {name: flops[name] / median[name] for name in flops}
     agreement = max(abs(batched_heads[n]["mean"] - one_by_one[n]["mean"]) for n in heads)

@@ -22,11 +22,15 @@ takes one ``param_masks`` for all its chains and runs the chains one after anoth
 (``sample_single_chain``: a deep copy of the model, one optimizer whose parameter groups all belong to
 that one chain), so G groups of C chains cost G × C serial chains, each a single model's forward and
 backward a step (on a GPU at the default shape, 2 × 2 heads and d_model 64, launch-bound). Here every
-(group, chain) is a *member* of one :class:`~models.ensemble.EnsembleTransformer` holding ``G·C``
-copies of ``w*`` (its member axis), all run on the same batch in one forward and one backward a step;
-member ``m`` moves only its group's coordinates (a 0/1 mask per weight, ``[G·C, ...]``, broadcast over
-the axes it does not vary on). Each member costs a whole model's forward and backward, its masked-out
-weight gradients included (:func:`step_flops`); a weight no member moves carries no gradient.
+(group, chain) is a *member*, and all members run on the same batch a step, with a member axis over
+the weights they move (as :class:`~models.ensemble.EnsembleTransformer` stacks whole models). The members
+are split into *families* by the weights their group moves (layer 1's heads and layer 1 all move
+``layers.1.W_Q, W_K, W_V, W_O``; the model moves everything): a family's moving weights are leaves
+``[members, ...]``, every other weight is ``w*``'s, shared and without gradient. Member ``m`` moves only
+its group's coordinates (a 0/1 mask per weight, broadcast over the axes it does not vary on). So a
+member whose first moving layer is ``l`` starts from ``w*``'s stream entering ``l`` (computed once a
+batch, in the pass that gives ``L_j(w*)``), runs the layers from ``l`` on and backpropagates to ``l``
+alone, and computes only its own family's weight gradients (:func:`step_flops`).
 
 **devinterp's update, exactly.** ``sample(..., sampling_method="sgmcmc_sgld")`` as
 :func:`~metrics.dynamics.llc.estimate_llc` calls it (noise level 1, no weight decay, no bounding box,
@@ -68,7 +72,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from metrics.dynamics.llc import LLCEstimate, SGLDSettings, head_masks
-from models.ensemble import EnsembleTransformer
+from models.interventions import attend
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 ParamMasks = dict[str, Tensor | None]
@@ -119,7 +123,8 @@ class MemberDraws:
     """What :func:`batched_sgld` sampled: ``losses [groups, chains, draws]``, each draw's ``L_B(w_t)`` (the
     model's dtype, at least float32); ``reference [batches]``, ``L_j(w*)`` of each batch of the sampled set;
     ``finite [groups, chains]``, whether every loss of the chain was finite; ``seconds``, the wall time of
-    the whole batched run; ``flops``, its forward and backward GEMM FLOPs (:func:`step_flops`)."""
+    the whole batched run; ``flops``, its GEMM FLOPs: every member's steps (:func:`step_flops`) and the one
+    forward pass of ``w*`` over the batches."""
 
     losses: Tensor
     reference: Tensor
@@ -132,7 +137,7 @@ def batched_sgld(
     model: AttentionOnlyTransformer, rows: Tensor, settings: SGLDSettings, masks: Sequence[ParamMasks]
 ) -> MemberDraws:
     """``settings.chains`` SGLD chains for each of ``masks`` (devinterp ``param_masks``, one a group), all as
-    members of one ensemble, each on the same batches as :func:`~metrics.dynamics.llc.estimate_llc` (draw
+    members of one batched run (the module docstring), each on the same batches as :func:`~metrics.dynamics.llc.estimate_llc` (draw
     ``t`` on batch ``(burnin + t) mod batches`` of ``rows [n, seq]``; ``n`` a multiple of the batch size)
     with devinterp's update and noise (the module docstring). ``model`` is left as it was."""
     n, batch = rows.shape[0], settings.batch_size
@@ -148,26 +153,29 @@ def batched_sgld(
     members = len(masks) * chains  # member m: group m // chains, chain m % chains
     started = time.perf_counter()
     with torch.inference_mode(False), torch.enable_grad():
-        reference = _batch_losses(model, rows, batch)
-        ensemble = EnsembleTransformer([model] * members).to(device)
-        if model.intervened:
-            ensemble.set_changes([[layer.changes for layer in model.layers]] * members)
-        plan = _update_plan(model, ensemble, masks, chains, settings.seed)
+        single = {name: p.detach() for name, p in model.named_parameters()}
+        families = _families(model, masks, chains)
+        batches = rows.split(batch)
+        reference, prefixes = _reference_pass(model, single, batches, {family.start for family in families})
+        plan = _update_plan(model, families, masks, chains, settings.seed)
         losses = torch.empty(members, settings.draws, dtype=reference.dtype, device=device)
         finite = torch.ones(members, dtype=torch.bool, device=device)
-        batches = rows.split(batch)
+        step_losses = torch.empty(members, dtype=reference.dtype, device=device)
         for step in range(steps):
-            tokens = batches[step % len(batches)]
-            token_losses = _token_losses(ensemble(tokens.expand(members, -1, -1)), tokens)  # (members, b, t - 1)
-            # devinterp backpropagates the mean of the float32 per-token losses
-            token_losses.float().mean(dim=(1, 2)).sum().backward()
-            step_losses = token_losses.detach().mean(dim=(1, 2))
+            index = step % len(batches)
+            tokens = batches[index]
+            for family in families:
+                token_losses = _token_losses(_family_logits(model, family, prefixes[index], tokens), tokens)
+                if token_losses.requires_grad:  # devinterp backpropagates the mean of the float32 per-token losses
+                    token_losses.float().mean(dim=(1, 2)).sum().backward()
+                step_losses[family.members] = token_losses.detach().mean(dim=(1, 2))
             finite &= torch.isfinite(step_losses)
             if step >= settings.burnin:
                 losses[:, step - settings.burnin] = step_losses
             plan.step(settings)
-    moving = [name for name, p in ensemble.named_parameters() if p.requires_grad]
-    flops = steps * members * step_flops(model.shape, batch, rows.shape[1], moving)
+    shape, seq = model.shape, rows.shape[1]
+    member_flops = sum(len(f.members) * step_flops(shape, batch, seq, f.weights) for f in families)
+    flops = steps * member_flops + len(batches) * _pass_flops(shape, batch, seq)
     return MemberDraws(
         losses=losses.view(len(masks), chains, settings.draws).cpu(),
         reference=reference.cpu(),
@@ -244,19 +252,17 @@ def refined_llcs(
 
 
 def step_flops(shape: TransformerShape, batch: int, seq: int, moving: Collection[str]) -> float:
-    """GEMM FLOPs of one member's SGLD step on ``batch × seq`` tokens as the ensemble runs it, where the
-    weights ``moving`` (the single model's names) carry gradients. Forward: per layer the Q, K, V and O
+    """GEMM FLOPs of one member's SGLD step on ``batch × seq`` tokens as :func:`batched_sgld` runs it, the member
+    moving the weights ``moving`` (the single model's names). Forward, from the first layer whose weights move
+    (the stream before it is ``w*``'s, computed once a batch for every member): per layer the Q, K, V and O
     projections (``2·b·t·d·h·e`` each), the scores and the mixing (``2·b·h·t²·e`` each, dense), and the
-    unembedding (``2·b·t·d·v``). Backward, from the first layer whose input needs a gradient on: each
-    GEMM's input gradient (the scores' and mixing's two each; the first such layer's Q, K, V inputs only
-    when the embedding moves); each moving ``W_Q, W_K, W_V, W_O`` and ``W_U``'s weight gradient (every member
-    carries them for every member's moving weights, masked afterwards)."""
+    unembedding of every position but the last (``2·b·(t−1)·d·v``). Backward, from that layer on: each GEMM's input gradient (the scores' and
+    mixing's two each; that layer's Q, K, V inputs only when an embedding moves); the weight gradients of the
+    moving ``W_Q, W_K, W_V, W_O`` and ``W_U`` alone (a member carries no other's)."""
     b, t, d, h, e, v = batch, seq, shape.d_model, shape.n_heads, shape.d_head, shape.d_vocab
-    projection, attention, unembedding = 2 * b * t * d * h * e, 2 * 2 * b * h * t * t * e, 2 * b * t * d * v
-    layers = shape.n_layers
-    forward = layers * (4 * projection + attention) + unembedding
-    moving_layers = [l for l in range(layers) if any(name.startswith(f"layers.{l}.") for name in moving)]
-    start = -1 if {"W_E", "W_pos"} & set(moving) else min(moving_layers, default=layers)
+    projection, attention, unembedding = 2 * b * t * d * h * e, 2 * 2 * b * h * t * t * e, 2 * b * (t - 1) * d * v
+    layers, start = shape.n_layers, _first_layer(shape, moving)
+    forward = (layers - max(start, 0)) * (4 * projection + attention) + unembedding
     inputs = unembedding if start < layers else 0
     for l in range(max(start, 0), layers):
         inputs += 2 * attention + projection + (3 * projection if l > start else 0)
@@ -264,33 +270,178 @@ def step_flops(shape: TransformerShape, batch: int, seq: int, moving: Collection
     return float(forward + inputs + weights + (unembedding if "W_U" in moving else 0))
 
 
+def _pass_flops(shape: TransformerShape, batch: int, seq: int) -> float:
+    """GEMM FLOPs of one forward pass of the single model (:func:`step_flops`'s terms)."""
+    b, t, d, h, e, v = batch, seq, shape.d_model, shape.n_heads, shape.d_head, shape.d_vocab
+    return float(shape.n_layers * (4 * 2 * b * t * d * h * e + 2 * 2 * b * h * t * t * e) + 2 * b * (t - 1) * d * v)
+
+
 # ---------------------------------------------------------------- the update
 
 
 def _token_losses(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Next-token cross-entropy of every member, ``logits [n, b, t, v]`` on ``tokens [b, t]`` -> ``[n, b, t - 1]``,
-    in the logits' dtype (at least float32, as :func:`~metrics.dynamics.llc.next_token_loss`)."""
-    n, b, t, v = logits.shape
+    """Next-token cross-entropy of every member, ``logits [n, b, t - 1, v]`` (those of every position but the last,
+    :func:`_unembed`'s) on ``tokens [b, t]`` -> ``[n, b, t - 1]``, in the logits' dtype (at least float32, as
+    :func:`~metrics.dynamics.llc.next_token_loss`)."""
+    n, b, s, v = logits.shape
     dtype = torch.promote_types(logits.dtype, torch.float32)
     targets = tokens[:, 1:].expand(n, -1, -1).flatten()
-    return F.cross_entropy(logits[:, :, :-1].flatten(0, 2).to(dtype), targets, reduction="none").view(n, b, t - 1)
+    return F.cross_entropy(logits.flatten(0, 2).to(dtype), targets, reduction="none").view(n, b, s)
 
 
-def _batch_losses(model: AttentionOnlyTransformer, rows: Tensor, batch: int) -> Tensor:
-    """``L_j(w*)`` of each consecutive batch of ``rows``: ``[batches]`` (as :func:`_token_losses` reduces them)."""
+@dataclass
+class _Family:
+    """The groups that move the same weights, sampled together: ``members [n]``, their indices ``g · chains + c``
+    (every chain of each group); ``weights``, the names they move, each a leaf ``[n, ...]`` (copies of ``w*``)
+    that carries their gradients; ``start``, the first layer whose weights move (-1: an embedding moves;
+    ``n_layers``: only the final norm or the unembedding): the stream entering it is ``w*``'s for all of them."""
+
+    members: Tensor
+    weights: dict[str, Tensor]
+    start: int
+
+
+def _families(model: AttentionOnlyTransformer, masks: Sequence[ParamMasks], chains: int) -> list[_Family]:
+    """Members ``g · chains + c`` split by the weights their group moves (the names of its ``param_masks``)."""
+    single = dict(model.named_parameters())
+    groups: dict[frozenset[str], list[int]] = {}
+    for g, group in enumerate(masks):
+        unknown = set(group) - set(single)
+        if unknown:
+            raise ValueError(f"param_masks name weights the model does not have: {sorted(unknown)}")
+        groups.setdefault(frozenset(group), []).append(g)
+    families = []
+    device = next(model.parameters()).device
+    for names, indices in groups.items():
+        members = torch.tensor([g * chains + c for g in indices for c in range(chains)], device=device)
+        weights = {
+            name: p.detach().expand(len(members), *p.shape).clone().requires_grad_()
+            for name, p in model.named_parameters()
+            if name in names
+        }
+        families.append(_Family(members, weights, _first_layer(model.shape, names)))
+    return families
+
+
+def _first_layer(shape: TransformerShape, moving: Collection[str]) -> int:
+    """The first layer whose weights are among ``moving`` (-1 when an embedding is; ``n_layers`` when none is)."""
+    if {"W_E", "W_pos"} & set(moving):
+        return -1
+    return min((int(name.split(".")[1]) for name in moving if name.startswith("layers.")), default=shape.n_layers)
+
+
+def _reference_pass(
+    model: AttentionOnlyTransformer, single: dict[str, Tensor], batches: Sequence[Tensor], starts: Collection[int]
+) -> tuple[Tensor, list[dict[int, Tensor]]]:
+    """One pass of ``w*`` over each batch: ``L_j(w*) [batches]`` (as :func:`_token_losses` reduces them) and
+    the stream ``[1, b, t, d]`` entering each layer of ``starts`` (``n_layers``: the final stream), per batch."""
+    losses, prefixes = [], []
     with torch.no_grad():
-        return torch.stack([_token_losses(model(chunk)[None], chunk).mean() for chunk in rows.split(batch)])
+        for tokens in batches:
+            x, prefix = _embed(model, single, tokens), {}
+            for layer in range(model.shape.n_layers):
+                if layer in starts:
+                    prefix[layer] = x
+                x = _layer(model, single, layer, x, tokens)
+            prefix[model.shape.n_layers] = x
+            losses.append(_token_losses(_unembed(model, single, x), tokens).mean())
+            prefixes.append(prefix)
+    return torch.stack(losses), prefixes
+
+
+def _family_logits(
+    model: AttentionOnlyTransformer, family: _Family, prefix: dict[int, Tensor], tokens: Tensor
+) -> Tensor:
+    """Logits ``[n, b, t, v]`` of the family's members on ``tokens [b, t]``: ``w*``'s stream ``prefix[start]``
+    (or the members' embedding) through the layers from ``start`` on, with the members' own moving weights."""
+    weights = {**{name: p.detach() for name, p in model.named_parameters()}, **family.weights}
+    start = family.start
+    x = _embed(model, weights, tokens) if start < 0 else prefix[start]
+    for layer in range(max(start, 0), model.shape.n_layers):
+        x = _layer(model, weights, layer, x, tokens)
+    logits = _unembed(model, weights, x)
+    return logits.expand(len(family.members), -1, -1, -1)
+
+
+# Each weight below is either the single model's (``w*``, shared by every member) or the members' own, with a
+# leading member axis; a stream ``[m, b, t, d]`` has m = 1 while it is ``w*``'s and the members' count after.
+
+
+def _embed(model: AttentionOnlyTransformer, weights: dict[str, Tensor], tokens: Tensor) -> Tensor:
+    """Token (and, unless shortformer, position) embeddings of ``tokens [b, t]``: ``[m, b, t, d]``."""
+    W_E = weights["W_E"]
+    x = W_E[tokens][None] if W_E.dim() == 2 else W_E[:, tokens]
+    return x if model.shortformer else x + _positions(weights, tokens.shape[1])
+
+
+def _positions(weights: dict[str, Tensor], t: int) -> Tensor:
+    """The first ``t`` learned positions, ``[m, 1, t, d]``."""
+    W_pos = weights["W_pos"][..., :t, :]
+    return W_pos.view(-1, 1, t, W_pos.shape[-1])
+
+
+def _norm(model: AttentionOnlyTransformer, gain: Tensor | None, x: Tensor) -> Tensor:
+    """The model's normalization of ``x [m, b, t, d]`` with ``gain [d]`` or ``[n, d]`` (``StackedNorm``'s)."""
+    if gain is None:
+        return x
+    d = x.shape[-1]
+    normed = F.layer_norm(x, (d,)) if model.shape.normalization == "layernorm" else F.rms_norm(x, (d,))
+    return normed * gain.view(-1, 1, 1, d)
+
+
+def _project(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x [m, b, t, d]`` read by per-head ``weight [(n,) h, d, e]`` (one GEMM; batched over members when the
+    weight is theirs) -> ``[m', b, h, t, e]``."""
+    m, b, t, d = x.shape
+    h, e = weight.shape[-3], weight.shape[-1]
+    out = x.reshape(m, b * t, d) @ weight.transpose(-3, -2).reshape(*weight.shape[:-3], d, h * e)
+    out = out.view(-1, b, t, h, e).transpose(2, 3)
+    return out if bias is None else out + bias.view(-1, 1, h, 1, e)
+
+
+def _layer(model: AttentionOnlyTransformer, weights: dict[str, Tensor], layer: int, x: Tensor, tokens: Tensor):
+    """``x [m, b, t, d]`` through attention layer ``layer`` (causal SDPA, or the single model's explicit
+    patterns where it has interventions: :func:`~models.interventions.attend`) -> ``[m', b, t, d]``."""
+    p = f"layers.{layer}."
+    read = _norm(model, weights.get(p + "norm.weight"), x)
+    qk_read = read + _positions(weights, x.shape[2]) if model.shortformer else read
+    q, k, v = (
+        _project(qk_read, weights[p + "W_Q"], weights.get(p + "b_Q")),
+        _project(qk_read, weights[p + "W_K"], weights.get(p + "b_K")),
+        _project(read, weights[p + "W_V"], weights.get(p + "b_V")),
+    )
+    m = max(q.shape[0], k.shape[0], v.shape[0])
+    _, b, h, t, e = q.shape
+    q, k, v = (a.expand(m, -1, -1, -1, -1) for a in (q, k, v))
+    changes = model.layers[layer].changes
+    if changes:  # member by member: an ablation's replacement reads its batch
+        z = torch.stack([attend(q[i], k[i], v[i], changes, tokens)[1] for i in range(m)])
+    else:
+        z = F.scaled_dot_product_attention(*(a.reshape(m * b, h, t, e) for a in (q, k, v)), is_causal=True)
+    z = z.view(m, b, h, t, e).permute(0, 1, 3, 2, 4).reshape(m, b * t, h * e)  # (m, b·t, h·e)
+    W_O, b_O = weights[p + "W_O"], weights.get(p + "b_O")
+    out = (z @ W_O.reshape(*W_O.shape[:-3], h * e, -1)).view(-1, b, t, x.shape[-1])
+    return x + (out if b_O is None else out + b_O.view(-1, 1, 1, x.shape[-1]))
+
+
+def _unembed(model: AttentionOnlyTransformer, weights: dict[str, Tensor], x: Tensor) -> Tensor:
+    """The stream ``x [m, b, t, d]`` -> logits ``[m', b, t - 1, v]`` of every position that has a next token."""
+    x = _norm(model, weights.get("final_norm.weight"), x[:, :, :-1])
+    m, b, t, d = x.shape
+    W_U, b_U = weights["W_U"], weights.get("b_U")
+    logits = (x.reshape(m, b * t, d) @ W_U).view(-1, b, t, W_U.shape[-1])
+    return logits if b_U is None else logits + b_U.view(-1, 1, 1, W_U.shape[-1])
 
 
 @dataclass
 class _Weight:
-    """One stacked parameter ``value [members, ...]`` of the ensemble, its centre ``w* [...]``, the members'
-    masks (broadcastable to ``value``), and where each member's noise comes from: ``sources[i] = (stream,
+    """One family's moving weight ``value [members, ...]``, its centre ``w* [...]``, the members' masks
+    (broadcastable to ``value``; None: all ones), and where each member's noise comes from: ``sources[i] = (stream,
     k)``, the k-th draw of a stream, and ``source_of [members]``, an index into ``sources``."""
 
     value: Tensor
     center: Tensor
-    mask: Tensor
+    mask: Tensor | None
     sources: list[tuple[int, int]]
     source_of: Tensor
 
@@ -313,32 +464,29 @@ class _UpdatePlan:
             d_p = p.grad.mul(settings.n_beta)
             if settings.localization:
                 d_p.add_(settings.localization * (p - w.center))
-            p.add_(w.mask * d_p, alpha=-0.5 * settings.lr)
+            p.add_(d_p if w.mask is None else w.mask * d_p, alpha=-0.5 * settings.lr)
             noise = torch.stack([drawn[stream][k] for stream, k in w.sources])[w.source_of]
-            p.add_(w.mask * noise, alpha=settings.lr**0.5)
+            p.add_(noise if w.mask is None else w.mask * noise, alpha=settings.lr**0.5)
             p.grad = None
 
 
 def _update_plan(
     model: AttentionOnlyTransformer,
-    ensemble: EnsembleTransformer,
+    families: Sequence[_Family],
     masks: Sequence[ParamMasks],
     chains: int,
     seed: int,
 ) -> _UpdatePlan:
-    """Masks, centres and noise sources of every ensemble weight for members ``(group g, chain c)`` at
-    ``g · chains + c``; a weight no member moves is frozen. devinterp draws, for each parameter of a
-    group's ``param_masks`` in order, a normal of the parameter's whole shape from the generator seeded
-    ``seed + c``: members whose (seed, shapes) agree share one stream."""
+    """Masks, centres and noise sources of every family's moving weights, for members ``(group g, chain c)``
+    at ``g · chains + c``. devinterp draws, for each parameter of a group's ``param_masks`` in order, a normal
+    of the parameter's whole shape from the generator seeded ``seed + c``: members whose (seed, shapes) agree
+    share one stream, whichever family they are in."""
     single = dict(model.named_parameters())
     streams: dict[tuple, int] = {}
     generators: list[tuple[torch.Generator, list[torch.Size]]] = []
     place: dict[tuple[int, str], tuple[int, int]] = {}  # (member, parameter) -> (stream, k)
     device = next(model.parameters()).device
     for g, group in enumerate(masks):
-        unknown = set(group) - set(single)
-        if unknown:
-            raise ValueError(f"param_masks name weights the model does not have: {sorted(unknown)}")
         sizes = [single[name].shape for name in group]
         for c in range(chains):
             key = (seed + c, tuple(sizes))
@@ -348,22 +496,17 @@ def _update_plan(
             for k, name in enumerate(group):
                 place[g * chains + c, name] = (streams[key], k)
     weights = []
-    members = len(masks) * chains
-    for name, value in ensemble.named_parameters():
-        moving = [m for m in range(members) if (m, name) in place]
-        value.requires_grad_(bool(moving))
-        if not moving:
-            continue
-        center = single[name].detach()
-        mask = torch.zeros_like(value)
-        for m in moving:
-            given = masks[m // chains][name]
-            mask[m] = 1.0 if given is None else given.to(mask)
-        sources = list(dict.fromkeys(place[m, name] for m in moving))
-        source_of = torch.zeros(members, dtype=torch.long, device=device)
-        for m in moving:
-            source_of[m] = sources.index(place[m, name])
-        weights.append(_Weight(value, center, _compact(mask), sources, source_of))
+    for family in families:
+        members = family.members.tolist()
+        for name, value in family.weights.items():
+            mask = torch.zeros_like(value, requires_grad=False)
+            for i, m in enumerate(members):
+                given = masks[m // chains][name]
+                mask[i] = 1.0 if given is None else given.to(mask)
+            sources = list(dict.fromkeys(place[m, name] for m in members))
+            source_of = torch.tensor([sources.index(place[m, name]) for m in members], device=device)
+            mask = None if bool(mask.all()) else _compact(mask)
+            weights.append(_Weight(value, single[name].detach(), mask, sources, source_of))
     return _UpdatePlan(weights, generators)
 
 

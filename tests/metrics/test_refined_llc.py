@@ -24,7 +24,7 @@ from metrics.dynamics.refined_llc import (
     refined_llcs,
     step_flops,
 )
-from models.ensemble import EnsembleTransformer
+from models.interventions import HeadChange
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests.helpers import random_model
 
@@ -208,31 +208,53 @@ def test_groups_are_named_as_heads_are():
         refined_estimates(model, random_rows(20), SETTINGS)
 
 
+@pytest.mark.parametrize("options", SHAPES.values(), ids=SHAPES.keys())
+def test_under_an_intervention_heads_layers_and_the_model_are_devinterps_chains(options):
+    """A model with a head ablated (mean over the batch: what a member reads is its own batch) and a head's
+    temperature changed: the sampled members run the single model's explicit patterns with its changes,
+    from the first layer they move, and equal devinterp's chains on that model in float64."""
+    model = small_model(options)
+    model.set_changes(
+        {0: [HeadChange(head=1, kind="temperature", factor=0.5)], 1: [HeadChange(0, "ablate", replacement="mean")]}
+    )
+    rows = random_rows()
+    groups = ["L0H0", "L1H1", "L1", "model"]
+    ours = refined_estimates(model, rows, SETTINGS, groups)
+    for name in groups:
+        theirs = devinterp_trace(model, rows, SETTINGS, group_masks(model, name))
+        assert relative_error(ours[name].trace, theirs) < 1e-6, name
+
+
 @pytest.mark.parametrize(
     "groups, attentions",
     [
-        (["L1H0"], 3 + 2 * 2),
+        (["L1H0"], 2 + 2 * 2),
         (["L0H1"], 3 + 2 * 3),
-        (["L2"], 3 + 2),
+        (["L2"], 1 + 2),
         (["model"], 3 + 2 * 3),
-        (["L1H0", "L2H1"], 3 + 2 * 2),
+        (["L1H0", "L2H1"], (2 + 2 * 2) + (1 + 2)),
     ],
 )
-def test_step_flops_count_what_the_ensemble_multiplies(groups, attentions):
-    """torch's FLOP counter on one step of a 3-layer ensemble whose weights move as ``groups``' do; it does not
-    count the CPU's fused attention, so that is added by hand: the forward's 3 layers, and 2 GEMMs a layer
-    backward from the first layer that needs a gradient."""
+def test_step_flops_count_what_the_sampler_multiplies(groups, attentions):
+    """torch's FLOP counter on a whole :func:`batched_sgld` run (one chain, 3 steps on one batch) of a 3-layer
+    model: one forward pass of ``w*`` (the reference losses and the streams entering each group's first moving
+    layer), then every step each member's forward and backward from that layer on. The counter does not count
+    the CPU's fused attention, so that is added by hand: the ``w*`` pass's 3 layers, and per step each group's
+    layers forward and 2 GEMMs a layer backward (``attentions``, summed over the groups)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model = random_model(n_layers=3, n_heads=2, seed=0)
-    tokens = torch.randint(0, 11, (4, 17), generator=torch.Generator().manual_seed(0))
-    moving = set().union(*(group_masks(model, group) for group in groups))
-    ensemble = EnsembleTransformer([model] * 3)
-    for name, p in ensemble.named_parameters():
-        p.requires_grad_(name in moving)
+    rows = torch.randint(0, 11, (4, 17), generator=torch.Generator().manual_seed(0))
+    settings = SGLDSettings(lr=1e-3, n_beta=2.0, localization=100.0, chains=1, draws=3, burnin=0, batch_size=4)
+    masks = [group_masks(model, group) for group in groups]
     with FlopCounterMode(display=False) as counter:
-        logits = ensemble(tokens.expand(3, -1, -1))
-        F.cross_entropy(logits[:, :, :-1].flatten(0, 2), tokens[:, 1:].repeat(3, 1).flatten()).backward()
+        draws = batched_sgld(model, rows, settings, masks)
     shape = model.shape
     attention = 2 * 2 * 4 * shape.n_heads * 17 * 17 * shape.d_head  # scores and mixing, one member
-    assert counter.get_total_flops() + 3 * attentions * attention == 3 * step_flops(shape, 4, 17, moving)
+    assert counter.get_total_flops() + (3 + 3 * attentions) * attention == draws.flops
+    projection, unembedding = (
+        2 * 4 * 17 * shape.d_model * shape.n_heads * shape.d_head,
+        2 * 4 * 16 * shape.d_model * shape.d_vocab,
+    )
+    w_star = 3 * (4 * projection + attention) + unembedding
+    assert draws.flops == w_star + 3 * sum(step_flops(shape, 4, 17, mask) for mask in masks)
