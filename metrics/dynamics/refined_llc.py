@@ -200,7 +200,7 @@ def refined_estimates(
     names = group_names(model.shape, groups)
     draws = batched_sgld(model, rows, settings, [group_masks(model, name) for name in names])
     batches = rows.shape[0] // settings.batch_size
-    batch_of_draw = (settings.burnin + torch.arange(settings.draws)) % batches
+    batch_of_draw = (settings.burnin + torch.arange(settings.draws, device="cpu")) % batches
     trace = settings.n_beta * (draws.losses - draws.reference[batch_of_draw])  # (groups, chains, draws)
     return {
         name: _estimate(trace[g], draws.reference, draws.seconds) if draws.finite[g].all() else None

@@ -288,7 +288,7 @@ def type_switches(
     rng = np.random.default_rng(seed)
     b = per_sequence.shape[1]
     picks = torch.from_numpy(rng.integers(0, b, size=(resamples, b)))
-    counts = torch.zeros(resamples, b, dtype=torch.long).scatter_add_(1, picks, torch.ones_like(picks))
+    counts = torch.zeros(resamples, b, dtype=torch.long, device="cpu").scatter_add_(1, picks, torch.ones_like(picks))
     point = head_types(per_sequence.nanmean(1), null, behaviours, min_z, min_excess).numpy()  # (steps, heads)
     drawn = head_types(resampled_scores(per_sequence, counts), null, behaviours, min_z, min_excess).numpy()
     result = []

@@ -91,7 +91,7 @@ class Strategies(TrackedQuantity):
         columns = [*reference.strategies.values(), *([] if reference.truth is None else [reference.truth])]
         stacked = torch.stack(columns).flatten(1, 2)  # (S [+ truth], b·p, V)
         b, p = reference.tokens.shape[0], len(reference.positions)
-        scored = torch.ones(b, p, dtype=torch.bool) if reference.scored is None else reference.scored
+        scored = torch.ones(b, p, dtype=torch.bool, device="cpu") if reference.scored is None else reference.scored
         stacked = stacked[:, scored.flatten()]  # (S [+ truth], N, V): the scored positions only
         groups = token_groups(stacked)
         rows = scored.flatten().nonzero().squeeze(1)  # (N,) into the flattened (b·p) positions
