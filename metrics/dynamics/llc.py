@@ -232,6 +232,15 @@ def llc_record(
     try:
         estimate = estimate_llc(model, rows, settings, param_masks=param_masks)
     except FloatingPointError:
+        return estimate_record(None, settings.chains, settle_tolerance, time.perf_counter() - started)
+    return estimate_record(estimate, settings.chains, settle_tolerance, estimate.seconds)
+
+
+def estimate_record(
+    estimate: LLCEstimate | None, chains: int, settle_tolerance: float, seconds: float
+) -> dict[str, float]:
+    """:func:`llc_record`'s flat numbers of ``estimate`` (None: a diverged one, NaN with ``diverged`` 1)."""
+    if estimate is None:
         nan = math.nan
         return dict(
             mean=nan,
@@ -240,8 +249,8 @@ def llc_record(
             settled=0.0,
             diverged=1.0,
             init_loss=nan,
-            seconds=time.perf_counter() - started,
-            **{f"chain_{i}": nan for i in range(settings.chains)},
+            seconds=seconds,
+            **{f"chain_{i}": nan for i in range(chains)},
         )
     return dict(
         mean=estimate.mean,
@@ -250,6 +259,6 @@ def llc_record(
         settled=float(estimate.settled(settle_tolerance)),
         diverged=0.0,
         init_loss=estimate.init_loss,
-        seconds=estimate.seconds,
+        seconds=seconds,
         **{f"chain_{i}": value for i, value in enumerate(estimate.per_chain)},
     )

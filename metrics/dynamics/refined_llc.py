@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from metrics.dynamics.llc import LLCEstimate, SGLDSettings, head_masks
+from metrics.dynamics.llc import LLCEstimate, SGLDSettings, estimate_record, head_masks
 from models.interventions import attend
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
@@ -223,32 +223,10 @@ def refined_llcs(
     started = time.perf_counter()
     estimates = refined_estimates(model, rows, settings, groups)
     seconds = time.perf_counter() - started
-    records = {}
-    for name, estimate in estimates.items():
-        if estimate is None:
-            nan = math.nan
-            records[name] = dict(
-                mean=nan,
-                std=nan,
-                drift=nan,
-                settled=0.0,
-                diverged=1.0,
-                init_loss=nan,
-                seconds=seconds,
-                **{f"chain_{i}": nan for i in range(settings.chains)},
-            )
-            continue
-        records[name] = dict(
-            mean=estimate.mean,
-            std=estimate.std,
-            drift=estimate.drift,
-            settled=float(estimate.settled(settle_tolerance)),
-            diverged=0.0,
-            init_loss=estimate.init_loss,
-            seconds=seconds,
-            **{f"chain_{i}": value for i, value in enumerate(estimate.per_chain)},
-        )
-    return records
+    return {
+        name: estimate_record(estimate, settings.chains, settle_tolerance, seconds)
+        for name, estimate in estimates.items()
+    }
 
 
 def step_flops(shape: TransformerShape, batch: int, seq: int, moving: Collection[str]) -> float:
