@@ -199,21 +199,19 @@ def heads_figure(
         table.axis("off")
         kinds = sorted({history.final_type(l, h) for l in range(L) for h in range(H)}, key=TYPES.index)
         groups = sorted(set(clusters.values()))
-        cells = [
-            [
-                ", ".join(
-                    label
-                    for label in labels
-                    if clusters.get(label) == c and history.final_type(*head_of(label)) == kind
-                )
-                or "·"
-                for kind in kinds
+
+        def cell(c: int, kind: str) -> str:  # the heads of cluster c and type kind, two a line
+            found = [
+                label for label in labels if clusters.get(label) == c and history.final_type(*head_of(label)) == kind
             ]
-            for c in groups
-        ]
+            return "\n".join(", ".join(found[i : i + 2]) for i in range(0, len(found), 2)) or "·"
+
+        cells = [[cell(c, kind) for kind in kinds] for c in groups]
         shown = table.table(cellText=cells, rowLabels=[f"cluster {c}" for c in groups], colLabels=kinds, loc="center")
         shown.auto_set_font_size(False)
         shown.set_fontsize(7)
+        tallest = max(cell.count("\n") + 1 for row in cells for cell in row)
+        shown.scale(1, 1 + 0.7 * (tallest - 1))
         table.set_title("clusters of the LLC curves against the final types", fontsize=9)
         table.text(0.5, 0.05, caption, ha="center", fontsize=8, transform=table.transAxes)
     fig.suptitle(title, fontsize=10)
