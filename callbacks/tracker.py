@@ -103,8 +103,9 @@ class CompositionTracker(L.Callback):
     def open(self, model, first_step: int) -> None:
         """Get ready to measure ``model`` from ``first_step`` on: the snapshot's threads, the random
         baselines (sampled once per shape and cached on disk: a one-time cost, so it is paid here and
-        left out of the cost report's estimate), and the tensor store, cut back to before
-        ``first_step`` (a resumed run measures its first step again)."""
+        left out of the cost report's estimate), each quantity's own one-time work on the probe
+        (:meth:`~metrics.tracked.base.TrackedQuantity.prepare`), and the tensor store, cut back to
+        before ``first_step`` (a resumed run measures its first step again)."""
         composition = self.quantity("composition")
         measures = tuple(composition.options.measures) if composition is not None else ()
         if self.num_threads is None:
@@ -112,6 +113,8 @@ class CompositionTracker(L.Callback):
         started = time.perf_counter()
         if composition is not None:
             random_baselines(model.shape.d_model, model.shape.d_head, composition.options.baseline_samples)
+        for quantity in self.quantities:
+            quantity.prepare(self.probe, model.W_E.device)
         if (seconds := time.perf_counter() - started) > 1.0:
             print(
                 f"random baselines for d_model {model.shape.d_model}, d_head {model.shape.d_head}: sampled once in {seconds:.1f} s"

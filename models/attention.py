@@ -22,6 +22,24 @@ def causal_softmax(scores: Tensor, first_query: int = 0) -> Tensor:
     return scores.masked_fill_(future, float("-inf")).softmax(dim=-1)
 
 
+def fused_causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The mixed values ``z [..., t, e]`` of causal attention of ``q, k, v [..., t, e]`` by PyTorch's
+    fused kernel (no pattern kept): the training path's, for code that needs only ``z``."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def random_patterns(
+    shape: tuple[int, ...], logit_std: float, generator: torch.Generator, dtype: torch.dtype, device
+) -> Tensor:
+    """Causal attention patterns ``[*shape, s, s]`` (``shape`` ends with ``s, s``) of i.i.d.
+    N(0, ``logit_std``²) logits: a head that has learnt nothing (the null of
+    :func:`metrics.heads.behaviour.null_from_random_patterns`)."""
+    logits = torch.randn(shape, generator=generator, dtype=dtype, device=device) * logit_std
+    return causal_softmax(logits)
+
+
 def causal_pattern(q: Tensor, k: Tensor, first_query: int = 0) -> Tensor:
     """Causal attention of queries ``q [..., s, e]`` at positions ``first_query ..`` over keys
     ``k [..., t, e]``: ``softmax(q kᵀ / sqrt(d_head))`` under the causal mask, ``[..., s, t]``."""

@@ -72,6 +72,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from metrics.dynamics.llc import LLCEstimate, SGLDSettings, estimate_record, head_masks
+from models.attention import fused_causal_attention
 from models.interventions import attend
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
@@ -395,7 +396,7 @@ def _layer(model: AttentionOnlyTransformer, weights: dict[str, Tensor], layer: i
     if changes:  # member by member: an ablation's replacement reads its batch
         z = torch.stack([attend(q[i], k[i], v[i], changes, tokens)[1] for i in range(m)])
     else:
-        z = F.scaled_dot_product_attention(*(a.reshape(m * b, h, t, e) for a in (q, k, v)), is_causal=True)
+        z = fused_causal_attention(*(a.reshape(m * b, h, t, e) for a in (q, k, v)))
     z = z.view(m, b, h, t, e).permute(0, 1, 3, 2, 4).reshape(m, b * t, h * e)  # (m, b·t, h·e)
     W_O, b_O = weights[p + "W_O"], weights.get(p + "b_O")
     out = (z @ W_O.reshape(*W_O.shape[:-3], h * e, -1)).view(-1, b, t, x.shape[-1])

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from metrics.dynamics.strategies import PERSIST, SWITCH_RESAMPLES, Switch, switches
+from models.attention import random_patterns
 
 Behaviour = Literal[
     "previous_token", "current_token", "first_token", "duplicate_token", "induction", "statistical_induction"
@@ -168,13 +169,6 @@ class Null:
         return (scores - self.mean) / self.std.clamp_min(floor)
 
 
-def causal_softmax(logits: Tensor) -> Tensor:
-    """Attention patterns from logits ``[..., query, key]``: causal mask, softmax over keys."""
-    s = logits.shape[-1]
-    causal = torch.ones(s, s, dtype=torch.bool, device=logits.device).tril()
-    return logits.masked_fill(~causal, float("-inf")).softmax(-1)
-
-
 def null_from_random_patterns(
     targets: BehaviourTargets,
     draws: int = NULL_DRAWS,
@@ -193,8 +187,8 @@ def null_from_random_patterns(
     scores = []
     for start in range(0, draws, chunk):
         n = min(chunk, draws - start)
-        logits = torch.randn(b, n, s, s, generator=generator, dtype=dtype, device=device) * logit_std
-        scores.append(behaviour_scores(causal_softmax(logits), targets))  # (n draws as heads, behaviours)
+        patterns = random_patterns((b, n, s, s), logit_std, generator, dtype, device)  # the same draws as before
+        scores.append(behaviour_scores(patterns, targets))  # (n draws as heads, behaviours)
     scores = torch.cat(scores)
     return Null(scores.mean(0), scores.std(0))
 

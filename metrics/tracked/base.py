@@ -220,6 +220,10 @@ class TrackedQuantity:
         """This quantity for a run on ``task`` (:class:`data.task.Task`) with ``n_random`` task tokens."""
         return self
 
+    def prepare(self, probe: ProbeBatch, device: torch.device) -> None:
+        """One-time work on the tracker's ``probe`` before the first snapshot of a model on ``device``
+        (left out of the cost report, as the random baselines are); nothing by default."""
+
     def measure(self, run: ProbeRun) -> Any:
         raise NotImplementedError
 

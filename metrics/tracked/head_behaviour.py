@@ -67,6 +67,10 @@ class HeadBehaviour(TrackedQuantity):
         self.bos_id = n_random if task.bos else None
         return self
 
+    def prepare(self, probe, device: torch.device) -> None:
+        """The probe's targets and null before the first snapshot (200 random heads: a one-time cost)."""
+        self.targets_of(probe.tokens.cpu(), device)
+
     def targets_of(self, tokens: Tensor, device: torch.device):
         """The probe's target masks, applicable behaviours, random-attention null and the masks' weights
         in float32 on ``device``, made at the first snapshot and kept (the probe is the same at every
@@ -75,8 +79,11 @@ class HeadBehaviour(TrackedQuantity):
             targets = behaviour_targets(tokens, self.bos_id)
             behaviours = applicable_behaviours(targets, self.prefix_matching)
             weights = targets.weights(torch.float32, device)
-            self.prepared = (tokens, targets, behaviours, null_from_random_patterns(targets), weights)
-        return self.prepared[1:]
+            null = null_from_random_patterns(targets)
+            self.prepared = (tokens, targets, behaviours, (null.mean.numpy(), null.std.numpy()), weights)
+        tokens, targets, behaviours, (mean, std), weights = self.prepared
+        # the null kept as NumPy and wrapped again at each snapshot: host memory, whatever device the model is on
+        return targets, behaviours, Null(torch.from_numpy(mean), torch.from_numpy(std)), weights
 
     def measure(self, run: ProbeRun) -> BehaviourReading:
         patterns = run.patterns.detach().float()  # (L, b, H, t, t), where the model is: one small copy back

@@ -22,7 +22,16 @@ def test_the_benchmark_runs_and_its_steady_state_charges_each_part_at_its_period
         results["tracker_overhead_steady_state"]
     )
     ms = results["tracker_part_ms"]
-    every_snapshot = ("probe", "loss_views", "previous_token", "induction", "duplicate_token", "circuit", "logging")
+    every_snapshot = (
+        "probe",
+        "loss_views",
+        "previous_token",
+        "induction",
+        "duplicate_token",
+        "behaviour",
+        "circuit",
+        "logging",
+    )
     per_10_steps = sum(ms[part] for part in every_snapshot) + ms["composition"]  # every 10 steps: Frobenius alone
     others = ms[WITH_ALL] - ms["composition"]  # what every other measure adds, every 100
     per_step = (

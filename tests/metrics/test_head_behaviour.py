@@ -21,7 +21,6 @@ from metrics.heads.behaviour import (
     applicable_behaviours,
     behaviour_scores,
     behaviour_targets,
-    causal_softmax,
     head_types,
     null_from_permuted_tokens,
     null_from_random_patterns,
@@ -31,6 +30,7 @@ from metrics.heads.behaviour import (
     type_names,
     type_switches,
 )
+from models.attention import causal_softmax
 
 DRAWS = 100  # random heads or permutations per null in these tests
 Z_BELOW = (
