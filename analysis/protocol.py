@@ -29,8 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -239,6 +243,35 @@ def main(analysis: type[Analysis], argv: list[str] | None = None, description: s
     return 1 if any(record["incomplete"] for record in records) else 0
 
 
+class CtrlC:
+    """Ctrl-C while measuring, noted as well as raised. The handler raises ``KeyboardInterrupt`` as
+    Python's own does, and remembers that it came: an interrupt that lands inside a native library
+    may come out as another error (safetensors' reader turned one into a ``ValueError`` in CI), and
+    is still the stop it was."""
+
+    def __init__(self) -> None:
+        self.came = False
+
+    def __call__(self, signum: int, frame) -> None:
+        self.came = True
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def watched(self) -> Iterator[None]:
+        """This handler for SIGINT while the block runs, where Python's own is in place (not where
+        the signal is ignored, nor off the main thread); the one from before after."""
+        if threading.current_thread() is not threading.main_thread() or (
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        ):
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
 def run(analysis: Analysis) -> dict:
     """Measure every step of the analysis's request (continuing from its cache), conclude, write
     everything; returns the record (``analysis.json``'s content). Ctrl-C while measuring exits 130
@@ -258,10 +291,16 @@ def run(analysis: Analysis) -> dict:
         cache = None
     else:
         cache = MeasuredSteps(measurements_dir(request.out_dir), {"kind": kind, **analysis.settings()}, kind)
+    ctrl_c = CtrlC()
     try:
-        analysis.start(loggers)
-        rows, tensors, seconds = measure_steps(analysis, cache)
-    except KeyboardInterrupt:
+        with ctrl_c.watched():
+            analysis.start(loggers)
+            rows, tensors, seconds = measure_steps(analysis, cache)
+    except BaseException as error:
+        if not (isinstance(error, KeyboardInterrupt) or ctrl_c.came):
+            if cache is None:
+                shutil.rmtree(request.out_dir, ignore_errors=True)
+            raise
         if cache is None:
             shutil.rmtree(request.out_dir, ignore_errors=True)
             print(f"\n{kind}: stopped; nothing kept (it is measured in one go): run the same command again", flush=True)
@@ -272,10 +311,6 @@ def run(analysis: Analysis) -> dict:
                 flush=True,
             )
         raise SystemExit(130) from None
-    except BaseException:
-        if cache is None:
-            shutil.rmtree(request.out_dir, ignore_errors=True)
-        raise
     try:
         conclusion = analysis.conclude(rows, tensors)
         record = write(analysis, rows, conclusion, loggers, seconds)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import time
 
 import pytest
 import torch
 
-from analysis.protocol import Analysis, Conclusion, main
+from analysis.protocol import Analysis, Conclusion, CtrlC, main
 from metrics.dynamics.stages import Boundary
 from records import wandb_records
 from records.trajectory import Trajectory
@@ -134,3 +137,36 @@ def test_a_sweep_is_rescored_job_by_job_then_reported(sweep):
     report = sweep / "analysis" / "resample"
     assert (report / "sweep_jobs.csv").is_file() and (report / "sweep_aligned.png").is_file()
     assert "sweep: 2 jobs" in rescored.stdout
+
+
+class NativeCtrlC(OutputNorms):
+    """Ctrl-C on the second step, landing inside a "native library" that turns it into another error
+    (as safetensors' reader did in CI: a ``ValueError``)."""
+
+    kind = "native_ctrl_c"
+
+    def measure(self, step, model):
+        if step != self.request.steps[0]:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler runs at the next bytecode
+            except KeyboardInterrupt:
+                raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+        return super().measure(step, model)
+
+
+def test_a_ctrl_c_that_a_native_library_turned_into_another_error_still_stops_and_keeps_the_steps(sweep, capsys):
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a worker may have it ignored
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            main(NativeCtrlC, [str(sweep / "0")])
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert stopped.value.code == 130
+    assert "1 measured steps kept in" in capsys.readouterr().out
+    assert not (sweep / "0" / "analysis" / "native_ctrl_c" / "analysis.json").exists()
+    # without Ctrl-C the same error is a failure, not a stop
+    ctrl_c = CtrlC()
+    with pytest.raises(ValueError), ctrl_c.watched():
+        raise ValueError("a real failure")
+    assert not ctrl_c.came
