@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,sweeps,tl,dashboard,llc
 EXTRAS_STAMP := $(VENV)/.installed-extras
 
-.PHONY: train test test-fast extras lint format bench axioms figure rescore stages clean
+.PHONY: train test test-fast extras browser lint format bench axioms figure rescore stages clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -26,16 +26,22 @@ $(EXTRAS_STAMP): $(STAMP)
 
 extras: $(EXTRAS_STAMP)
 
+# the explorer's browser tests: Debian's chromium (as root; else the line says how), driven by playwright (dev extra)
+browser: $(EXTRAS_STAMP)
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		{ apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || \
+		echo "no chromium: sudo apt-get install chromium (the explorer's browser tests skip without it)"
+
 train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
 
 # two workers, each test file on one (its module fixtures trained once): the suite's wall time on 2 cores
 TEST_WORKERS ?= 2
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
-test-fast: lint
+test-fast: lint browser
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(ARGS)
 
 lint: $(EXTRAS_STAMP)

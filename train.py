@@ -50,7 +50,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> None:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     naming = wandb_naming(cfg, list(hydra_cfg.overrides.task), hydra_cfg.sweep.dir if multirun else None)
-    with training_outcome(run_dir):
+    with training_outcome(run_dir, cfg.explorer):
         opening = open_wandb_run(cfg, run_dir, continuation, naming)  # W&B opens its run while Lightning loads
         import lightning as L
 

@@ -345,6 +345,7 @@ class Config:
     objective: str | None = None  # what a sweep job returns to an optimizing sweeper: a summary.json or config key
     # with objective: a run whose loss cliff (midpoint) is later, or absent, scores NaN
     objective_cliff_by: int | None = None
+    explorer: bool = True  # write RUN_DIR/explorer.html at the end of the run (analysis/explorer.py)
     model: ModelConfig = MISSING
     optim: OptimizerSettings = field(default_factory=OptimizerSettings)
     data: Any = MISSING  # a task's own options (data/task.py): the data group stores each task's dataclass

@@ -25,6 +25,7 @@ PHASE_CHANGE_FIGURE = "phase_change.png"
 COMPOSITION_FIGURE = "composition.png"
 STRATEGIES_FIGURE = "strategies.png"  # the strategy timeline (reports/strategy_timeline.py)
 HEADS_FIGURE = "heads.png"  # every head's type over training (reports/head_types.py)
+EXPLORER_PAGE = "explorer.html"  # a run's or a sweep's page with one step slider (reports/explorer.py)
 VALIDITY_TABLE, VALIDITY_FIGURE = "validity.csv", "validity.png"
 PAIR_CURVES_FIGURE = "pair_curves.png"
 INTERVENTION_RECORD = "intervention.json"  # a run's interventions, their heads as resolved and windows

@@ -147,10 +147,11 @@ def startup_signals_noted() -> Iterator[None]:
 
 
 @contextmanager
-def training_outcome(run_dir: Path) -> Iterator[None]:
+def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[None]:
     """Around ``trainer.fit``: a preemption, a divergence or any other failure ends the W&B run as
     preempted or failed (never successful) and becomes a :class:`JobEnded` with the command that
-    continues; a preempted SLURM job is requeued and leaves at once, as submitit does."""
+    continues; a preempted SLURM job is requeued and leaves at once, as submitit does. A run that
+    finished writes its ``explorer.html`` (``explorer``) while W&B finishes."""
     from callbacks.divergence import TrainingDiverged
     from callbacks.preemption import Preempted
 
@@ -182,7 +183,38 @@ def training_outcome(run_dir: Path) -> Iterator[None]:
     except BaseException:
         finish_wandb(1)  # any other failure (a second Ctrl-C too)
         raise
+    page = ExplorerPage(run_dir) if explorer else None
     finish_wandb(0)
+    if page is not None:
+        page.wait()
+
+
+class ExplorerPage:
+    """The run's ``explorer.html`` (:mod:`analysis.explorer`), written on a thread while W&B finishes its
+    run. A page that cannot be written is said on stderr, with the command that tries again; the run's
+    numbers, report and status are written already, and stand."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.said, self.failed = run_dir, "", False
+        self.thread = threading.Thread(target=self.write, name="explorer page", daemon=True)
+        self.thread.start()
+
+    def write(self) -> None:
+        from analysis.explorer import write_run_page
+
+        try:
+            path, size, seconds = write_run_page(self.run_dir)
+            self.said = f"explorer: {path} ({size / 1e6:.1f} MB, {seconds:.1f} s): open it in a browser, offline"
+        except Exception as error:  # the page only: the run itself finished
+            self.failed = True
+            self.said = (
+                f"explorer: not written ({type(error).__name__}: {error}); python -m analysis.explorer {self.run_dir}"
+                " tries again"
+            )
+
+    def wait(self) -> None:
+        self.thread.join()
+        print(self.said, file=sys.stderr if self.failed else sys.stdout, flush=True)
 
 
 def finish_wandb(exit_code: int, preempting: bool = False) -> None:

@@ -32,10 +32,29 @@ class SweepEndReport(Callback):
             print(f"no sweep report: {error}", file=sys.stderr)
             return
         print_sweep_report(report)
+        if config.explorer:
+            write_sweep_page(sweep_dir)
         if config.logger.wandb.enabled:
             log_to_wandb(config, report)
         if report.failed:
             sys.exit(f"error: {len(report.failed)} of {len(report.jobs)} jobs did not finish (see the report above)")
+
+
+def write_sweep_page(sweep_dir: Path) -> None:
+    """The sweep's ``explorer.html`` (:mod:`analysis.explorer`): its members' curves, linking to their pages."""
+    from analysis.explorer import write_sweep_page as write
+    from reports.sweep_report import job_dirs
+
+    try:
+        path, size, seconds = write(sweep_dir, job_dirs([sweep_dir]))
+        print(
+            f"explorer: {path} ({size / 1e6:.1f} MB, {seconds:.1f} s): the sweep's runs, each linking to its own page"
+        )
+    except Exception as error:  # the page only: the sweep's report is written
+        print(
+            f"explorer: not written ({type(error).__name__}: {error}); python -m analysis.explorer {sweep_dir}",
+            file=sys.stderr,
+        )
 
 
 def log_to_wandb(config: DictConfig, report) -> None:

@@ -387,8 +387,9 @@ def run_train_process(args: list[str], tmp_path: Path, timeout: int = 300, env: 
 
 def run_tiny_sweep(directory: Path, *overrides: str) -> str:
     """``python train.py -m OVERRIDES`` of the tiny run (:data:`TINY`) into ``directory`` (in process:
-    :func:`run_train`), W&B offline as a user's default; asserts it succeeded and returns what it printed."""
-    result = run_train(["-m", *overrides, *TINY], directory)
+    :func:`run_train`), W&B offline as a user's default; asserts it succeeded and returns what it printed.
+    ``overrides`` come after the tiny run's own, so they may change them (``explorer=true``)."""
+    result = run_train(["-m", *TINY, *overrides], directory)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -472,6 +473,7 @@ TINY = [  # a 60-step run that keeps its weights at 0, 1, 4, 15, 30, 60: for ana
     "tracker.images.every_n_steps=0",
     "trajectory.log_steps=4",
     "trajectory.every_n_steps=30",
+    "explorer=false",  # the explorer's tests write its page elsewhere (tests/reports/test_explorer.py)
 ]
 
 

@@ -18,6 +18,7 @@ from conf.schema import TrackerConfig
 from records import wandb_records
 from records.wandb_sections import story, tracker_key, wandb_key
 from reports.run_report import read_series
+from tests.browser import page_checks
 from tests.helpers import REPO, run_train
 
 pytestmark = pytest.mark.slow
@@ -328,6 +329,7 @@ def test_markov_icl_tracks_its_strategies_against_the_truth(tmp_path):
     )
     assert "phase_change/loss_onset_step" not in summary  # chains have no induction strategy to switch to
     assert (tmp_path / "strategies.png").is_file() and "strategy timeline:" in result.stdout
+    page_checks(tmp_path / "explorer.html", tmp_path)  # its explorer page: the closest strategy, as the CSV has it
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):

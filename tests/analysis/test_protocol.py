@@ -151,7 +151,9 @@ class NativeCtrlC(OutputNorms):
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(5)  # the handler runs at the next bytecode
             except KeyboardInterrupt:
-                raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+                raise ValueError(
+                    "could not determine the shape of object type 'torch.storage.UntypedStorage'"
+                ) from None
         return super().measure(step, model)
 
 

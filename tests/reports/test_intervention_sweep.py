@@ -11,6 +11,7 @@ import pytest
 
 from records import wandb_records
 from reports.run_report import read_series
+from tests.browser import opened, page_checks
 from tests.helpers import module, run_tiny_sweep
 
 pytestmark = pytest.mark.slow
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     directory = tmp_path_factory.mktemp("sweep") / "sweep"
-    return directory, run_tiny_sweep(directory, "intervention=none,clamp_prev_token,ablate", "seed=0")
+    return directory, run_tiny_sweep(directory, "intervention=none,clamp_prev_token,ablate", "seed=0", "explorer=true")
 
 
 def test_each_job_names_its_intervention_and_measures_it_on_and_off(sweep):
@@ -69,3 +70,30 @@ def test_a_rescoring_measures_the_saved_weights_with_the_interventions_they_trai
         assert len(both) >= 3, key  # steps 0, 30, 60 at least
         for step, value in both:
             assert value == pytest.approx(steps[step], rel=1e-5), (key, step)
+
+
+def test_the_sweeps_page_overlays_its_runs_grouped_and_links_each_runs_page(sweep):
+    """The sweep's explorer.html: each job's curves coloured by its intervention, its numbers at the
+    slider's step as its CSV has them, and a link to its own page, which opens with its window shaded."""
+    directory, printed = sweep
+    page_path = directory / "explorer.html"
+    assert f"explorer: {page_path}" in printed
+    members = [directory / str(n) for n in range(3)]
+    with opened(page_path) as page:
+        links = page.page.eval_on_selector_all("table.members a", "links => links.map(a => a.href)")
+        assert links == [(m / "explorer.html").resolve().as_uri() for m in members]
+        traces = page.chart("chart-loss_repeated")
+        assert [t["name"] for t in traces] == [f"intervention={i}" for i in ("none", "clamp_prev_token", "ablate")]
+        steps = page.page.evaluate("explorer.steps")
+        page.move_slider(len(steps) // 2)
+        for row, member in enumerate(members):
+            loss = read_series(member / "csv" / "metrics.csv")["loss/repeated"]
+            expected = loss[1][list(loss[0]).index(steps[len(steps) // 2])]
+            assert float(page.page.eval_on_selector(f"#member-{row}-0", "e => e.dataset.value")) == expected
+        page.page.click("table.members a >> nth=1")  # the clamped run's own page
+        page.page.wait_for_selector("body[data-ready=true]")
+        shapes = page.page.eval_on_selector("#chart-loss", "e => e.layout.shapes.map(s => [s.type, s.x0, s.x1])")
+        assert ["rect", 0, 60] in shapes  # clamp_prev_token steps 0-end, shaded
+        assert page.errors == [] and all(url.startswith("file://") for url in page.requests), page.requests
+    for member in members:  # each run's page at three slider positions, as its CSV has it
+        page_checks(member / "explorer.html", member)

@@ -1,0 +1,401 @@
+"""One self-contained page to scrub through training: ``explorer.html`` for a run, and one for a sweep.
+
+A step slider (play/pause, the arrow keys) moves every view at once: the losses and head scores with a
+marker at the step; every head's attention pattern on one probe sequence (computed from the
+trajectory's weights by :mod:`analysis.explorer`, which is also the command); every head's scores and
+type; the composition heatmaps (measure and Q/K/V chosen in the page); the strategies' KLs and mixture
+weights; the LLC and the stage boundaries an analysis found; interventions' windows shaded. Hovering a
+head or a pair shows its numbers. A view the run cannot feed says why instead.
+
+No server and no network: Plotly's JavaScript (the ``plotly`` package's bundle, read as a file, never
+imported) is inlined and the data embedded, so the file opens anywhere, offline. The peer with a
+server is MIScope's Dash app (roaringsurfdev/training-dynamics-workbench); pattern-lens and attnview
+draw attention patterns alone.
+
+Arrays travel as base64 little-endian float32 (``{"shape": [...], "b64": "..."}``, NaN kept; causal
+patterns as their lower triangle); the CSV's curves as JSON numbers, exactly as the CSV holds them, so
+the page's read-outs are the run's own numbers. What does not fit the page's budget is subsampled
+(steps, then heads), and the page says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from metrics.heads.behaviour import TYPES
+from records.layout import (
+    ANALYSIS_DIR,
+    ANALYSIS_RECORD,
+    CSV_RELATIVE_PATH,
+    EXPLORER_PAGE,
+    LLC_TABLE,
+    TENSORS_DIR,
+    run_label,
+)
+from records.tensor_store import read_tensor_store
+from reports.head_types import read_head_history
+from reports.run_report import intervention_windows, plotted_measure, read_series
+from reports.strategy_timeline import strategy_names
+
+ASSETS = Path(__file__).with_name("explorer_page")  # the page's HTML, style and script
+PATTERN_BUDGET = 2_400_000  # bytes of float32 for the attention patterns (base64: 4/3 of it in the file)
+PAIR_BUDGET = 1_200_000  # ... for the composition and the other per-pair tensors
+HEAD_BUDGET = 400_000  # ... for the per-head scores
+MAX_PATTERN_HEADS = 16  # heads drawn side by side; more (paper size): spread over the layers
+MAX_PATTERN_TOKENS = 64  # the probe sequence's first tokens whose attention is drawn
+PAIR_TENSORS = ("ablation/loss_change", "ablation/pattern_change", "match")  # per-pair, not a composition
+KINDS = ("Q", "K", "V")
+
+
+class ExplorerError(ValueError):
+    """A path the explorer cannot make a page of (not a run, not a sweep), or no Plotly to inline."""
+
+
+def packed(array: np.ndarray) -> dict:
+    """``{"shape", "b64"}``: ``array`` as little-endian float32 bytes in base64 (NaN kept)."""
+    values = np.ascontiguousarray(array, dtype="<f4")
+    return {"shape": list(values.shape), "b64": base64.b64encode(values.tobytes()).decode("ascii")}
+
+
+def plain(values) -> list:
+    """Numbers for JSON: NaN and infinities as null (JSON has neither)."""
+    return [None if not math.isfinite(v) else v for v in np.asarray(values, dtype=float).tolist()]
+
+
+def spread(n: int, keep: int) -> np.ndarray:
+    """``keep`` indices spread evenly over ``range(n)``, the first and the last among them."""
+    if keep >= n:
+        return np.arange(n)
+    return np.unique(np.round(np.linspace(0, n - 1, max(keep, 1))).astype(int))
+
+
+def within(steps: np.ndarray, bytes_per_step: int, budget: int, what: str) -> tuple[np.ndarray, str | None]:
+    """The indices of ``steps`` kept under ``budget`` bytes, and the note saying so (None: all kept)."""
+    keep = spread(len(steps), max(1, budget // max(bytes_per_step, 1)))
+    if len(keep) == len(steps):
+        return keep, None
+    return keep, f"{what}: {len(keep)} of the {len(steps)} measured steps, spread evenly (the page's size budget)"
+
+
+@dataclass
+class Patterns:
+    """Every drawn head's attention on one probe sequence at some saved steps (:mod:`analysis.explorer`)."""
+
+    steps: list[int]
+    tokens: list[int]  # the probe sequence, [T]
+    heads: list[tuple[int, int]]  # (layer, head) of each drawn head
+    values: np.ndarray  # [steps, heads, T, T], row = query position, column = key position
+    notes: list[str]
+
+    def page(self) -> dict:
+        T = len(self.tokens)
+        rows, cols = np.tril_indices(T)
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "heads": [f"L{l}H{h}" for l, h in self.heads],
+            "tril": packed(self.values[..., rows, cols]),  # [steps, heads, T(T+1)/2], row-major
+        }
+
+
+def pattern_heads(n_layers: int, n_heads: int) -> tuple[list[tuple[int, int]], str | None]:
+    """The heads whose patterns are drawn: all, or up to :data:`MAX_PATTERN_HEADS` spread over the layers."""
+    every = [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    if len(every) <= MAX_PATTERN_HEADS:
+        return every, None
+    per_layer = max(1, MAX_PATTERN_HEADS // n_layers)
+    layers = spread(n_layers, MAX_PATTERN_HEADS) if n_layers > MAX_PATTERN_HEADS else range(n_layers)
+    chosen = [(int(l), int(h)) for l in layers for h in spread(n_heads, per_layer)]
+    return chosen, f"attention patterns: {len(chosen)} of the {len(every)} heads ({per_layer} a layer, spread evenly)"
+
+
+def curve_panels(series: dict, measure: str) -> list[dict]:
+    """The line charts: each ``{"id", "title", "y", "keys"}`` with the CSV keys it draws."""
+    keys = sorted(series)
+    panels = [
+        (
+            "loss",
+            "losses",
+            "nats",
+            [k for k in keys if k == "train/loss" or (k.startswith("loss/") and k != "loss/icl_score")],
+        ),
+        (
+            "scores",
+            "head scores and the circuit pair",
+            "score",
+            [k for k in keys if k.startswith("heads/") and k.endswith("/top")]
+            + [k for k in (f"circuit/K/{measure}", f"circuit/K/{measure}_minus_baseline") if k in series],
+        ),
+        (
+            "strategies_kl",
+            "strategies: KL(model ‖ strategy)",
+            "nats",
+            [k for k in keys if k.startswith("strategies/kl/")],
+        ),
+        (
+            "strategies_weight",
+            "strategies: mixture weights",
+            "weight",
+            [k for k in keys if k.startswith("strategies/weight/")],
+        ),
+        (
+            "llc",
+            "local learning coefficient (training time)",
+            "λ̂",
+            [k for k in keys if k.startswith("llc/") or k == "llc"],
+        ),
+    ]
+    return [{"id": i, "title": t, "y": y, "keys": ks} for i, t, y, ks in panels if ks]
+
+
+def readouts(series: dict, measure: str) -> list[dict]:
+    """The numbers printed at the slider's step: ``{"id", "label", "key"}`` of each CSV key shown."""
+    wanted = [
+        ("loss", "repeated-token loss", "loss/repeated"),
+        ("train_loss", "training loss", "train/loss"),
+        ("induction", "top induction score", "heads/induction/top"),
+        ("circuit", f"circuit pair's K-composition ({measure})", f"circuit/K/{measure}"),
+    ]
+    return [{"id": i, "label": label, "key": key} for i, label, key in wanted if key in series]
+
+
+def closest_strategies(series: dict) -> dict | None:
+    """The closest strategy at each strategy reading: the name with the least KL (the truth is not a
+    strategy) and the CSV's own ``strategies/closest`` code beside it."""
+    names = strategy_names(series)
+    if not names or any(f"strategies/kl/{n}" not in series for n in names):
+        return None
+    steps = series[f"strategies/kl/{names[0]}"][0]
+    kls = np.stack([series[f"strategies/kl/{n}"][1] for n in names], axis=1)
+    codes = series.get("strategies/closest")
+    return {
+        "steps": steps.astype(int).tolist(),
+        "names": [names[int(i)] for i in np.nanargmin(np.where(np.isnan(kls), np.inf, kls), axis=1)],
+        "codes": plain(codes[1]) if codes is not None and len(codes[1]) == len(steps) else None,
+    }
+
+
+def head_maps(store: dict, store_dir: Path, reader: str, budget: int) -> tuple[dict | None, list[str], str | None]:
+    """Every head's scores over the snapshots: the store's ``[L, H]`` tensors and the behaviour scores
+    and types (:func:`reports.head_types.read_head_history`). Returns ``(view, notes, why none)``."""
+    maps = {
+        name: value
+        for name, value in store.items()
+        if value[1].ndim == 3 and name.startswith("heads/") and not name.startswith("heads/behaviour/")
+    }
+    history = read_head_history(store_dir, reader) if store_dir.is_dir() else None
+    views: dict[str, tuple[np.ndarray, np.ndarray]] = {n.removeprefix("heads/"): v for n, v in maps.items()}
+    if history is not None:
+        for i, behaviour in enumerate(history.behaviours):
+            views[f"behaviour/{behaviour}"] = (history.steps, history.scores[..., i])
+    if not views:
+        return None, [], "the run stored no per-head scores (tracker off, or no tensor store)"
+    notes, out = [], {}
+    per_view = budget // len(views)
+    for name, (steps, values) in views.items():
+        keep, note = within(steps, values[0].nbytes, per_view, f"head scores ({name})")
+        out[name] = {"steps": steps[keep].astype(int).tolist(), "values": packed(values[keep])}
+        notes += [note] if note else []
+    types = None
+    if history is not None:
+        keep, _ = within(history.steps, history.types[0].size * 4, per_view, "head types")
+        names = [TYPES[0], *history.behaviours]
+        types = {
+            "steps": history.steps[keep].astype(int).tolist(),
+            "codes": packed(history.types[keep]),
+            "names": names,
+        }
+    first = next(iter(views.values()))[1]
+    return {"layers": first.shape[1], "heads": first.shape[2], "maps": out, "types": types}, notes, None
+
+
+def pair_maps(store: dict, budget: int) -> tuple[dict | None, list[str], str | None]:
+    """The per-pair tensors ``[L, H, L, H]`` (writer, reader) over the snapshots: every composition
+    measure under Q, K and V, and the ablation's and matching's tensors. Returns ``(view, notes, why none)``."""
+    chosen = {
+        name: value
+        for name, value in store.items()
+        if value[1].ndim == 5 and (name in PAIR_TENSORS or (name.startswith("comp/") and name.split("/")[1] in KINDS))
+    }
+    if not chosen:
+        return None, [], "the run stored no per-pair tensors (one layer, tracker off, or no tensor store)"
+    L = next(iter(chosen.values()))[1].shape[1]
+    if L < 2:
+        return None, [], "one layer: no earlier → later head pairs"
+    notes, out = [], {}
+    per_tensor = budget // len(chosen)
+    for name, (steps, values) in chosen.items():
+        keep, note = within(steps, values[0].nbytes, per_tensor, name)
+        out[name] = {"steps": steps[keep].astype(int).tolist(), "values": packed(values[keep])}
+        notes += [note] if note else []
+    measures = sorted({n.split("/")[2] for n in out if n.startswith("comp/")})
+    return (
+        {"tensors": out, "measures": measures, "kinds": list(KINDS), "extra": [n for n in PAIR_TENSORS if n in out]},
+        notes,
+        None,
+    )
+
+
+def analysis_curves(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """The LLC of every stage analysis of the run (``analysis/NAME/llc.csv``) as curves, and the stage
+    boundaries each kept (its ``analysis.json``): ``([{"name", "key", "x", "y"}], [{"step", "label"}])``."""
+    curves, boundaries = [], []
+    for directory in sorted((run_dir / ANALYSIS_DIR).glob("*/")):
+        table = directory / LLC_TABLE
+        if table.is_file() and table.stat().st_size:
+            for key, (x, y) in read_series(table).items():
+                if key == "llc" or (key.startswith("llc_") and not key.endswith(("_std", "_se"))):
+                    curves.append(
+                        {"name": f"{directory.name}: {key}", "key": key, "x": x.astype(int).tolist(), "y": plain(y)}
+                    )
+        record = directory / ANALYSIS_RECORD
+        if record.is_file():
+            try:
+                result = json.loads(record.read_text()).get("result", {})
+            except json.JSONDecodeError:
+                continue
+            for boundary in result.get("boundaries", []) if isinstance(result, dict) else []:
+                boundaries.append(
+                    {"step": boundary["step"], "label": f"{directory.name}: {boundary['source']} {boundary['kind']}"}
+                )
+    return curves, boundaries
+
+
+def slider_steps(series: dict, store: dict, patterns: Patterns | None) -> list[int]:
+    """The steps the slider stops at: the tracker's snapshots (the CSV's ``loss/repeated`` steps), else
+    every step any curve or stored tensor has, else the patterns'."""
+    if "loss/repeated" in series:
+        return series["loss/repeated"][0].astype(int).tolist()
+    found = {int(s) for x, _ in series.values() for s in x} | {int(s) for steps, _ in store.values() for s in steps}
+    if not found and patterns is not None:
+        found = set(patterns.steps)
+    return sorted(found)
+
+
+def run_page(run_dir: Path, patterns: Patterns | None, why_no_patterns: str | None, reader: str = "induction") -> dict:
+    """The run page's data, from what ``run_dir`` holds: its CSV log, tensor store, analyses and
+    interventions, and ``patterns`` (None: ``why_no_patterns`` is shown in their place)."""
+    run_dir = Path(run_dir)
+    csv_path = run_dir / CSV_RELATIVE_PATH
+    missing: dict[str, str] = {}
+    series = read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {}
+    if not series:
+        missing["curves"] = f"no {CSV_RELATIVE_PATH}: the run logged no numbers (CSV logging off, or it never started)"
+    store_dir = run_dir / TENSORS_DIR
+    store = read_tensor_store(store_dir) if store_dir.is_dir() else {}
+    measure = plotted_measure(series)
+    panels = curve_panels(series, measure)
+    wanted = {k for panel in panels for k in panel["keys"]} | {r["key"] for r in readouts(series, measure)}
+    notes = list(patterns.notes) if patterns is not None else []
+    heads, head_notes, why = head_maps(store, store_dir, reader, HEAD_BUDGET)
+    missing.update({"heads": why} if why else {})
+    pairs, pair_notes, why = pair_maps(store, PAIR_BUDGET)
+    missing.update({"pairs": why} if why else {})
+    if patterns is None:
+        missing["patterns"] = why_no_patterns or "no attention patterns"
+    llc_curves, boundaries = analysis_curves(run_dir)
+    strategies = closest_strategies(series)
+    if not any(p["id"].startswith("strategies") for p in panels):
+        missing["strategies"] = "the run tracked no strategies"
+    if not llc_curves and not any(p["id"] == "llc" for p in panels):
+        missing["llc"] = (
+            "no LLC: none at training time (stages.llc.every_n_steps=0) and no stage analysis (python -m analysis.stages RUN_DIR)"
+        )
+    return {
+        "kind": "run",
+        "title": run_label(run_dir),
+        "steps": slider_steps(series, store, patterns),
+        "series": {k: {"x": series[k][0].astype(int).tolist(), "y": plain(series[k][1])} for k in sorted(wanted)},
+        "panels": panels,
+        "readouts": readouts(series, measure),
+        "measure": measure,
+        "closest": strategies,
+        "heads": heads,
+        "pairs": pairs,
+        "patterns": patterns.page() if patterns is not None else None,
+        "llc": llc_curves,
+        "boundaries": boundaries,
+        "interventions": [{"from": a, "until": b, "label": label} for a, b, label in intervention_windows(run_dir)],
+        "notes": notes + head_notes + pair_notes,
+        "missing": missing,
+    }
+
+
+def sweep_page(members: list[dict], grouped_by: list[str], title: str) -> dict:
+    """A sweep page's data: each member ``{"name", "href", "group", "status", "series": {key: (steps,
+    values)}}`` overlaid, coloured by its group (the sweep report's: the non-seed swept values)."""
+    keys = ("loss/repeated", "train/loss", "heads/induction/top", "heads/prev_token/top")
+    shown = [k for k in keys if any(k in m["series"] for m in members)]
+    steps = sorted({int(s) for m in members for k in shown if k in m["series"] for s in m["series"][k][0]})
+    return {
+        "kind": "sweep",
+        "title": title,
+        "steps": steps,
+        "grouped_by": grouped_by,
+        "keys": shown,
+        "members": [
+            {
+                "name": m["name"],
+                "href": m["href"],
+                "group": m["group"],
+                "status": m["status"],
+                "series": {
+                    k: {"x": m["series"][k][0].astype(int).tolist(), "y": plain(m["series"][k][1])}
+                    for k in shown
+                    if k in m["series"]
+                },
+            }
+            for m in members
+        ],
+        "notes": [],
+        "missing": {} if members else {"members": "no member runs"},
+    }
+
+
+def plotly_bundle() -> str:
+    """Plotly's JavaScript, from the installed ``plotly`` package's own file (the package is not imported)."""
+    spec = importlib.util.find_spec("plotly")
+    bundle = Path(spec.origin).parent / "package_data" / "plotly.min.js" if spec and spec.origin else None
+    if bundle is None or not bundle.is_file():
+        raise ExplorerError("the explorer page inlines Plotly's JavaScript: pip install plotly (a core dependency)")
+    return bundle.read_text(encoding="utf-8")
+
+
+def page_html(data: dict) -> str:
+    """The whole page: the template with its style, Plotly, the data and the page's script inlined."""
+    embedded = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    parts = {
+        "/*STYLE*/": (ASSETS / "explorer.css").read_text(encoding="utf-8"),
+        "/*PLOTLY*/": plotly_bundle(),
+        "/*DATA*/": embedded,
+        "/*SCRIPT*/": (ASSETS / "explorer.js").read_text(encoding="utf-8"),
+        "<!--TITLE-->": f"{data['title']} · explorer".replace("<", "&lt;"),
+    }
+    html = (ASSETS / "page.html").read_text(encoding="utf-8")
+    for marker, text in parts.items():
+        if marker != "/*DATA*/" and "</script" in text.lower():
+            raise ExplorerError(f"{marker}: would close the page's script early")
+        html = html.replace(marker, text, 1)
+    return html
+
+
+def write_page(path: Path, data: dict) -> int:
+    """Write the page to ``path`` whole or not at all (a temporary file renamed over it); its bytes."""
+    html = page_html(data)
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.writing")
+    temporary.write_text(html, encoding="utf-8")
+    os.replace(temporary, path)
+    return len(html.encode("utf-8"))
+
+
+def default_page(directory: Path) -> Path:
+    return Path(directory) / EXPLORER_PAGE

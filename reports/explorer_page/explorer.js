@@ -1,0 +1,371 @@
+// The explorer page (reports/explorer.py): one step slider moves every view. The data is the JSON in
+// #explorer-data; arrays come as base64 little-endian float32. No request leaves the file.
+(function () {
+  "use strict";
+  const data = JSON.parse(document.getElementById("explorer-data").textContent);
+  const byId = (id) => document.getElementById(id);
+  const steps = data.steps;
+  const onStep = []; // each view's update, called with the slider's step
+  const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
+  const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["toImage"] };
+
+  function unpack(packed) {
+    const text = atob(packed.b64);
+    const bytes = new Uint8Array(text.length);
+    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    return { shape: packed.shape, values: new Float32Array(bytes.buffer) };
+  }
+
+  // the index of the last entry of the sorted `xs` at or before `step` (-1: none)
+  function at(xs, step) {
+    let lo = 0, hi = xs.length - 1, found = -1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (xs[mid] <= step) { found = mid; lo = mid + 1; } else hi = mid - 1;
+    }
+    return found;
+  }
+
+  const finite = (v) => v !== null && v !== undefined && !Number.isNaN(v);
+  const shown = (v) => (finite(v) ? Number(v).toPrecision(4) : "–");
+
+  function section(id, title, wide) {
+    const el = document.createElement("section");
+    el.className = "view" + (wide ? " wide" : "");
+    el.id = "view-" + id;
+    const h = document.createElement("h2");
+    h.textContent = title;
+    el.appendChild(h);
+    byId("views").appendChild(el);
+    return el;
+  }
+
+  function why(el, text) {
+    const p = document.createElement("div");
+    p.className = "why";
+    p.textContent = text;
+    el.appendChild(p);
+  }
+
+  function chartDiv(el, id, cls) {
+    const div = document.createElement("div");
+    div.className = cls || "chart";
+    div.id = id;
+    el.appendChild(div);
+    return div;
+  }
+
+  function select(el, label, options, onChange) {
+    const wrap = document.createElement("label");
+    wrap.textContent = label + " ";
+    const s = document.createElement("select");
+    for (const o of options) {
+      const opt = document.createElement("option");
+      opt.value = o;
+      opt.textContent = o;
+      s.appendChild(opt);
+    }
+    s.addEventListener("change", onChange);
+    wrap.appendChild(s);
+    el.appendChild(wrap);
+    return s;
+  }
+
+  // ---- line charts with a marker at the step, interventions shaded, stage boundaries dashed ----
+  function baseShapes() {
+    const shapes = [];
+    for (const w of data.interventions || []) {
+      shapes.push({ type: "rect", xref: "x", yref: "paper", x0: w.from, x1: w.until === null ? steps[steps.length - 1] : w.until,
+        y0: 0, y1: 1, fillcolor: "rgba(255,165,0,0.12)", line: { width: 0 }, layer: "below" });
+    }
+    for (const b of data.boundaries || []) {
+      shapes.push({ type: "line", xref: "x", yref: "paper", x0: b.step, x1: b.step, y0: 0, y1: 1, line: { color: "#555", dash: "dash", width: 1 } });
+    }
+    return shapes;
+  }
+
+  function lineChart(el, id, traces, ytitle) {
+    const div = chartDiv(el, id);
+    const base = baseShapes();
+    const marker = (step) => ({ type: "line", xref: "x", yref: "paper", x0: step, x1: step, y0: 0, y1: 1, line: { color: "#000", width: 1.5 } });
+    const layout = {
+      margin: { l: 50, r: 10, t: 10, b: 35 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: ytitle } },
+      legend: { font: { size: 10 } }, shapes: base.concat([marker(steps[0] || 0)]), hovermode: "x unified",
+    };
+    Plotly.newPlot(div, traces, layout, CONFIG);
+    onStep.push((step) => Plotly.relayout(div, { shapes: base.concat([marker(step)]) }));
+    return div;
+  }
+
+  function curves() {
+    for (const panel of data.panels || []) {
+      const el = section(panel.id, panel.title, false);
+      const traces = panel.keys.map((key, i) => ({
+        x: data.series[key].x, y: data.series[key].y, name: key, mode: "lines", line: { width: 1.5, color: PALETTE[i % PALETTE.length] },
+      }));
+      if (panel.id === "llc") for (const c of data.llc) traces.push({ x: c.x, y: c.y, name: c.name, mode: "lines+markers" });
+      lineChart(el, "chart-" + panel.id, traces, panel.y);
+    }
+    if ((data.llc || []).length && !(data.panels || []).some((p) => p.id === "llc")) {
+      const el = section("llc", "local learning coefficient (stage analyses)", false);
+      lineChart(el, "chart-llc", data.llc.map((c, i) => ({ x: c.x, y: c.y, name: c.name, mode: "lines+markers", line: { color: PALETTE[i % PALETTE.length] } })), "λ̂");
+    }
+    for (const [view, text] of Object.entries(data.missing || {})) {
+      if (["curves", "strategies", "llc"].includes(view)) why(section(view, view, false), text);
+    }
+  }
+
+  // ---- the numbers at the step, each as the run's CSV holds it ----
+  function readouts() {
+    const box = byId("readouts");
+    for (const r of data.readouts || []) {
+      const span = document.createElement("span");
+      span.innerHTML = `${r.label}: <span class="value" id="readout-${r.id}"></span> <span class="at" id="readout-${r.id}-at"></span>`;
+      box.appendChild(span);
+      const s = data.series[r.key];
+      onStep.push((step) => {
+        const i = at(s.x, step);
+        const v = byId("readout-" + r.id);
+        v.textContent = i < 0 ? "–" : shown(s.y[i]);
+        v.dataset.value = i < 0 || s.y[i] === null ? "" : String(s.y[i]);
+        v.dataset.step = i < 0 ? "" : String(s.x[i]);
+        byId("readout-" + r.id + "-at").textContent = i >= 0 && s.x[i] !== step ? `(step ${s.x[i]})` : "";
+      });
+    }
+    if (data.closest) {
+      const c = data.closest;
+      const span = document.createElement("span");
+      span.innerHTML = 'closest strategy: <span class="value" id="readout-closest"></span> <span class="at" id="readout-closest-at"></span>';
+      box.appendChild(span);
+      onStep.push((step) => {
+        const i = at(c.steps, step);
+        const v = byId("readout-closest");
+        v.textContent = i < 0 ? "–" : c.names[i];
+        v.dataset.value = i < 0 ? "" : c.names[i];
+        v.dataset.code = i < 0 || !c.codes ? "" : String(c.codes[i]);
+        v.dataset.step = i < 0 ? "" : String(c.steps[i]);
+        byId("readout-closest-at").textContent = i >= 0 && c.steps[i] !== step ? `(step ${c.steps[i]})` : "";
+      });
+    }
+  }
+
+  // ---- every head's scores and type at the step ----
+  function heads() {
+    const el = section("heads", "every head at the step (hover a head for its scores)", false);
+    if (!data.heads) return why(el, data.missing.heads);
+    const H = data.heads;
+    const maps = Object.fromEntries(Object.entries(H.maps).map(([k, v]) => [k, { steps: v.steps, ...unpack(v.values) }]));
+    const types = H.types ? { steps: H.types.steps, names: H.types.names, ...unpack(H.types.codes) } : null;
+    const names = Object.keys(maps);
+    const choice = select(el, "colour by", types ? ["type", ...names] : names, () => draw(current));
+    choice.value = names.includes("induction") ? "induction" : choice.options[0].value;
+    const div = chartDiv(el, "chart-heads");
+    const L = H.layers, N = H.heads;
+    let current = steps[0] || 0;
+    function slice(m, step) {
+      const i = at(m.steps, step);
+      return i < 0 ? null : { step: m.steps[i], values: m.values.subarray(i * L * N, (i + 1) * L * N) };
+    }
+    function draw(step) {
+      current = step;
+      const now = Object.fromEntries(names.map((n) => [n, slice(maps[n], step)]));
+      const type = types ? slice(types, step) : null;
+      const z = [], text = [];
+      const chosen = choice.value;
+      let measuredAt = null;
+      for (let l = 0; l < L; l++) {
+        const row = [], tips = [];
+        for (let h = 0; h < N; h++) {
+          const k = l * N + h;
+          const lines = [`L${l}H${h}`];
+          if (type) lines.push(`type: ${type.values[k] >= 0 ? types.names[type.values[k]] : "–"}`);
+          for (const n of names) if (now[n]) lines.push(`${n}: ${shown(now[n].values[k])}`);
+          tips.push(lines.join("<br>"));
+          if (chosen === "type") { row.push(type ? type.values[k] : null); measuredAt = type && type.step; }
+          else { row.push(now[chosen] ? (finite(now[chosen].values[k]) ? now[chosen].values[k] : null) : null); measuredAt = now[chosen] && now[chosen].step; }
+        }
+        z.push(row);
+        text.push(tips);
+      }
+      const trace = {
+        z, text, type: "heatmap", hoverinfo: "text", x: Array.from({ length: N }, (_, h) => "H" + h), y: Array.from({ length: L }, (_, l) => "L" + l),
+        colorscale: chosen === "type" ? "Portland" : "Viridis", zmin: chosen === "type" ? 0 : undefined,
+        zmax: chosen === "type" ? types.names.length - 1 : undefined,
+      };
+      const title = measuredAt === null ? "not measured yet" : `${chosen} (measured at step ${measuredAt})`;
+      Plotly.react(div, [trace], { margin: { l: 40, r: 10, t: 30, b: 30 }, title: { text: title, font: { size: 12 } }, yaxis: { autorange: "reversed" } }, CONFIG);
+    }
+    onStep.push(draw);
+  }
+
+  // ---- the composition (and the ablation's truth) of every earlier -> later pair at the step ----
+  function pairs() {
+    const el = section("pairs", "every earlier → later head pair at the step (hover a pair)", false);
+    if (!data.pairs) return why(el, data.missing.pairs);
+    const P = data.pairs;
+    const tensors = Object.fromEntries(Object.entries(P.tensors).map(([k, v]) => [k, { steps: v.steps, ...unpack(v.values) }]));
+    const first = Object.values(tensors)[0];
+    const [L, N] = [first.shape[1], first.shape[2]];
+    const options = [...P.measures, ...P.extra];
+    const row = document.createElement("div");
+    row.className = "choices";
+    el.appendChild(row);
+    const measure = select(row, "measure", options, () => draw(current));
+    measure.value = P.measures.includes(data.measure) ? data.measure : options[0];
+    const kind = select(row, "composition", P.kinds, () => draw(current));
+    kind.value = "K";
+    const div = chartDiv(el, "chart-pairs");
+    let current = steps[0] || 0;
+    const name = () => (P.extra.includes(measure.value) ? measure.value : `comp/${kind.value}/${measure.value}`);
+    const readers = [], writers = [];
+    for (let l = 0; l < L; l++) for (let h = 0; h < N; h++) { if (l > 0) readers.push([l, h]); if (l < L - 1) writers.push([l, h]); }
+    const flat = (lw, hw, lr, hr) => ((lw * N + hw) * L + lr) * N + hr;
+    function draw(step) {
+      current = step;
+      kind.disabled = P.extra.includes(measure.value);
+      const t = tensors[name()];
+      const truth = tensors["ablation/loss_change"];
+      const i = t ? at(t.steps, step) : -1;
+      const j = truth ? at(truth.steps, step) : -1;
+      const size = L * N * L * N;
+      const z = [], text = [];
+      for (const [lr, hr] of readers) {
+        const zr = [], tr = [];
+        for (const [lw, hw] of writers) {
+          const v = i < 0 ? null : t.values[i * size + flat(lw, hw, lr, hr)];
+          const ok = lw < lr && finite(v);
+          zr.push(ok ? v : null);
+          let tip = `L${lw}H${hw} → L${lr}H${hr}: ${ok ? shown(v) : "–"}`;
+          if (truth && j >= 0 && lw < lr) tip += `<br>ablation Δloss (step ${truth.steps[j]}): ${shown(truth.values[j * size + flat(lw, hw, lr, hr)])}`;
+          tr.push(tip);
+        }
+        z.push(zr);
+        text.push(tr);
+      }
+      const title = i < 0 ? `${name()}: not measured yet` : `${name()} (measured at step ${t.steps[i]})`;
+      Plotly.react(div, [{ z, text, type: "heatmap", hoverinfo: "text", colorscale: "Viridis",
+        x: writers.map(([l, h]) => `L${l}H${h}`), y: readers.map(([l, h]) => `L${l}H${h}`) }],
+        { margin: { l: 55, r: 10, t: 30, b: 50 }, title: { text: title, font: { size: 12 } }, xaxis: { title: { text: "writer (earlier head)" } },
+          yaxis: { title: { text: "reader" }, autorange: "reversed" } }, CONFIG);
+    }
+    onStep.push(draw);
+  }
+
+  // ---- every drawn head's attention on the probe sequence, from the weights saved nearest before the step ----
+  function patterns() {
+    const el = section("patterns", "attention patterns on a probe sequence (query row → key column)", true);
+    if (!data.patterns) return why(el, data.missing.patterns);
+    const P = data.patterns;
+    const T = P.tokens.length, size = (T * (T + 1)) / 2;
+    const all = unpack(P.tril).values;
+    const label = document.createElement("div");
+    label.id = "patterns-step";
+    el.appendChild(label);
+    const grid = document.createElement("div");
+    grid.className = "patterns";
+    el.appendChild(grid);
+    const divs = P.heads.map((h) => chartDiv(grid, "pattern-" + h, "pattern"));
+    const axis = P.tokens.map((tok, i) => `${i}:${tok}`);
+    let shownIndex = -2;
+    function draw(step) {
+      const i = Math.max(at(P.steps, step), 0);
+      label.textContent = `weights saved at step ${P.steps[i]}` + (P.steps[i] !== step ? ` (the last saved at or before step ${step})` : "");
+      label.dataset.step = String(P.steps[i]);
+      if (i === shownIndex) return;
+      shownIndex = i;
+      P.heads.forEach((head, k) => {
+        const base = (i * P.heads.length + k) * size;
+        const z = [];
+        let offset = base;
+        for (let q = 0; q < T; q++) {
+          const row = new Array(T).fill(null);
+          for (let key = 0; key <= q; key++) row[key] = all[offset++];
+          z.push(row);
+        }
+        Plotly.react(divs[k], [{ z, x: axis, y: axis, type: "heatmap", colorscale: [[0, "#ffffff"], [1, "#08306b"]], zmin: 0, zmax: 1, showscale: false,
+          hovertemplate: "query %{y} → key %{x}: %{z:.4f}<extra>" + head + "</extra>" }],
+          { margin: { l: 20, r: 4, t: 22, b: 14 }, title: { text: head, font: { size: 11 } },
+            xaxis: { showticklabels: false }, yaxis: { showticklabels: false, autorange: "reversed" } }, { displayModeBar: false });
+      });
+    }
+    onStep.push(draw);
+  }
+
+  // ---- a sweep: the members overlaid, coloured by group, each linking to its own page ----
+  function sweep() {
+    const groups = [...new Set(data.members.map((m) => m.group))];
+    const colour = (m) => PALETTE[groups.indexOf(m.group) % PALETTE.length];
+    for (const key of data.keys) {
+      const el = section(key.replace(/\W/g, "_"), key + (data.grouped_by.length ? ` (colour: ${data.grouped_by.join(", ")})` : ""), false);
+      const seen = new Set();
+      const traces = data.members.filter((m) => m.series[key]).map((m) => {
+        const first = !seen.has(m.group);
+        seen.add(m.group);
+        return { x: m.series[key].x, y: m.series[key].y, name: m.group || m.name, legendgroup: m.group, showlegend: first,
+          mode: "lines", line: { width: 1.3, color: colour(m) }, hovertemplate: `${m.name}: %{y:.4g}<extra></extra>` };
+      });
+      lineChart(el, "chart-" + key.replace(/\W/g, "_"), traces, key);
+    }
+    const el = section("members", "members (each links to its own page)", true);
+    const table = document.createElement("table");
+    table.className = "members";
+    table.innerHTML = "<tr><th>run</th><th>group</th><th>status</th>" + data.keys.map((k) => `<th>${k}</th>`).join("") + "</tr>";
+    data.members.forEach((m, r) => {
+      const tr = document.createElement("tr");
+      tr.innerHTML = `<td><a href="${encodeURI(m.href)}">${m.name}</a></td><td>${m.group}</td><td>${m.status}</td>` +
+        data.keys.map((k, c) => `<td id="member-${r}-${c}"></td>`).join("");
+      table.appendChild(tr);
+    });
+    el.appendChild(table);
+    onStep.push((step) => data.members.forEach((m, r) => data.keys.forEach((k, c) => {
+      const s = m.series[k], cell = byId(`member-${r}-${c}`);
+      const i = s ? at(s.x, step) : -1;
+      cell.textContent = i < 0 ? "–" : shown(s.y[i]);
+      cell.dataset.value = i < 0 || s.y[i] === null ? "" : String(s.y[i]);
+    })));
+  }
+
+  // ---- the slider, play/pause and the keys ----
+  const slider = byId("slider"), play = byId("play");
+  let timer = null;
+  function setIndex(i) {
+    const index = Math.min(Math.max(i, 0), Math.max(steps.length - 1, 0));
+    slider.value = String(index);
+    const step = steps.length ? steps[index] : 0;
+    byId("step-label").textContent = steps.length ? `step ${step} (${index + 1}/${steps.length})` : "no steps";
+    byId("step-label").dataset.step = String(step);
+    for (const update of onStep) update(step);
+  }
+  function toggle() {
+    if (timer) { clearInterval(timer); timer = null; play.textContent = "▶"; return; }
+    if (Number(slider.value) >= steps.length - 1) setIndex(0);
+    play.textContent = "❚❚";
+    timer = setInterval(() => {
+      if (Number(slider.value) >= steps.length - 1) return toggle();
+      setIndex(Number(slider.value) + 1);
+    }, 120);
+  }
+
+  document.title = data.title + " · explorer";
+  byId("title").textContent = (data.kind === "sweep" ? "sweep " : "run ") + data.title;
+  for (const note of data.notes || []) {
+    const li = document.createElement("li");
+    li.textContent = note;
+    byId("notes").appendChild(li);
+  }
+  if (data.kind === "sweep") sweep();
+  else { curves(); readouts(); heads(); pairs(); patterns(); }
+  slider.max = String(Math.max(steps.length - 1, 0));
+  slider.addEventListener("input", () => setIndex(Number(slider.value)));
+  play.addEventListener("click", toggle);
+  document.addEventListener("keydown", (event) => {
+    if (event.target.tagName === "SELECT") return;
+    const i = Number(slider.value);
+    const moves = { ArrowRight: i + 1, ArrowLeft: i - 1, Home: 0, End: steps.length - 1 };
+    if (event.key in moves) { setIndex(moves[event.key]); event.preventDefault(); }
+    else if (event.key === " ") { toggle(); event.preventDefault(); }
+  });
+  setIndex(steps.length - 1);
+  window.explorer = { data, setIndex, steps }; // for a test driving the page
+  document.body.dataset.ready = "true";
+})();

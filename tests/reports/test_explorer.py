@@ -1,0 +1,93 @@
+"""explorer.html in a real browser (headless Chromium, :mod:`tests.browser`): the page a run writes at its
+end opens with no console error and no request outside the file; moving its slider moves every view to
+the numbers the run saved at that step (its CSV, its tensor store, its weights); a run that kept less
+still gets a page that says what it cannot draw; a path that is not a run is one line of error."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from bench.explorer import pattern_error, readout_mismatches
+from records.layout import CSV_RELATIVE_PATH
+from records.tensor_store import read_tensor_store
+from records.trajectory import Trajectory
+from reports.run_report import read_series
+from tests.browser import opened
+from tests.helpers import module
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_run):
+    """python train.py as shipped: the page it wrote at its end, at three slider positions, and its
+    attention pattern of L1H0 at the last step against the model's own from the saved weights."""
+    assert shipped_run.returncode == 0, shipped_run.stderr[-3000:]
+    run_dir = shipped_run.run_dir
+    page_path = run_dir / "explorer.html"
+    assert f"explorer: {page_path}" in shipped_run.stdout
+    assert page_path.stat().st_size < 10e6  # the acceptance's budget for the default run
+    series = read_series(run_dir / CSV_RELATIVE_PATH)
+    steps = series["loss/repeated"][0].astype(int)
+    store = read_tensor_store(run_dir / "tensors", ["heads/induction", "comp/K/frobenius"])
+    trajectory = Trajectory(run_dir)
+    with opened(page_path) as page:
+        assert page.page.eval_on_selector("#step-label", "e => e.dataset.step") == str(steps[-1])  # opens at the end
+        for index in (0, len(steps) // 2, len(steps) - 1):
+            assert readout_mismatches(page, series, index) == []
+        # the keys move it as well: ← one snapshot back, → forward again
+        page.page.keyboard.press("ArrowLeft")
+        assert page.page.eval_on_selector("#step-label", "e => e.dataset.step") == str(steps[-2])
+        page.page.keyboard.press("ArrowRight")
+        # the attention pattern of L1H0 at the last step, from the trajectory's weights on the page's probe sequence
+        assert pattern_error(page, run_dir) <= 1e-6
+        assert page.page.eval_on_selector("#patterns-step", "e => e.dataset.step") == str(trajectory.steps[-1])
+        # every head's induction score and every pair's K-composition at the last step, from the store
+        heads = np.array(page.chart("chart-heads")[0]["z"], dtype=float)
+        assert np.allclose(heads, store["heads/induction"][1][-1], atol=1e-6, rtol=0)
+        pairs = np.array(page.chart("chart-pairs")[0]["z"], dtype=float)  # readers L1H0, L1H1 x writers L0H0, L0H1
+        assert np.allclose(pairs, store["comp/K/frobenius"][1][-1][0, :, 1, :].T, atol=1e-6, rtol=0)
+        hover = page.chart("chart-pairs")[0]["text"][0][1]
+        assert hover.startswith("L0H1 → L1H0: ") and "ablation Δloss" in hover
+        # play runs the slider from the start, pause stops it
+        page.page.click("#play")
+        page.page.wait_for_function(f"document.getElementById('step-label').dataset.step !== '{steps[-1]}'")
+        page.page.click("#play")
+        stopped = page.page.eval_on_selector("#slider", "s => s.value")
+        page.page.wait_for_timeout(400)
+        assert page.page.eval_on_selector("#slider", "s => s.value") == stopped
+        assert page.errors == [] and page.requests == [page_path.resolve().as_uri()], (page.errors, page.requests)
+
+
+def test_a_run_that_kept_less_still_gets_a_page_that_says_why(tiny_run, tmp_path):
+    """The tiny run (explorer=false: it wrote no page) copied without its weights and its tensor store:
+    the command writes a page whose pattern, head and pair views say why they are empty."""
+    assert not (tiny_run.run_dir / "explorer.html").exists()  # explorer=false
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_run.run_dir, bare, ignore=shutil.ignore_patterns("trajectory", "tensors", "analysis"))
+    result = module("analysis.explorer", bare)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"explorer: wrote {bare / 'explorer.html'}")
+    with opened(bare / "explorer.html") as page:
+        assert "kept no weights" in page.why("patterns")
+        assert "no per-head scores" in page.why("heads") and "no per-pair tensors" in page.why("pairs")
+        assert float(page.readout("loss")["value"]) == read_series(bare / CSV_RELATIVE_PATH)["loss/repeated"][1][-1]
+        assert page.errors == []
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "file"])
+def test_a_path_that_is_not_a_run_is_one_line_of_error(tmp_path, make):
+    path = tmp_path / "nothing"
+    if make == "empty":
+        path.mkdir()
+    elif make == "file":
+        path.write_text("not a run")
+    result = module("analysis.explorer", path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: {path} is not a train.py run directory nor a sweep of them (no .hydra/, csv/, tensors/,"
+        " trajectory/ or numbered job directories)"
+    )
+    assert not (tmp_path / "explorer.html").exists() and (make != "empty" or not any(path.iterdir()))
