@@ -23,7 +23,7 @@ import torch
 
 from analysis.saved_run import AnalysisError, SavedInterventions, run_config
 from conf.objects import build_probe, task_of
-from records.layout import CSV_RELATIVE_PATH, HYDRA_CONFIG, HYDRA_DIR, holds_a_run, run_label
+from records.layout import CSV_RELATIVE_PATH, holds_a_run, run_label
 from records.status import read_status
 from records.trajectory import Trajectory, TrajectoryError
 from reports.explorer import (
@@ -123,8 +123,16 @@ def write_sweep_page(sweep_dir: Path, members: list[Path], out: Path | None = No
     return path, size, time.perf_counter() - started
 
 
-def is_run(path: Path) -> bool:
-    return (path / HYDRA_DIR / HYDRA_CONFIG).is_file() or bool(holds_a_run(path))
+def runs_under(path: Path) -> tuple[list[Path], bool]:
+    """The run directories ``path`` holds and whether it is a sweep: ``([path], False)`` for a run,
+    ``(its numbered jobs, True)`` for a sweep (whose own directory holds W&B's sweep report run, so
+    run files alone do not make a run), ``([], False)`` for neither."""
+    if not path.is_dir():
+        return [], False
+    found = job_dirs([path])
+    if found and found != [path]:
+        return found, True
+    return ([path], False) if found or holds_a_run(path) else ([], False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="the page's path (default: PATH/explorer.html)")
     args = parser.parse_args(argv)
     path = args.path
-    members = [] if not path.is_dir() or is_run(path) else job_dirs([path])
-    if not path.is_dir() or not (is_run(path) or members):
+    runs, sweep = runs_under(path)
+    if not runs:
         print(
             f"error: {path} is not a train.py run directory nor a sweep of them (no .hydra/, csv/, tensors/,"
             " trajectory/ or numbered job directories)",
@@ -145,16 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --out {args.out}: no directory {args.out.parent}", file=sys.stderr)
         return 2
     try:
-        if not members:
+        if not sweep:
             page, size, seconds = write_run_page(path, args.out)
             print(f"explorer: wrote {page} ({size / 1e6:.1f} MB, {seconds:.1f} s)")
             return 0
-        for n, member in enumerate(members, start=1):
+        for n, member in enumerate(runs, start=1):
             status = (read_status(member) or {}).get("status", "unknown")
             page, size, seconds = write_run_page(member)
-            print(f"explorer: [{n}/{len(members)}] wrote {page} ({size / 1e6:.1f} MB, {seconds:.1f} s; run {status})")
-        page, size, seconds = write_sweep_page(path, members, args.out)
-        print(f"explorer: wrote {page} ({size / 1e6:.1f} MB, {seconds:.1f} s): the sweep's {len(members)} runs")
+            print(f"explorer: [{n}/{len(runs)}] wrote {page} ({size / 1e6:.1f} MB, {seconds:.1f} s; run {status})")
+        page, size, seconds = write_sweep_page(path, runs, args.out)
+        print(f"explorer: wrote {page} ({size / 1e6:.1f} MB, {seconds:.1f} s): the sweep's {len(runs)} runs")
     except ExplorerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analysis.explorer import is_run, write_run_page, write_sweep_page
+from analysis.explorer import runs_under, write_run_page, write_sweep_page
+from analysis.saved_run import SavedInterventions
 from records.layout import CSV_RELATIVE_PATH, EXPLORER_PAGE, HYDRA_CONFIG, HYDRA_DIR, STATUS_FILE
 from records.trajectory import Trajectory, TrajectoryError
 from reports.run_report import read_series
-from reports.sweep_report import job_dirs
 
 
 def find_chromium() -> str | None:
@@ -48,6 +48,7 @@ class OpenedPage:
     page: object  # playwright.sync_api.Page
     errors: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    load_s: float = float("nan")  # from the request to the page's script finished (every view drawn)
 
     def step(self) -> int:
         return int(self.page.eval_on_selector("#step-label", "e => e.dataset.step"))
@@ -89,8 +90,10 @@ def opened(path: Path, executable: str, width: int = 1400, height: int = 1000) -
             page.on("console", lambda m: found.errors.append(m.text) if m.type in ("error", "warning") else None)
             page.on("pageerror", lambda error: found.errors.append(str(error)))
             page.on("request", lambda request: found.requests.append(request.url))
+            started = time.perf_counter()
             page.goto(Path(path).resolve().as_uri())
             page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+            found.load_s = time.perf_counter() - started
             yield found
         finally:
             browser.close()
@@ -131,7 +134,8 @@ def readout_mismatches(page: OpenedPage, series: dict, index: int) -> list[str]:
 
 def pattern_error(page: OpenedPage, run_dir: Path, head: str = "L1H0") -> float | None:
     """Largest |page − model| of ``head``'s attention pattern at the last saved step, on the page's
-    probe sequence, from the trajectory's weights (None: no trajectory or no such head on the page)."""
+    probe sequence, from the trajectory's weights with the run's interventions on where they were, as
+    the page draws it (None: no trajectory or no such head on the page)."""
     try:
         trajectory = Trajectory(run_dir)
     except TrajectoryError:
@@ -141,8 +145,10 @@ def pattern_error(page: OpenedPage, run_dir: Path, head: str = "L1H0") -> float 
     page.move_slider(len(page.page.evaluate("explorer.steps")) - 1)
     tokens = page.page.evaluate("explorer.data.patterns.tokens")
     layer, index = int(head[1]), int(head[3:])
+    model = trajectory.model(trajectory.steps[-1])
+    model.set_changes(SavedInterventions.of(trajectory).changes_at(trajectory.steps[-1]))  # as it trained
     with torch.no_grad():
-        _, cache = trajectory.model(trajectory.steps[-1]).run_with_cache(torch.tensor([tokens]), head_out=False)
+        _, cache = model.run_with_cache(torch.tensor([tokens]), head_out=False)
     expected = cache["pattern"][layer][0, index].double().numpy()
     shown = np.array(page.chart(f"pattern-{head}")[0]["z"], dtype=float)
     below = np.tril_indices(len(tokens))
@@ -175,6 +181,7 @@ def check_run(run_dir: Path, executable: str | None, repeat: int) -> dict:
             result["mismatches"] = [w for index in (0, n // 2, n - 1) for w in readout_mismatches(page, series, index)]
             result["pattern_error"] = pattern_error(page, run_dir)
             result["errors"], result["outside"] = page.errors, page.outside_requests(out)
+            result["load_s"] = page.load_s
     out.unlink()
     return result
 
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     failed = False
     for path in args.paths:
-        runs = [path] if is_run(path) else job_dirs([path])
+        runs, sweep = runs_under(path)
         if not runs:
             print(f"error: {path} is not a run directory nor a sweep of them", file=sys.stderr)
             return 2
@@ -206,14 +213,16 @@ def main(argv: list[str] | None = None) -> int:
                     if r["pattern_error"] is None
                     else f"; L1H0 pattern at the last step within {r['pattern_error']:.1e}"
                 )
-                line += f"; browser: {'3 slider positions equal the CSV' if ok else 'WRONG'}{pattern}"
+                line += (
+                    f"; opens in {r['load_s']:.1f} s; {'3 slider positions equal the CSV' if ok else 'WRONG'}{pattern}"
+                )
                 for problem in (
                     r["mismatches"] + [f"console: {e}" for e in r["errors"]] + [f"request: {u}" for u in r["outside"]]
                 ):
                     line += f"\n  {problem}"
                 failed |= not ok or (r["pattern_error"] is not None and r["pattern_error"] > 1e-6)
             print(line, flush=True)
-        if len(runs) > 1 or not is_run(path):
+        if sweep:
             started = time.perf_counter()
             page, size, _ = write_sweep_page(path, runs, path / f".bench-{EXPLORER_PAGE}")
             spent = time.perf_counter() - started

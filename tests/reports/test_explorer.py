@@ -5,6 +5,7 @@ still gets a page that says what it cannot draw; a path that is not a run is one
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -51,6 +52,12 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
         assert np.allclose(pairs, store["comp/K/frobenius"][1][-1][0, :, 1, :].T, atol=1e-6, rtol=0)
         hover = page.chart("chart-pairs")[0]["text"][0][1]
         assert hover.startswith("L0H1 → L1H0: ") and "ablation Δloss" in hover
+        # another measure and V-composition, chosen in the page
+        page.page.select_option("#view-pairs select >> nth=0", "sv_bound")
+        page.page.select_option("#view-pairs select >> nth=1", "V")
+        pairs = np.array(page.chart("chart-pairs")[0]["z"], dtype=float)
+        stored = read_tensor_store(run_dir / "tensors", ["comp/V/sv_bound"])["comp/V/sv_bound"]
+        assert stored[0][-1] == steps[-1] and np.allclose(pairs, stored[1][-1][0, :, 1, :].T, atol=1e-6, rtol=0)
         # play runs the slider from the start, pause stops it
         page.page.click("#play")
         page.page.wait_for_function(f"document.getElementById('step-label').dataset.step !== '{steps[-1]}'")
@@ -62,11 +69,17 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
 
 
 def test_a_run_that_kept_less_still_gets_a_page_that_says_why(tiny_run, tmp_path):
-    """The tiny run (explorer=false: it wrote no page) copied without its weights and its tensor store:
-    the command writes a page whose pattern, head and pair views say why they are empty."""
+    """The tiny run (explorer=false: it wrote no page) copied without its weights and its tensor store,
+    with a stage analysis's LLC table and one boundary written by hand: the command writes a page whose
+    pattern, head and pair views say why they are empty, and which draws that LLC and boundary."""
     assert not (tiny_run.run_dir / "explorer.html").exists()  # explorer=false
     bare = tmp_path / "bare"
     shutil.copytree(tiny_run.run_dir, bare, ignore=shutil.ignore_patterns("trajectory", "tensors", "analysis"))
+    stages = bare / "analysis" / "stages"
+    stages.mkdir(parents=True)
+    (stages / "llc.csv").write_text("step,llc,llc_std\n0,1.5,0.1\n30,4.25,0.2\n60,3.0,0.2\n")
+    boundary = {"step": 30.0, "source": "llc", "kind": "peak"}
+    (stages / "analysis.json").write_text(json.dumps({"result": {"boundaries": [boundary]}}))
     result = module("analysis.explorer", bare)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"explorer: wrote {bare / 'explorer.html'}")
@@ -74,6 +87,10 @@ def test_a_run_that_kept_less_still_gets_a_page_that_says_why(tiny_run, tmp_path
         assert "kept no weights" in page.why("patterns")
         assert "no per-head scores" in page.why("heads") and "no per-pair tensors" in page.why("pairs")
         assert float(page.readout("loss")["value"]) == read_series(bare / CSV_RELATIVE_PATH)["loss/repeated"][1][-1]
+        (llc,) = page.chart("chart-llc")
+        assert (llc["name"], llc["x"], llc["y"]) == ("stages: llc", [0, 30, 60], [1.5, 4.25, 3.0])
+        shapes = page.page.eval_on_selector("#chart-llc", "e => e.layout.shapes.map(s => [s.x0, s.line.dash])")
+        assert [30, "dash"] in shapes  # the boundary, beside the slider's marker
         assert page.errors == []
 
 

@@ -97,3 +97,12 @@ def test_the_sweeps_page_overlays_its_runs_grouped_and_links_each_runs_page(swee
         assert page.errors == [] and all(url.startswith("file://") for url in page.requests), page.requests
     for member in members:  # each run's page at three slider positions, as its CSV has it
         page_checks(member / "explorer.html", member)
+    # the command on the sweep's directory (which holds W&B's sweep report run): every run's page, then the sweep's
+    result = module("analysis.explorer", directory)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(" wrote ")[1].split(" (")[0] for line in lines] == [
+        *(str(m / "explorer.html") for m in members),
+        str(page_path),
+    ]
+    assert lines[-1].endswith("the sweep's 3 runs")
