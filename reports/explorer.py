@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from metrics.heads.behaviour import TYPES
+from metrics.heads.behaviour import BEHAVIOURS, TYPES
 from records.layout import (
     ANALYSIS_DIR,
     ANALYSIS_RECORD,
@@ -194,8 +194,8 @@ def head_maps(store: dict, store_dir: Path, reader: str, budget: int) -> tuple[d
     history = read_head_history(store_dir, reader) if store_dir.is_dir() else None
     views: dict[str, tuple[np.ndarray, np.ndarray]] = {n.removeprefix("heads/"): v for n, v in maps.items()}
     if history is not None:
-        for i, behaviour in enumerate(history.behaviours):
-            views[f"behaviour/{behaviour}"] = (history.steps, history.scores[..., i])
+        for behaviour in history.behaviours:  # the behaviours read on this task (scores hold every one)
+            views[f"behaviour/{behaviour}"] = (history.steps, history.scores[..., BEHAVIOURS.index(behaviour)])
     if not views:
         return None, [], "the run stored no per-head scores (tracker off, or no tensor store)"
     notes, out = [], {}
@@ -207,11 +207,10 @@ def head_maps(store: dict, store_dir: Path, reader: str, budget: int) -> tuple[d
     types = None
     if history is not None:
         keep, _ = within(history.steps, history.types[0].size * 4, per_view, "head types")
-        names = [TYPES[0], *history.behaviours]
         types = {
             "steps": history.steps[keep].astype(int).tolist(),
             "codes": packed(history.types[keep]),
-            "names": names,
+            "names": list(TYPES),  # the codes index these
         }
     first = next(iter(views.values()))[1]
     return {"layers": first.shape[1], "heads": first.shape[2], "maps": out, "types": types}, notes, None

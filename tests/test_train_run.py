@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from conf.schema import TrackerConfig
+from metrics.heads.behaviour import BEHAVIOURS
 from records import wandb_records
 from records.wandb_sections import story, tracker_key, wandb_key
+from reports.head_types import read_head_history
 from reports.run_report import read_series
-from tests.browser import page_checks
+from tests.browser import opened, page_checks
 from tests.helpers import REPO, run_train
 
 pytestmark = pytest.mark.slow
@@ -330,6 +332,13 @@ def test_markov_icl_tracks_its_strategies_against_the_truth(tmp_path):
     assert "phase_change/loss_onset_step" not in summary  # chains have no induction strategy to switch to
     assert (tmp_path / "strategies.png").is_file() and "strategy timeline:" in result.stdout
     page_checks(tmp_path / "explorer.html", tmp_path)  # its explorer page: the closest strategy, as the CSV has it
+    history = read_head_history(tmp_path / "tensors", "statistical_induction")
+    with opened(tmp_path / "explorer.html") as page:  # the chains' own reader behaviour, and the types' names
+        page.page.select_option("#view-heads select", "behaviour/statistical_induction")
+        shown = np.array(page.chart("chart-heads")[0]["z"], dtype=float)
+        assert np.allclose(shown, history.scores[-1][..., BEHAVIOURS.index("statistical_induction")], atol=1e-6)
+        hover = page.chart("chart-heads")[0]["text"][1][0]
+        assert hover.startswith(f"L1H0<br>type: {history.final_type(1, 0)}<br>")
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 from bench.explorer import pattern_error, readout_mismatches
+from metrics.heads.behaviour import BEHAVIOURS
 from records.layout import CSV_RELATIVE_PATH
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory
+from reports.head_types import read_head_history
 from reports.run_report import read_series
 from tests.browser import opened
 from tests.helpers import module
@@ -48,6 +50,16 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
         # every head's induction score and every pair's K-composition at the last step, from the store
         heads = np.array(page.chart("chart-heads")[0]["z"], dtype=float)
         assert np.allclose(heads, store["heads/induction"][1][-1], atol=1e-6, rtol=0)
+        # each head's behaviour type and a behaviour's score, as the run's head history has them
+        history = read_head_history(run_dir / "tensors")
+        page.page.select_option("#view-heads select", "type")
+        (types,) = page.chart("chart-heads")
+        assert np.array_equal(np.array(types["z"]), history.types[-1])
+        assert types["text"][1][0].startswith(f"L1H0<br>type: {history.final_type(1, 0)}<br>")
+        page.page.select_option("#view-heads select", "behaviour/previous_token")
+        previous = np.array(page.chart("chart-heads")[0]["z"], dtype=float)
+        expected = history.scores[-1][..., BEHAVIOURS.index("previous_token")]
+        assert np.allclose(previous, expected, atol=1e-6, rtol=0)
         pairs = np.array(page.chart("chart-pairs")[0]["z"], dtype=float)  # readers L1H0, L1H1 x writers L0H0, L0H1
         assert np.allclose(pairs, store["comp/K/frobenius"][1][-1][0, :, 1, :].T, atol=1e-6, rtol=0)
         hover = page.chart("chart-pairs")[0]["text"][0][1]
