@@ -63,8 +63,9 @@ def attention_patterns(trajectory: Trajectory) -> Patterns:
     interventions = SavedInterventions.of(trajectory)
     values = np.empty((len(steps), len(heads), T, T), dtype=np.float32)
     layers, index = torch.tensor([l for l, _ in heads]), torch.tensor([h for _, h in heads])
+    model = trajectory.model(steps[0])
     for n, step in enumerate(steps):
-        model = trajectory.model(step)
+        model.load_state_dict(trajectory.state_dict(step))  # into the one model: building one costs more
         model.set_changes(interventions.changes_at(step))
         _, cache = model.run_with_cache(tokens[None], head_out=False)
         every = torch.stack(cache["pattern"])[:, 0]  # [L, H, T, T]

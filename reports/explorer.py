@@ -25,6 +25,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,9 @@ MAX_PATTERN_HEADS = 16  # heads drawn side by side; more (paper size): spread ov
 MAX_PATTERN_TOKENS = 64  # the probe sequence's first tokens whose attention is drawn
 PAIR_TENSORS = ("ablation/loss_change", "ablation/pattern_change", "match")  # per-pair, not a composition
 KINDS = ("Q", "K", "V")
+LLC_CURVE = re.compile(
+    r"llc_(mean|L\d+(H\d+)?)"
+)  # llc.csv's λ̂ of the model, of each layer and each head (weight-refined)
 
 
 class ExplorerError(ValueError):
@@ -229,12 +233,18 @@ def pair_maps(store: dict, budget: int) -> tuple[dict | None, list[str], str | N
     L = next(iter(chosen.values()))[1].shape[1]
     if L < 2:
         return None, [], "one layer: no earlier → later head pairs"
-    notes, out = [], {}
+    cut: dict[tuple[int, int], list[str]] = {}  # (kept, measured) -> the tensors cut so
+    out = {}
     per_tensor = budget // len(chosen)
     for name, (steps, values) in chosen.items():
         keep, note = within(steps, values[0].nbytes, per_tensor, name)
         out[name] = {"steps": steps[keep].astype(int).tolist(), "values": packed(values[keep])}
-        notes += [note] if note else []
+        if note:
+            cut.setdefault((len(keep), len(steps)), []).append(name)
+    notes = [
+        f"pairs: {', '.join(names)}: {kept} of the {total} measured steps, spread evenly (the page's size budget)"
+        for (kept, total), names in cut.items()
+    ]
     measures = sorted({n.split("/")[2] for n in out if n.startswith("comp/")})
     return (
         {"tensors": out, "measures": measures, "kinds": list(KINDS), "extra": [n for n in PAIR_TENSORS if n in out]},
@@ -244,14 +254,15 @@ def pair_maps(store: dict, budget: int) -> tuple[dict | None, list[str], str | N
 
 
 def analysis_curves(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """The LLC of every stage analysis of the run (``analysis/NAME/llc.csv``) as curves, and the stage
+    """The LLC of every stage analysis of the run (``analysis/NAME/llc.csv``: the model's, each layer's
+    and each head's weight-refined λ̂) as curves, and the stage
     boundaries each kept (its ``analysis.json``): ``([{"name", "key", "x", "y"}], [{"step", "label"}])``."""
     curves, boundaries = [], []
     for directory in sorted((run_dir / ANALYSIS_DIR).glob("*/")):
         table = directory / LLC_TABLE
         if table.is_file() and table.stat().st_size:
             for key, (x, y) in read_series(table).items():
-                if key == "llc" or (key.startswith("llc_") and not key.endswith(("_std", "_se"))):
+                if LLC_CURVE.fullmatch(key):
                     curves.append(
                         {"name": f"{directory.name}: {key}", "key": key, "x": x.astype(int).tolist(), "y": plain(y)}
                     )

@@ -89,7 +89,7 @@ def test_a_run_that_kept_less_still_gets_a_page_that_says_why(tiny_run, tmp_path
     shutil.copytree(tiny_run.run_dir, bare, ignore=shutil.ignore_patterns("trajectory", "tensors", "analysis"))
     stages = bare / "analysis" / "stages"
     stages.mkdir(parents=True)
-    (stages / "llc.csv").write_text("step,llc,llc_std\n0,1.5,0.1\n30,4.25,0.2\n60,3.0,0.2\n")
+    (stages / "llc.csv").write_text("step,llc_mean,llc_std\n0,1.5,0.1\n30,4.25,0.2\n60,3.0,0.2\n")
     boundary = {"step": 30.0, "source": "llc", "kind": "peak"}
     (stages / "analysis.json").write_text(json.dumps({"result": {"boundaries": [boundary]}}))
     result = module("analysis.explorer", bare)
@@ -100,7 +100,7 @@ def test_a_run_that_kept_less_still_gets_a_page_that_says_why(tiny_run, tmp_path
         assert "no per-head scores" in page.why("heads") and "no per-pair tensors" in page.why("pairs")
         assert float(page.readout("loss")["value"]) == read_series(bare / CSV_RELATIVE_PATH)["loss/repeated"][1][-1]
         (llc,) = page.chart("chart-llc")
-        assert (llc["name"], llc["x"], llc["y"]) == ("stages: llc", [0, 30, 60], [1.5, 4.25, 3.0])
+        assert (llc["name"], llc["x"], llc["y"]) == ("stages: llc_mean", [0, 30, 60], [1.5, 4.25, 3.0])
         shapes = page.page.eval_on_selector("#chart-llc", "e => e.layout.shapes.map(s => [s.x0, s.line.dash])")
         assert [30, "dash"] in shapes  # the boundary, beside the slider's marker
         assert page.errors == []
