@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from records.layout import CHECKPOINTS, ENSEMBLE_RESUME, LAST_CHECKPOINT, RUN_KEY, TRAIN_LOG
 from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, STOP_SIGNALS, write_status
 from runtime.console import tee_console
-from runtime.job import JobEnded, objective_value, signals_handled, startup_signals_noted
+from runtime.job import ExplorerPage, JobEnded, objective_value, signals_handled, startup_signals_noted
 from runtime.slurm import requeue_this_job
 
 
@@ -63,6 +63,8 @@ def fit_ensemble(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_
                 JobEnded(1, member.ended, FAILED, member.ended_step).announce(job.run_dir)
                 values.append(float("nan") if job.cfg.objective else 1)
             else:
+                if job.cfg.explorer:  # each member's page, as a single run writes its own
+                    ExplorerPage(job.run_dir).wait()
                 write_status(job.run_dir, FINISHED)
                 values.append(objective_value(job.cfg, job.run_dir) if job.cfg.objective else 0)
         return values

@@ -118,7 +118,15 @@ def test_each_member_is_a_whole_run_with_its_own_wandb_run_in_the_sweeps_group(f
     ids = set()
     for seed in (0, 1):
         member = sweep / str(seed)
-        for name in ("summary.json", "phase_change.png", "strategies.png", "validity.csv", "train.log", ".hydra"):
+        for name in (
+            "summary.json",
+            "phase_change.png",
+            "strategies.png",
+            "validity.csv",
+            "train.log",
+            ".hydra",
+            "explorer.html",
+        ):
             assert (member / name).exists(), name
         assert json.loads((member / "status.json").read_text())["status"] == "finished"
         assert sorted(p.name for p in (member / "trajectory").glob("step-*.safetensors"))
@@ -138,7 +146,7 @@ def test_each_member_is_a_whole_run_with_its_own_wandb_run_in_the_sweeps_group(f
         )
         assert report.returncode == 0 and "final/loss/repeated" in report.stdout, report.stderr[-2000:]
     assert len(ids) == 2
-    assert (sweep / "sweep_jobs.csv").is_file()
+    assert (sweep / "sweep_jobs.csv").is_file() and (sweep / "explorer.html").is_file()
 
 
 def test_sigterm_checkpoints_every_member_at_one_step_and_the_same_command_resumes_them_exactly(tmp_path):
