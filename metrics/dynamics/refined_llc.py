@@ -440,7 +440,8 @@ class _UpdatePlan:
         ]
         for w in self.weights:
             p = w.value
-            d_p = p.grad.mul(settings.n_beta)
+            # no gradient (a head whose output an intervention replaces): zero, as devinterp's SGLD takes it
+            d_p = p.grad.mul(settings.n_beta) if p.grad is not None else torch.zeros_like(p)
             if settings.localization:
                 d_p.add_(settings.localization * (p - w.center))
             p.add_(d_p if w.mask is None else w.mask * d_p, alpha=-0.5 * settings.lr)

@@ -258,3 +258,19 @@ def test_step_flops_count_what_the_sampler_multiplies(groups, attentions):
     )
     w_star = 3 * (4 * projection + attention) + unembedding
     assert draws.flops == w_star + 3 * sum(step_flops(shape, 4, 17, mask) for mask in masks)
+
+
+def test_a_head_ablated_to_zero_is_sampled_as_devinterp_samples_it():
+    """A head whose output is replaced by zero (``intervention=ablate``, as a run whose induction heads are
+    prevented trains) has no gradient at all: its own chains, its layer's and the model's move it by the
+    localization and the noise alone, as devinterp's SGLD does with a missing gradient (float64, draw
+    for draw)."""
+    model = small_model(next(iter(SHAPES.values())))
+    model.set_changes({1: [HeadChange(0, "ablate", replacement="zero")]})
+    rows = random_rows()
+    groups = ["L1H0", "L1", "model"]
+    ours = refined_estimates(model, rows, SETTINGS, groups)
+    assert torch.equal(ours["L1H0"].trace, torch.zeros_like(ours["L1H0"].trace))  # the loss does not see it: λ̂ 0
+    for name in groups:
+        theirs = devinterp_trace(model, rows, SETTINGS, group_masks(model, name))
+        assert torch.allclose(ours[name].trace, theirs, rtol=1e-6, atol=1e-12), name
