@@ -4,7 +4,10 @@ step 0), clustered and compared, by ARI, with the behaviour types the same heads
 run of the same seed. Where the heads' *positions* (their layer) decide the clusters rather than what
 they become, this null reaches the intact run's ARI; where the types do, it falls toward 0.
 
-    python -m bench.head_type_null ABLATED_RUN INTACT_RUN [--name stages]
+    python -m bench.head_type_null ABLATED_RUN INTACT_RUN [--name stages] [--layer L]
+
+``--layer L``: that layer's heads only, the types within one layer (where the layer cannot decide).
+The same run twice (``RUN RUN``) gives the run's own agreement.
 
 Both runs need ``python -m analysis.stages RUN --every 8`` (every head's λ̂ in ``analysis/NAME/llc.csv``).
 """
@@ -43,10 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("ablated", type=Path)
     parser.add_argument("intact", type=Path)
     parser.add_argument("--name", default="stages", help="the stage analysis's name in both runs")
+    parser.add_argument("--layer", type=int, default=None, help="one layer's heads only: types within a layer")
     args = parser.parse_args(argv)
     steps, curves = head_curves(args.ablated, args.name)
     intact_types, own_types = final_types(args.intact, args.name), final_types(args.ablated, args.name)
-    heads = sorted(curves)
+    heads = sorted(h for h in curves if args.layer is None or h.startswith(f"L{args.layer}H"))
     values = np.stack([curves[h] for h in heads])
     finite = np.isfinite(values).all(axis=0)
     for label, types in (("the intact run's types", intact_types), ("its own types", own_types)):
