@@ -20,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from analysis.saved_run import AnalysisError, SavedInterventions, run_config
-from conf.objects import build_probe, task_of
-from records.layout import CSV_RELATIVE_PATH, holds_a_run, run_label
+from conf.objects import build_probe
+from data.task import tasks
+from records.layout import CSV_RELATIVE_PATH, HYDRA_CONFIG, HYDRA_DIR, holds_a_run, run_label
 from records.status import read_status
 from records.trajectory import Trajectory, TrajectoryError
 from reports.explorer import (
@@ -79,11 +81,15 @@ def attention_patterns(trajectory: Trajectory) -> Patterns:
 
 
 def reader_of(run_dir: Path) -> str:
-    """The run's task's reader behaviour (prefix matching's name on it), ``induction`` when unknown."""
+    """The run's task's reader behaviour (prefix matching's name on it), from its saved config (the
+    trajectory's, else Hydra's); ``induction`` when neither names a known task."""
+    hydra_config = run_dir / HYDRA_DIR / HYDRA_CONFIG
     try:
-        return task_of(run_config(Trajectory(run_dir), [], None)).reader_behaviour
-    except (TrajectoryError, AnalysisError, ValueError):
-        return "induction"
+        config = Trajectory(run_dir).config
+    except TrajectoryError:
+        config = yaml.safe_load(hydra_config.read_text()) if hydra_config.is_file() else {}
+    task = tasks().get(str(((config or {}).get("data") or {}).get("name")))
+    return task.reader_behaviour if task is not None else "induction"
 
 
 def write_run_page(run_dir: Path, out: Path | None = None) -> tuple[Path, int, float]:
