@@ -71,8 +71,10 @@ def csv_rows(run_dir) -> list:
 
 @pytest.fixture(scope="module")
 def float64_ensemble(tmp_path_factory):
+    """The ensemble of seeds 0 and 1 with :data:`EQUAL`'s options, trained in this process (its numbers,
+    files and W&B runs are what these tests read; the process's signals are tested below)."""
     sweep = tmp_path_factory.mktemp("ensemble")
-    result = ensemble(sweep, "seed=0,1", *EQUAL, "trainer.enable_progress_bar=false")
+    result = run_train(["-m", "hydra/launcher=ensemble", "seed=0,1", *EQUAL], sweep, threads=1)
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep, result.stdout
 
@@ -152,7 +154,7 @@ def test_each_member_is_a_whole_run_with_its_own_wandb_run_in_the_sweeps_group(f
 def test_sigterm_checkpoints_every_member_at_one_step_and_the_same_command_resumes_them_exactly(tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     options = ["seed=0,1", *SHORT, *INTERVENED]  # stopped inside a clamp's window, before a freeze's
-    result = ensemble(straight, *options)
+    result = run_train(["-m", "hydra/launcher=ensemble", *options], straight, threads=1)  # the reference: in process
     assert result.returncode == 0, result.stderr[-3000:]
     args = ["hydra/launcher=ensemble", f"hydra.sweep.dir={stopped}", *options]
     code, printed = run_train_until(args, step=13, signum=signal.SIGTERM, env=SINGLE_THREAD, multirun=True)

@@ -22,6 +22,7 @@ from tests.helpers import (
     FINISHED,
     REPO,
     job_field,
+    run_train,
     slurm_is_up,
     start_requeued_job_now,
     train_env,
@@ -194,7 +195,7 @@ def test_an_interrupted_sweep_rerun_finishes_as_if_uninterrupted(tmp_path):
     equals the uninterrupted sweep's (one thread: bit-identical), every step once."""
     env = train_env(OMP_NUM_THREADS="1")
     args = [*QUICK, "trainer.max_steps=40", "seed=0,1"]
-    reference = sweep(args, tmp_path / "reference", env=env)
+    reference = run_train(["-m", *args], tmp_path / "reference", threads=1)  # in process: the same numbers
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     interrupted = tmp_path / "interrupted"
@@ -233,7 +234,7 @@ def test_an_interrupted_sweep_rerun_finishes_as_if_uninterrupted(tmp_path):
             tmp_path / "reference" / job
         )  # no step twice, none lost
 
-    again = sweep(args, interrupted, env=env)
+    again = run_train(["-m", *args], interrupted, threads=1)
     assert again.returncode == 0 and again.stdout.count("finished in an earlier launch of this sweep: skipped") == 2
 
 
