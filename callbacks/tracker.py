@@ -26,7 +26,7 @@ from metrics.tracked.composition import Heatmaps
 from metrics.tracked.options import TrackerOptions
 from records.keys import pair_key_count, snapshot_metrics
 from records.layout import TENSORS_DIR
-from records.tensor_store import TensorStore, snapshot_tensors
+from records.tensor_store import TensorStore, snapshot_labels, snapshot_tensors
 from reports.plots import heatmap_image
 from reports.tracker_cost import WITH_ALL, TrackerCost
 
@@ -214,7 +214,7 @@ class CompositionTracker(L.Callback):
         for logger in loggers:
             logger.log_metrics(metrics, step=step)
         if self.store is not None:
-            self.store.append(step, snapshot_tensors(snap.outputs))
+            self.store.append(step, snapshot_tensors(snap.outputs), snapshot_labels(snap.outputs))
         self.cost.ledger.add("logging", time.perf_counter() - logging_start)
         self.cost.ledger.add("snapshot", time.perf_counter() - start)
         self.log_heatmaps(loggers, [o for o in snap.outputs if isinstance(o, Heatmap)], step)

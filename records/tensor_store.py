@@ -5,6 +5,7 @@ so the end-of-run report (:mod:`reports.run_report`) and later analyses can read
 Numpy only, no extra dependency. Layout, per tensor name (names may contain ``/``):
 
     index.json           {"version": 1, "tensors": {name: {"file": stem, "shape": [...], "dtype": "float32"}}}
+                         (and "labels": [...], the last axis' names, where the writer gave them)
     {stem}.f32           the values, one record of prod(shape) little-endian float32 per append
     {stem}.steps         the steps, one little-endian int64 per append
 
@@ -61,10 +62,14 @@ class TensorStore:
             if len(steps):
                 self.last_steps[name] = int(steps[-1])
 
-    def append(self, step: int, tensors: dict[str, np.ndarray]) -> None:
+    def append(
+        self, step: int, tensors: dict[str, np.ndarray], labels: dict[str, tuple[str, ...]] | None = None
+    ) -> None:
         """Add one record per name at ``step``; each array is stored as float32 and must keep the
-        shape its name was first stored with. Raises ValueError if ``step`` is not past a name's
-        last stored step (on resume, call :meth:`truncate_after` first)."""
+        shape its name was first stored with (and its last axis the ``labels`` it was first stored
+        with, where given). Raises ValueError if ``step`` is not past a name's last stored step (on
+        resume, call :meth:`truncate_after` first)."""
+        labels = labels or {}
         arrays = {
             name: np.asarray(values, dtype=VALUE_DTYPE, order="C") for name, values in tensors.items()
         }  # 0-d stays 0-d
@@ -72,6 +77,8 @@ class TensorStore:
             entry = self.entries.get(name)
             if entry is not None and tuple(entry["shape"]) != values.shape:
                 raise ValueError(f"{name}: shape {values.shape} differs from the stored {tuple(entry['shape'])}")
+            if entry is not None and name in labels and list(labels[name]) != entry.get("labels", list(labels[name])):
+                raise ValueError(f"{name}: labels {list(labels[name])} differ from the stored {entry['labels']}")
             if name in self.last_steps and step <= self.last_steps[name]:
                 raise ValueError(f"{name}: step {step} is not after the last stored step {self.last_steps[name]}")
         new = [name for name in arrays if name not in self.entries]
@@ -82,6 +89,7 @@ class TensorStore:
                     "file": _unique_stem(name, used),
                     "shape": list(arrays[name].shape),
                     "dtype": "float32",
+                    **({"labels": list(labels[name])} if name in labels else {}),
                 }
             _write_index(self.directory, self.entries)  # before any data file: every data file has an entry
         step_bytes = np.array([step], dtype=STEP_DTYPE).tobytes()
@@ -149,6 +157,19 @@ def read_tensor_store(
             values = np.fromfile(path, dtype=VALUE_DTYPE, count=len(steps) * size).reshape(len(steps), *shape)
         out[name] = (steps, values)
     return out
+
+
+def tensor_labels(directory: str | Path) -> dict[str, list[str]]:
+    """``{name: labels}`` of every stored name whose last axis is labelled (:class:`~metrics.tracked.base.Stored`'s
+    ``labels``); a store written before labels were kept has none."""
+    return {name: entry["labels"] for name, entry in _read_index(Path(directory)).items() if "labels" in entry}
+
+
+def snapshot_labels(outputs: list[Output]) -> dict[str, tuple[str, ...]]:
+    """The labels of a snapshot's :class:`~metrics.tracked.base.Stored` arrays that have them, by name."""
+    from metrics.tracked.base import Stored
+
+    return {o.name: o.labels for o in outputs if isinstance(o, Stored) and o.labels is not None}
 
 
 def snapshot_tensors(outputs: list[Output]) -> dict[str, np.ndarray]:

@@ -79,10 +79,12 @@ class PerPair:
 
 @dataclass(frozen=True)
 class Stored:
-    """An array kept in the tensor store only, under ``name``."""
+    """An array kept in the tensor store only, under ``name``; ``labels`` name its last axis' entries
+    (kept in the store's index: :func:`records.tensor_store.tensor_labels`)."""
 
     name: str
     values: Any
+    labels: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW
 from records.layout import TENSORS_DIR
-from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors
+from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors, tensor_labels
 from reports import run_report as figure
 from reports.plots import BACKGROUND, LOOKUP_TABLE, MASKED, SEPARATOR, heatmap_image, symmetric_limit
 from tests.helpers import fake_snapshot
@@ -101,6 +101,21 @@ def test_a_bad_record_writes_nothing(tmp_path):
             store.append(1, {"y": np.ones(3), "x": np.zeros(4)})
     stored = read_tensor_store(tmp_path)
     assert stored["x"][0].tolist() == [0] and stored["y"][0].tolist() == [0]  # y not written either
+
+
+def test_a_labelled_axis_is_kept_reopened_and_must_stay_the_same(tmp_path):
+    """A tensor's last axis named (the behaviours a run scored) is read back after a reopen (a resume); a
+    record with other labels writes nothing; a name stored without labels has none."""
+    names = ("previous_token", "two_back")
+    with TensorStore(tmp_path) as store:
+        store.append(0, {"scores": np.zeros((2, 2)), "plain": np.zeros(1)}, {"scores": names})
+    with TensorStore(tmp_path) as store:
+        store.append(1, {"scores": np.ones((2, 2))}, {"scores": names})
+        with pytest.raises(ValueError, match="labels"):
+            store.append(2, {"scores": np.ones((2, 2)), "plain": np.ones(1)}, {"scores": names[::-1]})
+    assert tensor_labels(tmp_path) == {"scores": list(names)}
+    stored = read_tensor_store(tmp_path)
+    assert stored["scores"][0].tolist() == [0, 1] and stored["plain"][0].tolist() == [0]
 
 
 def test_names_that_differ_only_in_case_get_their_own_files(tmp_path):
