@@ -22,14 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from metrics.heads.behaviour import BEHAVIOURS
+from metrics.heads.behaviour import BUILT_IN_BEHAVIOURS
 from records.layout import SUMMARY_NAME, TENSORS_DIR
-from records.tensor_store import read_tensor_store
+from records.tensor_store import read_tensor_store, tensor_labels
 
 LEVEL, PERSIST = 0.1, 3
 LEVELS = (0.05, 0.1, 0.15, 0.2)
 PLATEAU = 20  # the first snapshots, before anything forms: the noise the rise must clear
-SI = BEHAVIOURS.index("statistical_induction")
 
 
 def rise(steps: np.ndarray, excess: np.ndarray, level: float = LEVEL, persist: int = PERSIST) -> int | None:
@@ -47,8 +46,10 @@ def excess_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     stored = read_tensor_store(run_dir / TENSORS_DIR, names)
     prefix = "heads/" if "heads/behaviour/scores" in stored else ""
     steps, scores = stored[f"{prefix}behaviour/scores"]  # (n, L, H, behaviours)
+    names = tensor_labels(run_dir / TENSORS_DIR).get(f"{prefix}behaviour/scores", BUILT_IN_BEHAVIOURS)
+    column = list(names).index("statistical_induction")
     null = stored[f"{prefix}behaviour/null_mean"][1][-1]
-    return steps, scores[:, 1:, :, SI].max(axis=(1, 2)) - null[SI]
+    return steps, scores[:, 1:, :, column].max(axis=(1, 2)) - null[column]
 
 
 def bigram_switch(run_dir: Path) -> tuple[float, float, float] | None:

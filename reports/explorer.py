@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-from metrics.heads.behaviour import BEHAVIOURS, TYPES
 from records.layout import (
     ANALYSIS_DIR,
     ANALYSIS_RECORD,
@@ -199,7 +198,7 @@ def head_maps(store: dict, store_dir: Path, reader: str, budget: int) -> tuple[d
     views: dict[str, tuple[np.ndarray, np.ndarray]] = {n.removeprefix("heads/"): v for n, v in maps.items()}
     if history is not None:
         for behaviour in history.behaviours:  # the behaviours read on this task (scores hold every one)
-            views[f"behaviour/{behaviour}"] = (history.steps, history.scores[..., BEHAVIOURS.index(behaviour)])
+            views[f"behaviour/{behaviour}"] = (history.steps, history.scores[..., history.names.index(behaviour)])
     if not views:
         return None, [], "the run stored no per-head scores (tracker off, or no tensor store)"
     notes, out = [], {}
@@ -214,7 +213,7 @@ def head_maps(store: dict, store_dir: Path, reader: str, budget: int) -> tuple[d
         types = {
             "steps": history.steps[keep].astype(int).tolist(),
             "codes": packed(history.types[keep]),
-            "names": list(TYPES),  # the codes index these
+            "names": list(history.type_names),  # the codes index these
         }
     first = next(iter(views.values()))[1]
     return {"layers": first.shape[1], "heads": first.shape[2], "maps": out, "types": types}, notes, None

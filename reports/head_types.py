@@ -15,42 +15,47 @@ import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from metrics.heads.behaviour import BEHAVIOURS, PREFIX_MATCHING, TYPES, Null, head_types, type_switches
+from metrics.heads.behaviour import (
+    BUILT_IN_BEHAVIOURS,
+    PREFIX_MATCHING,
+    Null,
+    behaviour_colour,
+    head_types,
+    type_names_of,
+    type_switches,
+)
 from metrics.tracked.head_behaviour import NULL_MEAN, NULL_STD, PER_SEQUENCE
-from records.tensor_store import read_tensor_store
+from records.tensor_store import read_tensor_store, tensor_labels
 
 SUMMARY_PREFIX = "heads/"
 """The summary's keys of every head: ``heads/type/LxHy``, ``heads/switch/LxHy/i``, ``heads/types``."""
 SUMMARY_KEYS = tuple(f"{SUMMARY_PREFIX}{part}" for part in ("type/", "switch/", "types"))
 
-TYPE_COLOURS = {
-    "unspecialised": "0.8",
-    "previous_token": "tab:blue",
-    "current_token": "tab:purple",
-    "first_token": "tab:brown",
-    "duplicate_token": "tab:olive",
-    "induction": "tab:red",
-    "statistical_induction": "tab:orange",
-}
-
 
 @dataclass(frozen=True)
 class HeadHistory:
-    """``steps [n]``; ``scores [n, L, H, behaviours]`` (mean over the probe's sequences); ``types [n, L, H]``
-    (codes into :data:`TYPES`); ``behaviours`` read; ``switches[l][h]``: that head's type switches."""
+    """``steps [n]``; ``scores [n, L, H, behaviours]`` (mean over the probe's sequences; ``names`` its last
+    axis); ``types [n, L, H]`` (codes into :attr:`type_names`); ``behaviours`` read; ``switches[l][h]``:
+    that head's type switches."""
 
     steps: np.ndarray
     scores: np.ndarray
     types: np.ndarray
     behaviours: tuple[str, ...]
     switches: list[list[list]]
+    names: tuple[str, ...] = BUILT_IN_BEHAVIOURS
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.types.shape[1], self.types.shape[2]
 
+    @property
+    def type_names(self) -> tuple[str, ...]:
+        """A type code's name: 0 unspecialised, ``i + 1`` the ``i``-th of :attr:`names`."""
+        return type_names_of(self.names)
+
     def final_type(self, layer: int, head: int) -> str:
-        return TYPES[int(self.types[-1, layer, head])]
+        return self.type_names[int(self.types[-1, layer, head])]
 
 
 def head_label(layer: int, head: int) -> str:
@@ -82,21 +87,22 @@ def read_head_history(store_dir: Path, prefix_matching: str = "induction") -> He
     if len(stored) < 3:
         return None
     steps, per_sequence = stored[PER_SEQUENCE]  # (n, L, b, H, behaviours)
+    names = tuple(tensor_labels(store_dir).get(PER_SEQUENCE, BUILT_IN_BEHAVIOURS))  # unlabelled: the built-in axis
     per_sequence = torch.from_numpy(np.asarray(per_sequence, dtype=np.float64))
     null = Null(torch.from_numpy(stored[NULL_MEAN][1][-1]).double(), torch.from_numpy(stored[NULL_STD][1][-1]).double())
     scores = per_sequence.nanmean(dim=2)  # (n, L, H, behaviours)
     read = ~scores.isnan().all(dim=(0, 1, 2))
     behaviours = tuple(
         name
-        for i, name in enumerate(BEHAVIOURS)
+        for i, name in enumerate(names)
         if bool(read[i]) and (name not in PREFIX_MATCHING or name == prefix_matching)  # one mask, two names
     )
-    types = head_types(scores, null, behaviours).numpy()
+    types = head_types(scores, null, behaviours, names=names).numpy()
     n, L, b, H, B = per_sequence.shape
     by_head = per_sequence.permute(0, 2, 1, 3, 4).reshape(n, b, L * H, B)  # (n, b, heads, behaviours)
-    found = type_switches(steps, by_head, null, behaviours)
+    found = type_switches(steps, by_head, null, behaviours, names=names)
     switches = [[found[layer * H + head] for head in range(H)] for layer in range(L)]
-    return HeadHistory(steps, scores.numpy(), types, behaviours, switches)
+    return HeadHistory(steps, scores.numpy(), types, behaviours, switches, names)
 
 
 def head_summary(history: HeadHistory) -> dict[str, object]:
@@ -111,7 +117,7 @@ def head_summary(history: HeadHistory) -> dict[str, object]:
             label = head_label(layer, head)
             kind = history.final_type(layer, head)
             summary[f"{SUMMARY_PREFIX}type/{label}"] = kind
-            if kind != TYPES[0]:
+            if kind != history.type_names[0]:
                 final.add(kind)
             for i, switch in enumerate(history.switches[layer][head], start=1):
                 key = f"{SUMMARY_PREFIX}switch/{label}/{i}"
@@ -155,7 +161,8 @@ def heads_figure(
     L, H = history.shape
     labels = [head_label(layer, head) for layer in range(L) for head in range(H)]
     codes = history.types.reshape(len(history.steps), L * H).T  # (heads, n)
-    colours = ListedColormap([TYPE_COLOURS[name] for name in TYPES])
+    type_names = history.type_names
+    colours = ListedColormap([behaviour_colour(name) for name in type_names])
     panels = 3 if clusters else 2
     fig, axes = plt.subplots(
         1, panels, figsize=(6.5 * panels, max(3.5, 0.35 * len(labels) + 1.5)), width_ratios=[1, 1, 0.8][:panels]
@@ -165,7 +172,7 @@ def heads_figure(
     edges = (
         np.concatenate([[x[0]], (x[1:] + x[:-1]) / 2, [x[-1]]]) if len(x) > 1 else np.array([x[0] - 0.5, x[0] + 0.5])
     )
-    left.pcolormesh(edges, np.arange(len(labels) + 1), codes, cmap=colours, vmin=-0.5, vmax=len(TYPES) - 0.5)
+    left.pcolormesh(edges, np.arange(len(labels) + 1), codes, cmap=colours, vmin=-0.5, vmax=len(type_names) - 0.5)
     left.set_yticks(np.arange(len(labels)) + 0.5, labels, fontsize=7)
     left.invert_yaxis()
     left.set_xlabel("step")
@@ -178,7 +185,7 @@ def heads_figure(
                 steps, values = llc[label]
                 ylabel = "weight-refined LLC"
             else:
-                column = BEHAVIOURS.index(kind) if kind in BEHAVIOURS else None
+                column = history.names.index(kind) if kind in history.names else None
                 series = history.scores[:, layer, head]
                 steps = x
                 values = series[:, column] if column is not None else np.nanmax(series, axis=-1)
@@ -186,18 +193,18 @@ def heads_figure(
             at = np.searchsorted(x, steps, side="right") - 1
             types = history.types[np.clip(at, 0, len(x) - 1), layer, head]
             right.plot(steps, values, color="0.85", lw=0.8, zorder=1)
-            right.scatter(steps, values, c=[TYPE_COLOURS[TYPES[t]] for t in types], s=6, zorder=2)
+            right.scatter(steps, values, c=[behaviour_colour(type_names[t]) for t in types], s=6, zorder=2)
             right.annotate(label, (steps[-1], values[-1]), fontsize=6, xytext=(2, 0), textcoords="offset points")
     right.set_xlabel("step")
     right.set_ylabel(ylabel)
     right.set_title("each head over training, coloured by its type", fontsize=9)
-    shown = sorted({TYPES[t] for t in np.unique(history.types)}, key=TYPES.index)
-    handles = [plt.Line2D([], [], marker="s", ls="", color=TYPE_COLOURS[name], label=name) for name in shown]
+    shown = sorted({type_names[t] for t in np.unique(history.types)}, key=type_names.index)
+    handles = [plt.Line2D([], [], marker="s", ls="", color=behaviour_colour(name), label=name) for name in shown]
     right.legend(handles=handles, fontsize=7, loc="best")
     if clusters:
         table = axes[2]
         table.axis("off")
-        kinds = sorted({history.final_type(l, h) for l in range(L) for h in range(H)}, key=TYPES.index)
+        kinds = sorted({history.final_type(l, h) for l in range(L) for h in range(H)}, key=type_names.index)
         groups = sorted(set(clusters.values()))
 
         def cell(c: int, kind: str) -> str:  # the heads of cluster c and type kind, two a line

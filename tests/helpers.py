@@ -203,7 +203,8 @@ def fake_results(n_layers: int, n_heads: int, measures=None, seed: int = 0) -> d
 
 def fake_behaviour_reading(n_layers: int, n_heads: int, g: torch.Generator):
     """A random reading of every head's behaviours on a batch of 4 sequences (the behaviour quantity's result)."""
-    from metrics.heads.behaviour import BEHAVIOURS, Null, head_types
+    from metrics.heads.behaviour import BUILT_IN_BEHAVIOURS as BEHAVIOURS
+    from metrics.heads.behaviour import Null, head_types
     from metrics.tracked.head_behaviour import BehaviourReading
 
     per_sequence = torch.rand(n_layers, 4, n_heads, len(BEHAVIOURS), generator=g, dtype=torch.float64)
@@ -213,7 +214,8 @@ def fake_behaviour_reading(n_layers: int, n_heads: int, g: torch.Generator):
         torch.full((len(BEHAVIOURS),), 0.1, dtype=torch.float64),
         torch.full((len(BEHAVIOURS),), 0.05, dtype=torch.float64),
     )
-    return BehaviourReading(scores, per_sequence, head_types(scores, null, behaviours), behaviours, null)
+    types = head_types(scores, null, behaviours, names=BEHAVIOURS)
+    return BehaviourReading(scores, per_sequence, types, behaviours, null, BEHAVIOURS)
 
 
 def fake_strategy_reading(g: torch.Generator):

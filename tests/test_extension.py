@@ -1,20 +1,25 @@
-"""The house open to new questions: a composition measure, a per-head score with its own schedule and
-a task with its own probe and option, each one module of an installed package found by its entry
-point (data/extensions.py), none of them known to this repository; a real train.py run with all
-three logs them everywhere a run writes, and a bad value of each is one line of error before any work."""
+"""The house open to new questions: a composition measure, a per-head score with its own schedule, a
+task with its own probe and option and a head behaviour that task adds, each one module of an installed
+package found by its entry point (data/extensions.py), none of them known to this repository; a real
+train.py run with all four logs them everywhere a run writes, and a bad value of each is one line of
+error before any work."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
 import pytest
 import torch
 
+from metrics.heads.behaviour import BUILT_IN_BEHAVIOURS
 from records import wandb_records
-from records.tensor_store import read_tensor_store
+from records.tensor_store import read_tensor_store, tensor_labels
 from records.trajectory import Trajectory
+from reports.head_types import read_head_history
 from reports.run_report import read_series
 from tests.helpers import REPO, run_train_process, train_env
 
@@ -92,11 +97,27 @@ class GappedCopy(Task):
         return ProbeBatch(tokens, n, first_start=1, gap=self.gap)
 '''
 
+BEHAVIOUR = '''
+"""Two-back heads, read on the gapped copy only: from each query to the token two before it."""
+from metrics.heads.behaviours.base import Behaviour
+
+
+class TwoBack(Behaviour):
+    name = "two_back"
+    colour = "tab:cyan"
+    tasks = ("gapped_copy",)
+
+    @staticmethod
+    def targets(relations):
+        return relations.positional(relations.key == relations.query - 2)
+'''
+
 ENTRY_POINTS = """
 [induction_composition_tracker]
 measure = ext_pkg.my_measure
 score = ext_pkg.my_score
 task = ext_pkg.my_task
+behaviour = ext_pkg.my_behaviour
 """
 
 RUN = [
@@ -123,7 +144,7 @@ def extension(tmp_path_factory):
     package = root / "ext_pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    for name, text in (("my_measure", MEASURE), ("my_score", SCORE), ("my_task", TASK)):
+    for name, text in (("my_measure", MEASURE), ("my_score", SCORE), ("my_task", TASK), ("my_behaviour", BEHAVIOUR)):
         (package / f"{name}.py").write_text(textwrap.dedent(text).lstrip())
     info = root / "ext_pkg-0.1.dist-info"
     info.mkdir()
@@ -145,7 +166,7 @@ def trained(extension, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_the_three_extensions_reach_wandb_the_csv_the_store_and_the_summary(trained):
+def test_the_extensions_reach_wandb_the_csv_the_store_and_the_summary(trained):
     (run_file,) = trained.glob("wandb/offline-run-*/run-*.wandb")
     history = wandb_records.history(run_file)
     steps_of = lambda key: sorted(row["trainer/global_step"] for row in history if key in row)
@@ -175,8 +196,6 @@ def test_the_three_extensions_reach_wandb_the_csv_the_store_and_the_summary(trai
 def test_the_new_score_is_the_attention_to_bos_of_the_saved_weights_on_the_tasks_probe(trained, extension):
     """The last logged score, recomputed by hand from the saved final weights on the task's own
     probe (gap 2: the repeat starts 2 tokens after the block): an independent reading."""
-    import subprocess
-    import sys
 
     code = f"""
 import json, torch
@@ -201,6 +220,45 @@ print(json.dumps([probe.gap, probe.repeat_start, probe.tokens.tolist()]))
     by_hand = torch.stack([p[..., 1:, 0].mean(dim=(-1, 0)) for p in cache["pattern"]])  # (L, H)
     logged = read_tensor_store(trained / "tensors")["heads/bos_attention"][1][-1]
     np.testing.assert_allclose(logged, by_hand.numpy(), rtol=1e-5, atol=1e-7)
+    # the task's own behaviour: each head's mean attention two tokens back, over queries >= 2 and the probe
+    by_hand = torch.stack([p.diagonal(offset=-2, dim1=-2, dim2=-1).mean(dim=(-1, 0)) for p in cache["pattern"]])
+    names = tensor_labels(trained / "tensors")["heads/behaviour/scores"]
+    assert names == [*BUILT_IN_BEHAVIOURS, "two_back"]
+    logged = read_tensor_store(trained / "tensors")["heads/behaviour/scores"][1][-1][..., names.index("two_back")]
+    np.testing.assert_allclose(logged, by_hand.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def history_names(run_dir) -> list[str]:
+    return tensor_labels(run_dir / "tensors")["heads/behaviour/per_sequence"]
+
+
+@pytest.mark.slow
+def test_the_tasks_behaviour_is_scored_typed_and_drawn_on_its_task_only(trained, extension):
+    """``two_back`` names the gapped copy: its run logs and types heads by it, its report and page read
+    the labelled axis; on another task (here a repeated-token batch, in a process that has the extension) it is left out."""
+    series = read_series(trained / "csv" / "metrics.csv")
+    assert series["heads/behaviour/two_back/top"][0].tolist() == [0, 10, 20, 30, 40]
+    assert series["heads/behaviour/count/two_back"][0].tolist() == [0, 10, 20, 30, 40]
+    summary = json.loads((trained / "summary.json").read_text())
+    assert {summary[f"heads/type/L{l}H{h}"] for l in (0, 1) for h in (0, 1)} <= {
+        "unspecialised",
+        *history_names(trained),
+    }
+    history = read_head_history(trained / "tensors")
+    assert "two_back" in history.behaviours and history.type_names[-1] == "two_back"
+    code = """
+import torch
+from metrics.heads.behaviour import applicable_behaviours, behaviour_targets
+tokens = torch.randint(0, 8, (4, 12), generator=torch.Generator().manual_seed(0))
+targets = behaviour_targets(tokens)
+print(applicable_behaviours(targets, task="gapped_copy"), applicable_behaviours(targets, task="repeated"))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env_with(extension), capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    on_its_task, elsewhere = out.stdout.strip().splitlines()[-1].split(") (")
+    assert "two_back" in on_its_task and "two_back" not in elsewhere
 
 
 @pytest.mark.slow

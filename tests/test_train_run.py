@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from conf.schema import TrackerConfig
-from metrics.heads.behaviour import BEHAVIOURS
 from records import wandb_records
 from records.wandb_sections import story, tracker_key, wandb_key
 from reports.head_types import read_head_history
@@ -336,7 +335,7 @@ def test_markov_icl_tracks_its_strategies_against_the_truth(tmp_path):
     with opened(tmp_path / "explorer.html") as page:  # the chains' own reader behaviour, and the types' names
         page.page.select_option("#view-heads select", "behaviour/statistical_induction")
         shown = np.array(page.chart("chart-heads")[0]["z"], dtype=float)
-        assert np.allclose(shown, history.scores[-1][..., BEHAVIOURS.index("statistical_induction")], atol=1e-6)
+        assert np.allclose(shown, history.scores[-1][..., history.names.index("statistical_induction")], atol=1e-6)
         hover = page.chart("chart-heads")[0]["text"][1][0]
         assert hover.startswith(f"L1H0<br>type: {history.final_type(1, 0)}<br>")
 

@@ -9,7 +9,8 @@ non-empty target set ``T_b(q)`` (the query is *defined* for that behaviour)::
     seq_b      = mean over the defined queries of sequence b of mass_b(q)     # NaN: none defined
     score      = mean over the sequences with a defined query of seq_b        # [..., heads]
 
-The target sets (:data:`BEHAVIOURS`):
+The behaviours are the registered ones (:mod:`metrics.heads.behaviours`, one module each; an extension
+adds its own), in :func:`behaviour_names` order; the built-in target sets:
 
 - ``previous_token``: ``{q - 1}`` for ``q >= 1``;
 - ``current_token``: ``{q}``;
@@ -19,11 +20,11 @@ The target sets (:data:`BEHAVIOURS`):
   ``{1 <= j <= q : x_{j-1} = x_q}``, the token after each earlier occurrence of the current token;
 - ``statistical_induction`` (Edelman et al. 2024, "The Evolution of Statistical Induction Heads:
   In-Context Learning Markov Chains"): from ``t`` to the positions ``j <= t`` whose previous token
-  equals ``x_t``. It is the same target set as ``induction`` and shares its mask; the two names say
-  where it is read: ``induction`` on the repeated probe (one earlier copy, a deterministic
-  continuation), ``statistical_induction`` on a task's own sequences such as Markov chains (many
-  earlier occurrences, whose followers are the in-context bigram counts). A type finder is given
-  one of the two (:func:`applicable_behaviours`), never both.
+  equals ``x_t``. It is the same target set as ``induction``; the two names say where it is read:
+  ``induction`` on the repeated probe (one earlier copy, a deterministic continuation),
+  ``statistical_induction`` on a task's own sequences such as Markov chains (many earlier
+  occurrences, whose followers are the in-context bigram counts). A type finder is given one of
+  the two (:func:`applicable_behaviours`), never both.
 
 With a BOS id, a BOS token is nobody's duplicate or prefix match. Patterns are ``[..., batch, heads,
 query, key]`` (rows sum to 1, causal), e.g. ``[layers, batch, heads, query, key]``; tokens ``[batch,
@@ -34,24 +35,48 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from functools import cache
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from metrics.dynamics.strategies import PERSIST, SWITCH_RESAMPLES, Switch, switches
+from metrics.heads.behaviours.base import TokenRelations, behaviour_kinds
 from models.attention import random_patterns
 
-Behaviour = Literal[
-    "previous_token", "current_token", "first_token", "duplicate_token", "induction", "statistical_induction"
-]
-BEHAVIOURS: tuple[Behaviour, ...] = get_args(Behaviour)
-PrefixMatching = Literal["induction", "statistical_induction"]
-PREFIX_MATCHING: tuple[PrefixMatching, ...] = get_args(PrefixMatching)
+BUILT_IN_BEHAVIOURS = (
+    "previous_token",
+    "current_token",
+    "first_token",
+    "duplicate_token",
+    "induction",
+    "statistical_induction",
+)
+"""The stored scores' axis of runs written before it was labelled (the built-in behaviours, in order)."""
+PREFIX_MATCHING = ("induction", "statistical_induction")
+"""The prefix-matching mask's two names: a run reads the one its task names."""
 UNSPECIALISED = "unspecialised"
-TYPES: tuple[str, ...] = (UNSPECIALISED, *BEHAVIOURS)
-"""A head's type: code 0 is unspecialised, code ``i + 1`` is ``BEHAVIOURS[i]``."""
+
+
+@cache
+def behaviour_names() -> tuple[str, ...]:
+    """Every registered behaviour's name (:func:`~metrics.heads.behaviours.base.behaviour_kinds`): the
+    built-in ones (:data:`BUILT_IN_BEHAVIOURS`), then those of other modules and extensions."""
+    return tuple(behaviour_kinds())
+
+
+def type_names_of(behaviours: Sequence[str]) -> tuple[str, ...]:
+    """A head's type names for scores over ``behaviours`` (their last axis): code 0 is unspecialised,
+    code ``i + 1`` is ``behaviours[i]``."""
+    return (UNSPECIALISED, *behaviours)
+
+
+def behaviour_colour(name: str) -> str:
+    """A behaviour's colour in figures (its class's ``colour``; grey for unspecialised or one not installed)."""
+    kind = behaviour_kinds().get(name)
+    return kind.colour if kind is not None else "0.8" if name == UNSPECIALISED else "tab:gray"
+
 
 MIN_Z = 3.0
 """A behaviour types a head only if its score clears the null by more than this many null spreads."""
@@ -77,10 +102,12 @@ unit logits stand for a head that has sharpened without learning anything."""
 @dataclass(frozen=True)
 class BehaviourTargets:
     """Every behaviour's target keys for a token batch, built once: ``masks [behaviours, batch, query,
-    key]`` (bool) and ``counts [behaviours, batch]``, each sequence's number of defined queries."""
+    key]`` (bool), ``counts [behaviours, batch]``, each sequence's number of defined queries, and the
+    behaviours' ``names`` (the masks' first axis: the scores' last)."""
 
     masks: Tensor
     counts: Tensor
+    names: tuple[str, ...]
 
     @property
     def defined(self) -> Tensor:
@@ -94,46 +121,34 @@ class BehaviourTargets:
         return masks / self.counts.to(device=device, dtype=dtype).clamp_min(1)[..., None, None]
 
 
-def behaviour_targets(tokens: Tensor, bos_id: int | None = None) -> BehaviourTargets:
-    """Target masks of :data:`BEHAVIOURS` for ``tokens [batch, seq]`` (the module docstring); with
-    ``bos_id``, BOS tokens never match."""
-    b, s = tokens.shape
-    device = tokens.device
-    q = torch.arange(s, device=device)[:, None]
-    k = torch.arange(s, device=device)[None, :]
-    same = tokens[:, :, None] == tokens[:, None, :]  # (b, query, key): x_q == x_k
-    if bos_id is not None:
-        ordinary = tokens != bos_id
-        same &= ordinary[:, :, None] & ordinary[:, None, :]
-    prefix = torch.zeros_like(same)
-    prefix[:, :, 1:] = same[:, :, :-1]  # x_q == x_{k-1}
-    prefix &= (k <= q)[None]
-    by_name = {
-        "previous_token": (k == q - 1).expand(b, s, s),
-        "current_token": (k == q).expand(b, s, s),
-        "first_token": ((k == 0) & (q >= 1)).expand(b, s, s),
-        "duplicate_token": same & (k < q)[None],
-        "induction": prefix,
-        "statistical_induction": prefix,
-    }
-    masks = torch.stack([by_name[name] for name in BEHAVIOURS])  # (behaviours, b, query, key)
-    return BehaviourTargets(masks, masks.any(-1).sum(-1))
+def behaviour_targets(
+    tokens: Tensor, bos_id: int | None = None, names: Sequence[str] | None = None
+) -> BehaviourTargets:
+    """Target masks of the behaviours ``names`` (default: every registered one, :func:`behaviour_names`)
+    for ``tokens [batch, seq]`` (the module docstring); with ``bos_id``, BOS tokens never match."""
+    names = behaviour_names() if names is None else tuple(names)
+    kinds = behaviour_kinds()
+    relations = TokenRelations.of(tokens, bos_id)
+    masks = torch.stack([kinds[name].targets(relations) for name in names])  # (behaviours, b, query, key)
+    return BehaviourTargets(masks, masks.any(-1).sum(-1), names)
 
 
 def applicable_behaviours(
-    targets: BehaviourTargets, prefix_matching: PrefixMatching = "induction", min_queries: int = 1
-) -> tuple[Behaviour, ...]:
-    """The behaviours with at least ``min_queries`` defined queries over the batch, in
-    :data:`BEHAVIOURS` order; of the two prefix-matching names only ``prefix_matching`` (``induction``
-    on the repeated probe, ``statistical_induction`` on a task's own sequences). No duplicate or
-    prefix-matching behaviour applies where no token repeats."""
+    targets: BehaviourTargets, prefix_matching: str = "induction", min_queries: int = 1, task: str | None = None
+) -> tuple[str, ...]:
+    """The behaviours with at least ``min_queries`` defined queries over the batch, in ``targets.names``
+    order; of the two prefix-matching names only ``prefix_matching`` (``induction`` on the repeated
+    probe, ``statistical_induction`` on a task's own sequences); of the behaviours that name their
+    tasks, those that name ``task``. No duplicate or prefix-matching behaviour applies where no token repeats."""
     if prefix_matching not in PREFIX_MATCHING:
         raise ValueError(f"prefix_matching={prefix_matching!r} must be one of {PREFIX_MATCHING}")
-    total = targets.counts.sum(-1)
+    total, kinds = targets.counts.sum(-1), behaviour_kinds()
     return tuple(
         name
-        for i, name in enumerate(BEHAVIOURS)
-        if int(total[i]) >= min_queries and (name not in PREFIX_MATCHING or name == prefix_matching)
+        for i, name in enumerate(targets.names)
+        if int(total[i]) >= min_queries
+        and (name not in PREFIX_MATCHING or name == prefix_matching)
+        and (name not in kinds or not kinds[name].tasks or task in kinds[name].tasks)
     )
 
 
@@ -226,27 +241,32 @@ def null_from_permuted_tokens(
 def head_types(
     scores: Tensor,
     null: Null,
-    behaviours: Sequence[Behaviour],
+    behaviours: Sequence[str],
     min_z: float = MIN_Z,
     min_excess: float = MIN_EXCESS,
     floor: float = STD_FLOOR,
+    names: Sequence[str] | None = None,
 ) -> Tensor:
-    """Each head's type, a code into :data:`TYPES`: ``scores [..., behaviours]`` (e.g. ``[steps,
-    heads, behaviours]``, the heads × steps type map) -> ``[...]`` (long). Among ``behaviours``, those
-    whose score clears the null by ``margin > min_z`` and ``score - mean > min_excess``; of these the
-    one with the widest margin; none: unspecialised (0). NaN scores (undefined) never type a head."""
+    """Each head's type, a code into :func:`type_names_of` ``(names)``: ``scores [..., behaviours]`` (e.g.
+    ``[steps, heads, behaviours]``, the heads × steps type map; ``names`` its last axis, default every
+    registered behaviour) -> ``[...]`` (long). Among ``behaviours``, those whose score clears the null by
+    ``margin > min_z`` and ``score - mean > min_excess``; of these the one with the widest margin; none:
+    unspecialised (0). NaN scores (undefined) never type a head."""
     if all(name in behaviours for name in PREFIX_MATCHING):
         raise ValueError(f"{PREFIX_MATCHING} share their targets: give one of them (applicable_behaviours)")
-    considered = torch.tensor([name in behaviours for name in BEHAVIOURS], device=scores.device)
+    names = behaviour_names() if names is None else names
+    considered = torch.tensor([name in behaviours for name in names], device=scores.device)
     margins = null.margins(scores, floor)
     clears = considered & (margins > min_z) & (scores - null.mean > min_excess)  # NaN compares False
     best = torch.where(clears, margins, torch.full_like(margins, float("-inf"))).argmax(-1)
     return torch.where(clears.any(-1), best + 1, torch.zeros_like(best))
 
 
-def type_names(codes: Tensor) -> np.ndarray:
-    """Codes from :func:`head_types` -> their names, an array of ``codes``' shape."""
-    return np.asarray(TYPES, dtype=object)[codes.cpu().numpy()]
+def type_names(codes: Tensor, names: Sequence[str] | None = None) -> np.ndarray:
+    """Codes from :func:`head_types` (over behaviours ``names``, default every registered one) -> their
+    type names, an array of ``codes``' shape."""
+    types = type_names_of(behaviour_names() if names is None else names)
+    return np.asarray(types, dtype=object)[codes.cpu().numpy()]
 
 
 def resampled_scores(per_sequence: Tensor, counts: Tensor) -> Tensor:
@@ -263,12 +283,13 @@ def type_switches(
     steps: np.ndarray,
     per_sequence: Tensor,
     null: Null,
-    behaviours: Sequence[Behaviour],
+    behaviours: Sequence[str],
     persist: int = PERSIST,
     resamples: int = SWITCH_RESAMPLES,
     seed: int = 0,
     min_z: float = MIN_Z,
     min_excess: float = MIN_EXCESS,
+    names: Sequence[str] | None = None,
 ) -> list[list[Switch]]:
     """For each head, the steps where its type changes and then holds for ``persist`` snapshots
     (:func:`metrics.dynamics.strategies.switches` on :func:`head_types` of each snapshot's scores, as
@@ -277,22 +298,26 @@ def type_switches(
     resamples that have it (the k-th ``A -> B`` of a resample matched with the k-th of the run, as
     :func:`metrics.dynamics.strategies.switches_with_intervals`). ``steps [n_steps]``, ``per_sequence
     [n_steps, batch, heads, behaviours]`` (:func:`per_sequence_scores` of each snapshot), ``null``
-    broadcastable to ``[n_steps, heads, behaviours]`` and held fixed over the resamples."""
+    broadcastable to ``[n_steps, heads, behaviours]`` and held fixed over the resamples; ``names`` the
+    scores' last axis (default every registered behaviour)."""
+    names = behaviour_names() if names is None else tuple(names)
+    types = list(type_names_of(names))
     per_sequence = per_sequence.double()
     rng = np.random.default_rng(seed)
     b = per_sequence.shape[1]
     picks = torch.from_numpy(rng.integers(0, b, size=(resamples, b)))
     counts = torch.zeros(resamples, b, dtype=torch.long, device="cpu").scatter_add_(1, picks, torch.ones_like(picks))
-    point = head_types(per_sequence.nanmean(1), null, behaviours, min_z, min_excess).numpy()  # (steps, heads)
-    drawn = head_types(resampled_scores(per_sequence, counts), null, behaviours, min_z, min_excess).numpy()
+    point = head_types(per_sequence.nanmean(1), null, behaviours, min_z, min_excess, names=names).numpy()
+    drawn = head_types(resampled_scores(per_sequence, counts), null, behaviours, min_z, min_excess, names=names)
+    drawn = drawn.numpy()  # (resamples, steps, heads)
     result = []
     for h in range(point.shape[1]):
-        found = switches(steps, point[:, h], list(TYPES), persist)
+        found = switches(steps, point[:, h], types, persist)
         matched: list[list[float]] = [[] for _ in found]
         for r in range(resamples):
             seen: dict[str, int] = {}
             by_label: dict[tuple[str, int], float] = {}
-            for switch in switches(steps, drawn[r, :, h], list(TYPES), persist):
+            for switch in switches(steps, drawn[r, :, h], types, persist):
                 seen[switch.label] = seen.get(switch.label, 0) + 1
                 by_label[(switch.label, seen[switch.label])] = switch.step
             count: dict[str, int] = {}

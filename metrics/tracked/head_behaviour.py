@@ -1,7 +1,8 @@
 """What every head does at each snapshot: its behaviour scores on the probe (:mod:`metrics.heads.behaviour`:
-previous-token, current-token, first-token, duplicate-token and the task's prefix matching), each
-against the null of random attention on the same tokens, and the head's type (the behaviour that
-clears its null by the widest margin, else unspecialised)."""
+previous-token, current-token, first-token, duplicate-token, the task's prefix matching and any
+behaviour another module adds, :mod:`metrics.heads.behaviours`), each against the null of random
+attention on the same tokens, and the head's type (the behaviour that clears its null by the widest
+margin, else unspecialised)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,19 @@ import torch
 from torch import Tensor
 
 from metrics.heads.behaviour import (
-    BEHAVIOURS,
-    TYPES,
     Null,
     applicable_behaviours,
     behaviour_targets,
     head_types,
     null_from_random_patterns,
     per_sequence_scores,
+    type_names_of,
 )
 from metrics.tracked.base import Output, ProbeRun, Scalar, Stored, TrackedQuantity
 
 PREFIX = "heads/behaviour/"  # under heads/: W&B's 4_heads section (records/wandb_sections.py)
-TYPE_KEY = f"{PREFIX}type"  # TYPE_KEY/LxHy: the head's type code, an index into metrics.heads.behaviour.TYPES
-SCORES = f"{PREFIX}scores"  # [L, H, behaviours] per snapshot in the tensor store (NaN: nowhere defined)
+TYPE_KEY = f"{PREFIX}type"  # TYPE_KEY/LxHy: the head's type code: 0 unspecialised, i + 1 the i-th behaviour scored
+SCORES = f"{PREFIX}scores"  # [L, H, behaviours] per snapshot in the tensor store (NaN: nowhere defined; labelled)
 PER_SEQUENCE = f"{PREFIX}per_sequence"  # [L, b, H, behaviours] per snapshot in the tensor store
 MAX_TYPE_KEYS = 32  # a key per head's type while the model has at most this many heads (the store keeps all)
 NULL_MEAN, NULL_STD = f"{PREFIX}null_mean", f"{PREFIX}null_std"  # [behaviours] per snapshot in the store
@@ -33,20 +33,22 @@ NULL_MEAN, NULL_STD = f"{PREFIX}null_mean", f"{PREFIX}null_std"  # [behaviours] 
 @dataclass(frozen=True)
 class BehaviourReading:
     """One snapshot's reading: ``scores [L, H, behaviours]`` (NaN where a behaviour is nowhere defined),
-    ``per_sequence [L, b, H, behaviours]``, ``types [L, H]`` (codes into :data:`TYPES`), the
-    behaviours read (in :data:`BEHAVIOURS` order) and the null they were typed against."""
+    ``per_sequence [L, b, H, behaviours]``, ``types [L, H]`` (codes into ``type_names_of(names)``), the
+    behaviours read (in ``names`` order), the null they were typed against and ``names``, every
+    behaviour scored (the scores' last axis)."""
 
     scores: Tensor
     per_sequence: Tensor
     types: Tensor
     behaviours: tuple[str, ...]
     null: Null
+    names: tuple[str, ...]
 
 
 class HeadBehaviour(TrackedQuantity):
     """``heads/behaviour/NAME/top`` (the best head's score) for each behaviour that applies to the
     probe's tokens (every head's in the tensor store), ``heads/behaviour/type/LxHy`` (each head's type
-    code: 0 unspecialised, then :data:`~metrics.heads.behaviour.BEHAVIOURS` + 1; up to
+    code: 0 unspecialised, then the scored behaviours' index + 1; up to
     :data:`MAX_TYPE_KEYS` heads), ``heads/behaviour/count/TYPE`` (heads of each type it can have), and
     in the tensor store the types, the per-sequence scores and the null, from which the end-of-run
     report dates every head's type switches with bootstrap intervals. Prefix matching is read under the
@@ -59,11 +61,12 @@ class HeadBehaviour(TrackedQuantity):
     def __init__(self, options=None) -> None:
         super().__init__(options)
         self.prefix_matching = "induction"
+        self.task: str | None = None  # a behaviour that names its tasks is read on those only
         self.bos_id: int | None = None
         self.prepared: tuple | None = None  # (tokens, targets, behaviours, null, weights): the probe's, once
 
     def for_task(self, task, n_random: int) -> HeadBehaviour:
-        self.prefix_matching = task.reader_behaviour
+        self.prefix_matching, self.task = task.reader_behaviour, task.name
         self.bos_id = n_random if task.bos else None
         return self
 
@@ -77,7 +80,7 @@ class HeadBehaviour(TrackedQuantity):
         snapshot)."""
         if self.prepared is None or not torch.equal(self.prepared[0], tokens) or self.prepared[4].device != device:
             targets = behaviour_targets(tokens, self.bos_id)
-            behaviours = applicable_behaviours(targets, self.prefix_matching)
+            behaviours = applicable_behaviours(targets, self.prefix_matching, task=self.task)
             weights = targets.weights(torch.float32, device)
             null = null_from_random_patterns(targets)
             self.prepared = (tokens, targets, behaviours, (null.mean.numpy(), null.std.numpy()), weights)
@@ -90,22 +93,26 @@ class HeadBehaviour(TrackedQuantity):
         targets, behaviours, null, weights = self.targets_of(run.tokens.cpu(), patterns.device)
         per_sequence = per_sequence_scores(patterns, targets, weights).cpu().double()  # (L, b, H, behaviours)
         scores = per_sequence.nanmean(dim=1)  # (L, H, behaviours)
-        return BehaviourReading(scores, per_sequence, head_types(scores, null, behaviours), behaviours, null)
+        names = targets.names
+        types = head_types(scores, null, behaviours, names=names)
+        return BehaviourReading(scores, per_sequence, types, behaviours, null, names)
 
     def outputs(self, result: BehaviourReading, run: ProbeRun) -> list[Output]:
+        names = result.names
         outputs: list[Output] = [
-            Scalar(f"{PREFIX}{name}/top", float(result.scores[..., BEHAVIOURS.index(name)].max()))
+            Scalar(f"{PREFIX}{name}/top", float(result.scores[..., names.index(name)].max()))
             for name in result.behaviours
         ]
-        outputs.append(Stored(SCORES, result.scores.float().numpy()))
+        outputs.append(Stored(SCORES, result.scores.float().numpy(), names))
         L, H = result.types.shape
         if L * H <= MAX_TYPE_KEYS:
             outputs += [Scalar(f"{TYPE_KEY}/L{l}H{h}", float(result.types[l, h])) for l in range(L) for h in range(H)]
         outputs.append(Stored(TYPE_KEY, result.types.numpy().astype("float32")))
-        counts = torch.bincount(result.types.flatten(), minlength=len(TYPES))
-        read = (TYPES[0], *result.behaviours)  # unspecialised and the behaviours read: the types a head can have
-        outputs += [Scalar(f"{PREFIX}count/{kind}", float(counts[TYPES.index(kind)])) for kind in read]
-        outputs.append(Stored(PER_SEQUENCE, result.per_sequence.float().numpy()))
-        outputs.append(Stored(NULL_MEAN, result.null.mean.float().numpy()))
-        outputs.append(Stored(NULL_STD, result.null.std.float().numpy()))
+        types = type_names_of(names)
+        counts = torch.bincount(result.types.flatten(), minlength=len(types))
+        read = (types[0], *result.behaviours)  # unspecialised and the behaviours read: the types a head can have
+        outputs += [Scalar(f"{PREFIX}count/{kind}", float(counts[types.index(kind)])) for kind in read]
+        outputs.append(Stored(PER_SEQUENCE, result.per_sequence.float().numpy(), names))
+        outputs.append(Stored(NULL_MEAN, result.null.mean.float().numpy(), names))
+        outputs.append(Stored(NULL_STD, result.null.std.float().numpy(), names))
         return outputs

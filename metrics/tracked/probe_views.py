@@ -10,7 +10,6 @@ from torch import Tensor
 
 from metrics.dynamics.loss_views import first_occurrence_loss, in_context_learning_score, repeated_loss, token_losses
 from metrics.heads.attention_scores import duplicate_token_score, induction_score, previous_token_score
-from metrics.heads.behaviour import BEHAVIOURS
 from metrics.heads.circuit_pair import circuit_pair
 from metrics.tracked.base import Output, PerHead, ProbeRun, Scalar, TrackedQuantity
 
@@ -122,7 +121,7 @@ class CircuitPair(TrackedQuantity):
         behaviour = run.results.get("behaviour")
         if self.reader == "induction" or behaviour is None or self.reader not in behaviour.behaviours:
             return circuit_pair(run.results["previous_token"], run.results["induction"])
-        reader = behaviour.scores[..., BEHAVIOURS.index(self.reader)].nan_to_num(nan=-1.0)
+        reader = behaviour.scores[..., behaviour.names.index(self.reader)].nan_to_num(nan=-1.0)
         return circuit_pair(run.results["previous_token"], reader)
 
     def outputs(self, result, run: ProbeRun) -> list[Output]:

@@ -12,11 +12,10 @@ from data.probe import ProbeBatch, make_probe_batch
 from data.tasks.markov_icl import sample_chains
 from metrics.heads.attention_scores import induction_score
 from metrics.heads.behaviour import (
-    BEHAVIOURS,
+    BUILT_IN_BEHAVIOURS,
     MIN_EXCESS,
     MIN_Z,
     PREFIX_MATCHING,
-    TYPES,
     UNSPECIALISED,
     applicable_behaviours,
     behaviour_scores,
@@ -28,9 +27,13 @@ from metrics.heads.behaviour import (
     permuted_tokens,
     resampled_scores,
     type_names,
+    type_names_of,
     type_switches,
 )
 from models.attention import causal_softmax
+
+BEHAVIOURS = BUILT_IN_BEHAVIOURS  # no extension is installed here: the registered ones are the built-in ones
+TYPES = type_names_of(BEHAVIOURS)
 
 DRAWS = 100  # random heads or permutations per null in these tests
 Z_BELOW = (

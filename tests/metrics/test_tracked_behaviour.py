@@ -9,20 +9,24 @@ from dataclasses import dataclass
 import torch
 
 from data.probe import ProbeBatch
-from metrics.heads.behaviour import BEHAVIOURS, TYPES
+from metrics.heads.behaviour import BUILT_IN_BEHAVIOURS as BEHAVIOURS
+from metrics.heads.behaviour import type_names_of
 from metrics.snapshot import measure
 from metrics.tracked.base import tracked_quantities
 from tests.helpers import PROBE, induction_circuit_model
+
+TYPES = type_names_of(BEHAVIOURS)
 
 QUANTITIES = ("previous_token", "induction", "behaviour", "circuit")
 
 
 @dataclass
 class HandTask:
-    """What the quantities ask of a task: its reader behaviour and whether it has BOS (id 8 here)."""
+    """What the quantities ask of a task: its name, reader behaviour and whether it has BOS (id 8 here)."""
 
     reader_behaviour: str
     bos: bool = True
+    name: str = "hand"
 
 
 def snapshot(probe: ProbeBatch, reader: str):

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from bench.explorer import pattern_error, readout_mismatches
-from metrics.heads.behaviour import BEHAVIOURS
 from records.layout import CSV_RELATIVE_PATH
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory
@@ -58,7 +57,7 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
         assert types["text"][1][0].startswith(f"L1H0<br>type: {history.final_type(1, 0)}<br>")
         page.page.select_option("#view-heads select", "behaviour/previous_token")
         previous = np.array(page.chart("chart-heads")[0]["z"], dtype=float)
-        expected = history.scores[-1][..., BEHAVIOURS.index("previous_token")]
+        expected = history.scores[-1][..., history.names.index("previous_token")]
         assert np.allclose(previous, expected, atol=1e-6, rtol=0)
         pairs = np.array(page.chart("chart-pairs")[0]["z"], dtype=float)  # readers L1H0, L1H1 x writers L0H0, L0H1
         assert np.allclose(pairs, store["comp/K/frobenius"][1][-1][0, :, 1, :].T, atol=1e-6, rtol=0)
