@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 import torch
@@ -59,7 +58,6 @@ PREFIX_MATCHING = ("induction", "statistical_induction")
 UNSPECIALISED = "unspecialised"
 
 
-@cache
 def behaviour_names() -> tuple[str, ...]:
     """Every registered behaviour's name (:func:`~metrics.heads.behaviours.base.behaviour_kinds`): the
     built-in ones (:data:`BUILT_IN_BEHAVIOURS`), then those of other modules and extensions."""

@@ -11,6 +11,7 @@ A behaviour that only makes sense on some tasks names them (``tasks``); it is re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import ClassVar
 
 import torch
@@ -73,9 +74,11 @@ class Behaviour:
         raise NotImplementedError
 
 
+@cache
 def behaviour_kinds() -> dict[str, type[Behaviour]]:
     """Every behaviour by name: the built-in ones first, by module (:data:`BUILT_IN_FIRST`, then the
-    others by name) and within a module as defined, then the extensions' as they were imported."""
+    others by name) and within a module as defined, then the extensions' as they were imported. Found
+    once a process (the registries' first use loads every extension)."""
     from data.extensions import registered
 
     found = registered(Behaviour, BUILT_IN, "head behaviours", ("base", *BUILT_IN_FIRST))
