@@ -63,9 +63,6 @@ class Behaviour:
     name: ClassVar[str] = ""
     colour: ClassVar[str] = "tab:gray"
     tasks: ClassVar[tuple[str, ...]] = ()
-    prefix_matching: ClassVar[bool] = False
-    """One of the two names of the prefix-matching mask (``induction``, ``statistical_induction``): a run
-    reads the one its task names (``Task.reader_behaviour``), never both."""
 
     @staticmethod
     def targets(relations: TokenRelations) -> Tensor:

@@ -12,7 +12,6 @@ class Induction(Behaviour):
 
     name = "induction"
     colour = "tab:red"
-    prefix_matching = True
 
     @staticmethod
     def targets(relations: TokenRelations):
