@@ -46,8 +46,8 @@ def excess_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     stored = read_tensor_store(run_dir / TENSORS_DIR, names)
     prefix = "heads/" if "heads/behaviour/scores" in stored else ""
     steps, scores = stored[f"{prefix}behaviour/scores"]  # (n, L, H, behaviours)
-    names = tensor_labels(run_dir / TENSORS_DIR).get(f"{prefix}behaviour/scores", BUILT_IN_BEHAVIOURS)
-    column = list(names).index("statistical_induction")
+    behaviours = tensor_labels(run_dir / TENSORS_DIR).get(f"{prefix}behaviour/scores", BUILT_IN_BEHAVIOURS)
+    column = list(behaviours).index("statistical_induction")
     null = stored[f"{prefix}behaviour/null_mean"][1][-1]
     return steps, scores[:, 1:, :, column].max(axis=(1, 2)) - null[column]
 

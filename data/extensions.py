@@ -1,12 +1,13 @@
-"""Extensions: modules of installed packages that add tasks, composition measures or tracked
-quantities, named under the ``induction_composition_tracker`` entry points of their package::
+"""Extensions: modules of installed packages that add tasks, composition measures, tracked quantities
+or head behaviours, named under the ``induction_composition_tracker`` entry points of their package::
 
     [project.entry-points.induction_composition_tracker]
     my_task = "my_package.my_task"
 
 Importing such a module is what adds its task (a :class:`data.task.Task` subclass), its measure
-(:func:`metrics.composition.measures.register_measure`) or its tracked quantity (a
-:class:`metrics.tracked.base.TrackedQuantity` subclass); every registry loads them before it lists
+(:func:`metrics.composition.measures.register_measure`), its tracked quantity (a
+:class:`metrics.tracked.base.TrackedQuantity` subclass) or its head behaviour (a
+:class:`metrics.heads.behaviours.base.Behaviour` subclass); every registry loads them before it lists
 its entries, and the config schema is built from the registries, so their options are config options
 like any other (docs/operations.md, "Extending the tracker"). The loader sits in the lowest room so
 that every registry can call it.

@@ -188,7 +188,8 @@ def heads_figure(
                 column = history.names.index(kind) if kind in history.names else None
                 series = history.scores[:, layer, head]
                 steps = x
-                values = series[:, column] if column is not None else np.nanmax(series, axis=-1)
+                read = [history.names.index(name) for name in history.behaviours]
+                values = series[:, column] if column is not None else np.nanmax(series[:, read], axis=-1)
                 ylabel = "score at its final type's behaviour"
             at = np.searchsorted(x, steps, side="right") - 1
             types = history.types[np.clip(at, 0, len(x) - 1), layer, head]

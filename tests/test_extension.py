@@ -235,7 +235,8 @@ def history_names(run_dir) -> list[str]:
 @pytest.mark.slow
 def test_the_tasks_behaviour_is_scored_typed_and_drawn_on_its_task_only(trained, extension):
     """``two_back`` names the gapped copy: its run logs and types heads by it, its report and page read
-    the labelled axis; on another task (here a repeated-token batch, in a process that has the extension) it is left out."""
+    the labelled axis; on another task (the repeated tokens', in a process that has the extension) it is
+    neither scored nor stored, so no report can type a head by it."""
     series = read_series(trained / "csv" / "metrics.csv")
     assert series["heads/behaviour/two_back/top"][0].tolist() == [0, 10, 20, 30, 40]
     assert series["heads/behaviour/count/two_back"][0].tolist() == [0, 10, 20, 30, 40]
@@ -247,18 +248,26 @@ def test_the_tasks_behaviour_is_scored_typed_and_drawn_on_its_task_only(trained,
     history = read_head_history(trained / "tensors")
     assert "two_back" in history.behaviours and history.type_names[-1] == "two_back"
     code = """
-import torch
-from metrics.heads.behaviour import applicable_behaviours, behaviour_targets
+import json, torch
+from data.task import tasks
+from metrics.tracked.head_behaviour import HeadBehaviour
 tokens = torch.randint(0, 8, (4, 12), generator=torch.Generator().manual_seed(0))
-targets = behaviour_targets(tokens)
-print(applicable_behaviours(targets, task="gapped_copy"), applicable_behaviours(targets, task="repeated"))
+read = {}
+for task in ("gapped_copy", "repeated"):
+    targets, behaviours, _, _ = HeadBehaviour().for_task(tasks()[task](), n_random=8).targets_of(tokens, torch.device("cpu"))
+    read[task] = {"scored": list(targets.names), "typed_by": list(behaviours)}
+print(json.dumps(read))
 """
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env_with(extension), capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    on_its_task, elsewhere = out.stdout.strip().splitlines()[-1].split(") (")
-    assert "two_back" in on_its_task and "two_back" not in elsewhere
+    read = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (
+        read["gapped_copy"]["scored"] == [*BUILT_IN_BEHAVIOURS, "two_back"]
+        and "two_back" in read["gapped_copy"]["typed_by"]
+    )
+    assert read["repeated"]["scored"] == list(BUILT_IN_BEHAVIOURS)  # neither scored, stored nor typed elsewhere
 
 
 @pytest.mark.slow

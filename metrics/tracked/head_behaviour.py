@@ -20,6 +20,7 @@ from metrics.heads.behaviour import (
     per_sequence_scores,
     type_names_of,
 )
+from metrics.heads.behaviours.base import behaviour_kinds
 from metrics.tracked.base import Output, ProbeRun, Scalar, Stored, TrackedQuantity
 
 PREFIX = "heads/behaviour/"  # under heads/: W&B's 4_heads section (records/wandb_sections.py)
@@ -77,9 +78,12 @@ class HeadBehaviour(TrackedQuantity):
     def targets_of(self, tokens: Tensor, device: torch.device):
         """The probe's target masks, applicable behaviours, random-attention null and the masks' weights
         in float32 on ``device``, made at the first snapshot and kept (the probe is the same at every
-        snapshot)."""
+        snapshot). Only the behaviours read on this run's task are scored and stored (one that names other
+        tasks is left out of the stored axis too)."""
         if self.prepared is None or not torch.equal(self.prepared[0], tokens) or self.prepared[4].device != device:
-            targets = behaviour_targets(tokens, self.bos_id)
+            kinds = behaviour_kinds()
+            names = [name for name, kind in kinds.items() if not kind.tasks or self.task in kind.tasks]
+            targets = behaviour_targets(tokens, self.bos_id, names)
             behaviours = applicable_behaviours(targets, self.prefix_matching, task=self.task)
             weights = targets.weights(torch.float32, device)
             null = null_from_random_patterns(targets)
