@@ -480,11 +480,15 @@ TINY = [  # a 60-step run that keeps its weights at 0, 1, 4, 15, 30, 60: for ana
 
 
 def digest(run_dir) -> dict[str, str]:
-    """Every file of a run directory outside ``analysis/``, by content hash."""
+    """Every file of a run directory outside ``analysis/``, by content hash; a link by where it points
+    (W&B's ``logs/debug-core.log`` links to its service's log outside the run, which other runs of the
+    same service, or another started in the same second, go on writing)."""
     return {
-        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        str(p.relative_to(run_dir)): (
+            f"-> {os.readlink(p)}" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
+        )
         for p in sorted(run_dir.rglob("*"))
-        if p.is_file() and "analysis" not in p.relative_to(run_dir).parts
+        if (p.is_file() or p.is_symlink()) and "analysis" not in p.relative_to(run_dir).parts
     }
 
 
