@@ -75,10 +75,11 @@ class TensorStore:
         }  # 0-d stays 0-d
         for name, values in arrays.items():  # check everything before writing anything
             entry = self.entries.get(name)
+            if entry is not None and name in labels and list(labels[name]) != entry.get("labels", list(labels[name])):
+                # first: where the axis grew (a behaviour installed since), the names say why better than the shape
+                raise ValueError(f"{name}: labels {list(labels[name])} differ from the stored {entry['labels']}")
             if entry is not None and tuple(entry["shape"]) != values.shape:
                 raise ValueError(f"{name}: shape {values.shape} differs from the stored {tuple(entry['shape'])}")
-            if entry is not None and name in labels and list(labels[name]) != entry.get("labels", list(labels[name])):
-                raise ValueError(f"{name}: labels {list(labels[name])} differ from the stored {entry['labels']}")
             if name in self.last_steps and step <= self.last_steps[name]:
                 raise ValueError(f"{name}: step {step} is not after the last stored step {self.last_steps[name]}")
         new = [name for name in arrays if name not in self.entries]

@@ -113,6 +113,8 @@ def test_a_labelled_axis_is_kept_reopened_and_must_stay_the_same(tmp_path):
         store.append(1, {"scores": np.ones((2, 2))}, {"scores": names})
         with pytest.raises(ValueError, match="labels"):
             store.append(2, {"scores": np.ones((2, 2)), "plain": np.ones(1)}, {"scores": names[::-1]})
+        with pytest.raises(ValueError, match="two_back', 'three_back'"):  # an axis grown: named, not only its shape
+            store.append(2, {"scores": np.ones((2, 3))}, {"scores": (*names, "three_back")})
     assert tensor_labels(tmp_path) == {"scores": list(names)}
     stored = read_tensor_store(tmp_path)
     assert stored["scores"][0].tolist() == [0, 1] and stored["plain"][0].tolist() == [0]
