@@ -151,31 +151,6 @@ def test_each_member_is_a_whole_run_with_its_own_wandb_run_in_the_sweeps_group(f
     assert (sweep / "sweep_jobs.csv").is_file() and (sweep / "explorer.html").is_file()
 
 
-def test_sigterm_checkpoints_every_member_at_one_step_and_the_same_command_resumes_them_exactly(tmp_path):
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    options = ["seed=0,1", *SHORT, *INTERVENED]  # stopped inside a clamp's window, before a freeze's
-    result = run_train(["-m", "hydra/launcher=ensemble", *options], straight, threads=1)  # the reference: in process
-    assert result.returncode == 0, result.stderr[-3000:]
-    args = ["hydra/launcher=ensemble", f"hydra.sweep.dir={stopped}", *options]
-    code, printed = run_train_until(args, step=13, signum=signal.SIGTERM, env=SINGLE_THREAD, multirun=True)
-    assert code == 128 + signal.SIGTERM, printed[-3000:]
-    statuses = [json.loads((stopped / str(k) / "status.json").read_text()) for k in (0, 1)]
-    assert {s["status"] for s in statuses} == {"preempted"} and statuses[0]["step"] == statuses[1]["step"]
-    step = statuses[0]["step"]
-    assert 13 <= step < 25
-    for k in (0, 1):
-        checkpoint = torch.load(stopped / str(k) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-        assert checkpoint["global_step"] == step
-    resumed = ensemble(stopped, *options)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming 2 members at step {step}" in resumed.stdout
-    for k in (0, 1):
-        assert csv_rows(stopped / str(k)) == csv_rows(straight / str(k))  # every step once, equal
-        record = json.loads((stopped / str(k) / "intervention.json").read_text())
-        assert record == json.loads((straight / str(k) / "intervention.json").read_text())
-        assert json.loads((stopped / str(k) / "status.json").read_text())["status"] == "finished"
-
-
 def test_a_diverged_member_is_stopped_and_marked_failed_while_the_others_finish(tmp_path):
     result = ensemble(
         tmp_path,
@@ -241,21 +216,35 @@ def test_resuming_one_member_alone_is_refused_in_one_line(float64_ensemble):
     assert "is a member of an ensemble" in line and "hydra/launcher=ensemble" in line
 
 
-def test_in_two_processes_a_stop_signal_reaches_every_part_and_the_same_command_resumes_them(tmp_path):
-    args = ["hydra/launcher=ensemble", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path}", "seed=0,1,2", *SHORT]
+def test_a_stop_signal_reaches_both_processes_checkpoints_each_ensemble_at_one_step_and_the_command_resumes_exactly(
+    tmp_path,
+):
+    """Four seeds as two ensembles of two, each in a process of its own (``n_jobs=2``), SIGTERM once one
+    prints step 13: inside a clamp's window, before a freeze's. Every part stops at the end of its own step
+    (one still starting: after its first), all of an ensemble's members at one step; the same command
+    resumes them, and every member's CSV and intervention record equal the uninterrupted launch's."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    options = ["hydra.launcher.n_jobs=2", "trainer.num_threads=1", "seed=0,1,2,3", *SHORT, *INTERVENED]
+    reference = ["hydra/launcher=ensemble", "seed=0,1,2,3", *SHORT, *INTERVENED]  # one ensemble of four, in process
+    result = run_train(["-m", *reference], straight, threads=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    args = ["hydra/launcher=ensemble", f"hydra.sweep.dir={stopped}", *options]
     code, printed = run_train_until(args, step=13, signum=signal.SIGTERM, multirun=True)
     assert code == 128 + signal.SIGTERM, printed[-3000:]
-    assert "ensemble: 2 ensembles of 2, 1 members, 2 at a time" in printed
-    for k in range(3):  # each part stops at the end of its own step
-        status = json.loads((tmp_path / str(k) / "status.json").read_text())
-        checkpoint = torch.load(tmp_path / str(k) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-        assert (
-            status["status"] == "preempted" and checkpoint["global_step"] == status["step"] >= 1
-        )  # a part still starting stops after its first step
-    resumed = ensemble(tmp_path, "hydra.launcher.n_jobs=2", "seed=0,1,2", *SHORT, env=train_env())
+    assert "ensemble: 2 ensembles of 2, 2 members, 2 at a time" in printed
+    steps = []
+    for k in range(4):
+        status = json.loads((stopped / str(k) / "status.json").read_text())
+        checkpoint = torch.load(stopped / str(k) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert status["status"] == "preempted" and checkpoint["global_step"] == status["step"] >= 1, status
+        steps.append(status["step"])
+    assert steps[0] == steps[1] and steps[2] == steps[3], steps  # an ensemble's members stop together
+    assert any(13 <= step < 25 for step in steps), steps  # the part that printed step 13 stopped in the clamp
+    resumed = ensemble(stopped, *options)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    for k in range(3):
-        assert json.loads((tmp_path / str(k) / "status.json").read_text())["status"] == "finished"
-        with open(tmp_path / str(k) / "csv" / "metrics.csv", newline="") as file:
-            steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
-        assert steps == list(range(40))  # every step once, across the two launches
+    for k in range(4):
+        assert f"members at step {steps[k]}, in place" in (stopped / str(k) / "train.log").read_text()
+        assert csv_rows(stopped / str(k)) == csv_rows(straight / str(k))  # every step once, equal
+        record = json.loads((stopped / str(k) / "intervention.json").read_text())
+        assert record == json.loads((straight / str(k) / "intervention.json").read_text())
+        assert json.loads((stopped / str(k) / "status.json").read_text())["status"] == "finished"

@@ -1,4 +1,5 @@
-"""A real SLURM job, warned before its time limit (SIGUSR1), requeues itself and finishes its run in place.
+"""Real SLURM jobs, warned before their time limit (SIGUSR1), requeue themselves and finish their runs in place
+(a single run and an ensemble, side by side on the cluster's two CPUs).
 
 Needs a SLURM cluster (``sinfo`` answers): CI starts a single-node one (``.ci/start-local-slurm``) and
 sets ``REQUIRE_SLURM=1``, so there the test fails rather than skips; elsewhere it is skipped with the reason.
@@ -24,20 +25,17 @@ a loaded machine delivers it: a signal after training ends meets Lightning's own
 requeues the finished job without our checkpoint (a CI run once lost the race at 120 steps)."""
 
 
-def warned_and_requeued(tmp_path, train_args: str) -> tuple[str, str]:
-    """Submit ``python train.py TRAIN_ARGS`` as a requeueable SLURM job, warn it (SIGUSR1) at step 15,
-    let SLURM requeue it and wait for the requeued job to end. Returns (job id, what it printed)."""
-    if not slurm_is_up():
-        if os.environ.get("REQUIRE_SLURM"):
-            pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
-        pytest.skip('no SLURM cluster here: eval "$(.ci/start-local-slurm)" starts one (root, Debian)')
-    log = tmp_path / "job.out"
-    script = tmp_path / "job.sh"
+def submitted(directory, train_args: str) -> tuple[str, object]:
+    """Submit ``python train.py TRAIN_ARGS`` as a requeueable SLURM job running in ``directory``.
+    Returns (job id, its log file)."""
+    directory.mkdir()
+    log = directory / "job.out"
+    script = directory / "job.sh"
     script.write_text(f"""#!/bin/bash
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output={log}
-#SBATCH --chdir={tmp_path}
+#SBATCH --chdir={directory}
 export WANDB_MODE=offline WANDB_SILENT=true PYTHONUNBUFFERED=1
 exec {sys.executable} {REPO / "train.py"} {train_args} trainer.max_steps={STEPS} tracker.enabled=false logger=csv \\
     trainer.log_every_n_steps=1 trainer.progress_every_n_steps=1 trainer.checkpoint_every_n_steps=1000
@@ -45,25 +43,52 @@ exec {sys.executable} {REPO / "train.py"} {train_args} trainer.max_steps={STEPS}
     job = subprocess.run(
         ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=dict(os.environ)
     ).stdout.strip()
+    return job, log
+
+
+@pytest.fixture(scope="module")
+def warned_and_requeued(tmp_path_factory) -> dict[str, object]:
+    """A single run and a two-member ensemble, submitted together as requeueable SLURM jobs (one CPU
+    each: the cluster's two run them side by side), each warned (SIGUSR1) at step 15; SLURM requeues
+    them and the requeued jobs run to the end. Returns each one's directory, by name."""
+    if not slurm_is_up():
+        if os.environ.get("REQUIRE_SLURM"):
+            pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
+        pytest.skip('no SLURM cluster here: eval "$(.ci/start-local-slurm)" starts one (root, Debian)')
+    root = tmp_path_factory.mktemp("slurm")
+    jobs = {
+        name: submitted(root / name, args)
+        for name, args in (("single", ""), ("ensemble", "-m hydra/launcher=ensemble seed=0,1"))
+    }
+    states = {}
     try:
-        wait_for(lambda: log.is_file() and "step 15/" in log.read_text(), 180, "the job to reach step 15")
-        subprocess.run(
-            ["scancel", "-b", "--signal=USR1", job], check=True
-        )  # what --signal=USR1@T sends before the time limit
-        wait_for(lambda: job_field(job, "Restarts") == "1", 120, "SLURM to requeue the job")
-        start_requeued_job_now(job)
-        state = wait_for(
-            lambda: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"),
-            300,
-            "the requeued job to finish",
-        )
+        for name, (job, log) in jobs.items():
+            wait_for(
+                lambda log=log: log.is_file() and "step 15/" in log.read_text(), 180, f"the {name} job to reach step 15"
+            )
+            subprocess.run(
+                ["scancel", "-b", "--signal=USR1", job], check=True
+            )  # what --signal=USR1@T sends before the time limit
+        for name, (job, _) in jobs.items():
+            wait_for(lambda job=job: job_field(job, "Restarts") == "1", 120, f"SLURM to requeue the {name} job")
+            start_requeued_job_now(job)
+        for name, (job, _) in jobs.items():
+            states[name] = wait_for(
+                lambda job=job: job_field(job, "JobState") in FINISHED and job_field(job, "JobState"),
+                300,
+                f"the requeued {name} job to finish",
+            )
     finally:
-        subprocess.run(["scancel", job], capture_output=True)
-    printed = log.read_text()
-    assert state == "COMPLETED", f"the requeued job ended {state} ({job_field(job, 'Reason')}):\n{printed[-3000:]}"
-    assert job_field(job, "Restarts") == "1", printed[-3000:]
-    assert "stopped by SIGUSR1 at step" in printed and f"SLURM job {job} requeued" in printed
-    return job, printed
+        for job, _ in jobs.values():
+            subprocess.run(["scancel", job], capture_output=True)
+    for name, (job, log) in jobs.items():
+        printed = log.read_text()
+        assert states[name] == "COMPLETED", (
+            f"the requeued {name} job ended {states[name]} ({job_field(job, 'Reason')}):\n{printed[-3000:]}"
+        )
+        assert job_field(job, "Restarts") == "1", printed[-3000:]
+        assert "stopped by SIGUSR1 at step" in printed and f"SLURM job {job} requeued" in printed
+    return {name: log.parent for name, (_, log) in jobs.items()}
 
 
 def train_loss_steps(run_dir) -> list[int]:
@@ -71,18 +96,19 @@ def train_loss_steps(run_dir) -> list[int]:
         return [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
 
 
-def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(tmp_path):
-    warned_and_requeued(tmp_path, "")
-    printed = (tmp_path / "job.out").read_text()
-    (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/checkpoints")]  # one run directory, continued
+def test_a_warned_slurm_job_requeues_and_resumes_its_run_in_place(warned_and_requeued):
+    directory = warned_and_requeued["single"]
+    printed = (directory / "job.out").read_text()
+    (run_dir,) = [p.parent for p in directory.glob("outputs/*/*/checkpoints")]  # one run directory, continued
     assert f"resuming {run_dir}" in printed
     assert train_loss_steps(run_dir) == list(range(STEPS))  # every step once, across the two attempts
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS
 
 
-def test_a_warned_slurm_ensemble_requeues_and_resumes_every_member_in_its_sweep_directory(tmp_path):
-    _, printed = warned_and_requeued(tmp_path, "-m hydra/launcher=ensemble seed=0,1")
-    (sweep_dir,) = tmp_path.glob("multirun/*/*")  # one sweep directory, continued
+def test_a_warned_slurm_ensemble_requeues_and_resumes_every_member_in_its_sweep_directory(warned_and_requeued):
+    directory = warned_and_requeued["ensemble"]
+    printed = (directory / "job.out").read_text()
+    (sweep_dir,) = directory.glob("multirun/*/*")  # one sweep directory, continued
     assert f"resuming the ensemble in {sweep_dir}" in printed and "resuming 2 members at step" in printed
     for member in ("0", "1"):
         assert train_loss_steps(sweep_dir / member) == list(range(STEPS))
