@@ -35,14 +35,15 @@ browser: $(EXTRAS_STAMP)
 train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
 
-# two workers, each test file on one (its module fixtures trained once): the suite's wall time on 2 cores
+# two workers, each test file on one (its module fixtures trained once), the files with the most slow
+# tests first (tests/conftest.py): the suite's wall time on 2 cores
 TEST_WORKERS ?= 2
 
 test: lint browser
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-fast: lint browser
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" $(ARGS)
 
 lint: $(EXTRAS_STAMP)
 	$(BIN)/ruff check .

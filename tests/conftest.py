@@ -26,6 +26,19 @@ os.environ.setdefault(
 )
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """The test files with the most slow tests (those that train, most through a subprocess) first, each
+    file's tests in their own order: pytest-xdist hands a worker one file at a time in this order
+    (``make test``: ``--dist loadfile --no-loadscope-reorder``), so the long files start early and the two
+    workers end together, rather than a worker starting a long file as the other runs out of work."""
+    slow, count = {}, {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        count[path] = count.get(path, 0) + 1
+        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: (-slow[p := item.nodeid.split("::", 1)[0]], -count[p]))  # stable: each file in order
+
+
 @dataclass(frozen=True)
 class FinishedRun:
     """A ``train.py`` run that has ended: its directory, exit code and what it printed."""

@@ -20,7 +20,7 @@ from records.wandb_sections import story, tracker_key, wandb_key
 from reports.head_types import read_head_history
 from reports.run_report import read_series
 from tests.browser import opened, page_checks
-from tests.helpers import REPO, run_train
+from tests.helpers import REPO, module, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -214,25 +214,16 @@ def test_summary_figure_and_csv_are_written(short_run):
 def test_figure_command_rerenders_a_finished_run(short_run):
     run_dir, _ = short_run
     (run_dir / "phase_change.png").unlink()
-    result = subprocess.run(
-        [sys.executable, "-m", "reports.run_report", str(run_dir)], cwd=REPO, capture_output=True, text=True
-    )
+    result = module("reports.run_report", run_dir)  # as `python -m`, in this process
     assert result.returncode == 0, result.stderr
     assert (run_dir / "phase_change.png").is_file()
-    missing = subprocess.run(
-        [sys.executable, "-m", "reports.run_report", str(run_dir / "nope")], cwd=REPO, capture_output=True, text=True
-    )
+    missing = module("reports.run_report", run_dir / "nope")
     assert missing.returncode == 2 and "no CSV log" in missing.stderr
 
 
 def test_pair_curves_command_draws_every_pairs_raw_composition(short_run, tmp_path):
     run_dir, _ = short_run
-    result = subprocess.run(
-        [sys.executable, "-m", "reports.pair_curves", str(run_dir), "--out", str(tmp_path / "pairs.png")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    result = module("reports.pair_curves", run_dir, "--out", tmp_path / "pairs.png")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "pairs.png").is_file() and "L0H1->L1H0" in result.stdout
     from reports.pair_curves import pair_series

@@ -175,34 +175,20 @@ def test_bad_requests_are_one_line_before_any_work(trained, args, message):
     assert len(result.stderr.strip().splitlines()) == 1 and not (trained / "analysis" / "bad").exists()
 
 
-def test_without_the_llc_extra_asking_for_the_llc_is_one_line_naming_it(trained):
+def test_without_the_llc_extra_asking_for_the_llc_is_one_line_naming_it(trained, monkeypatch, capsys):
     """devinterp made unimportable (None in sys.modules), as on an install without the extra."""
-    blocked = (
-        "import sys; sys.modules['devinterp'] = None; from analysis.protocol import main;"
-        " from analysis.stages import Stages; sys.exit(main(Stages, sys.argv[1:]))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", blocked, str(trained), "--name", "noextra"],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 2
-    assert result.stderr.strip() == (
+    from analysis.protocol import main
+    from analysis.stages import Stages
+
+    monkeypatch.setitem(sys.modules, "devinterp", None)
+    assert main(Stages, [str(trained), "--name", "noextra"]) == 2
+    assert capsys.readouterr().err.strip() == (
         "error: the local learning coefficient needs devinterp, the 'llc' extra: pip install -e '.[llc]'"
     )
     assert not (trained / "analysis" / "noextra").exists()
-    essential_only = subprocess.run(
-        [sys.executable, "-c", blocked, str(trained), "--name", "noextra", "stages.llc_enabled=false"],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert essential_only.returncode == 0, essential_only.stderr[-2000:]
+    assert main(Stages, [str(trained), "--name", "noextra", "stages.llc_enabled=false"]) == 0
     assert (
-        "LLC" not in essential_only.stdout.splitlines()[0]
+        "LLC" not in capsys.readouterr().out.splitlines()[0]
         and (trained / "analysis" / "noextra" / "essential_dynamics.png").is_file()
     )
 

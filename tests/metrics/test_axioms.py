@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ from data.probe import make_probe_batch
 from metrics.composition.axioms import PATH_POINTS, axiom_table, constructed_scores
 from metrics.composition.measures import WEIGHT_MEASURES
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import REPO, random_model
+from tests.helpers import module, random_model
 
 S_A = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)  # the constructed writer's singular values
 S_B = torch.tensor([5.0, 0.5, 0.1], dtype=torch.float64)  # the reader's, same order
@@ -175,13 +173,7 @@ def test_the_logit_check_catches_a_map_that_is_no_symmetry():
 
 @pytest.mark.slow
 def test_axioms_command_prints_the_table():
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.axiom_table", "--steps", "20"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = module("bench.axiom_table", "--steps", "20")  # as `python -m`, in this process
     assert result.returncode == 0, result.stderr
     rows = {
         line.split("|")[1].strip(): line
@@ -195,7 +187,5 @@ def test_axioms_command_prints_the_table():
         rows["token_space"].count("invariant") == 4 and "**changes**" in rows["token_space"].split("|")[10]
     )  # the embedding shift
     assert "**changes**" in rows["frobenius"].split("|")[7]  # the residual GL column
-    bad = subprocess.run(
-        [sys.executable, "-m", "bench.axiom_table", "--steps", "-1"], cwd=REPO, capture_output=True, text=True
-    )
+    bad = module("bench.axiom_table", "--steps", "-1")
     assert bad.returncode == 2 and "--steps=-1" in bad.stderr

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from records import wandb_records
-from tests.helpers import REPO, digest, run_train, run_train_until, train_env
+from tests.helpers import REPO, digest, module, run_train, run_train_until, train_env
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +57,12 @@ EQUAL = [*FLOAT64, *INTERVENED, *(LLC if importlib.util.find_spec("devinterp") e
 def ensemble(sweep_dir, *overrides: str, env=SINGLE_THREAD) -> subprocess.CompletedProcess:
     command = [sys.executable, "train.py", "-m", "hydra/launcher=ensemble", f"hydra.sweep.dir={sweep_dir}", *overrides]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def in_process_ensemble(sweep_dir, *overrides: str) -> subprocess.CompletedProcess:
+    """:func:`ensemble` in this process (:func:`tests.helpers.run_train`), one thread: for what the launcher
+    does, where the process itself is not what is tested."""
+    return run_train(["-m", "hydra/launcher=ensemble", *overrides], sweep_dir, threads=1)
 
 
 def logged(run_dir, key: str) -> dict[int, float]:
@@ -139,20 +145,14 @@ def test_each_member_is_a_whole_run_with_its_own_wandb_run_in_the_sweeps_group(f
         (run_file,) = member.glob("wandb/offline-run-*/run-*.wandb")
         assert wandb_records.exit_code(run_file) == 0
         ids.add(run_file.parent.name)
-        report = subprocess.run(  # the reports read it unchanged
-            [sys.executable, "-m", "reports.run_report", str(member)],
-            cwd=REPO,
-            env=train_env(),
-            capture_output=True,
-            text=True,
-        )
+        report = module("reports.run_report", member)  # the reports read it unchanged
         assert report.returncode == 0 and "final/loss/repeated" in report.stdout, report.stderr[-2000:]
     assert len(ids) == 2
     assert (sweep / "sweep_jobs.csv").is_file() and (sweep / "explorer.html").is_file()
 
 
 def test_a_diverged_member_is_stopped_and_marked_failed_while_the_others_finish(tmp_path):
-    result = ensemble(
+    result = in_process_ensemble(
         tmp_path,
         "optim.lr=1e-3,1e30",
         "trainer.max_steps=20",
@@ -167,7 +167,7 @@ def test_a_diverged_member_is_stopped_and_marked_failed_while_the_others_finish(
 
 
 def test_jobs_of_different_shapes_train_as_one_ensemble_per_shape_said_in_one_line(tmp_path):
-    result = ensemble(
+    result = in_process_ensemble(
         tmp_path,
         "model.d_model=32,64",
         "seed=0,1",

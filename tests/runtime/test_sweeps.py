@@ -1,5 +1,7 @@
 """Sweeps with the real train.py and Hydra's launchers: failures stay in their job, every job is one
-W&B run in the sweep's group, the sweep is reported as one result, and a re-run finishes it.
+W&B run in the sweep's group, the sweep is reported as one result, and a re-run finishes it. A sweep
+is launched in this process (:func:`tests.helpers.run_train`; its launcher still starts the jobs'
+processes) unless the sweep's own process is under test: a signal, a SLURM job, a W&B agent's command.
 
 The launchers come from the ``sweeps`` extra (``pip install -e '.[sweeps]'``); the SLURM launcher
 also needs a cluster (CI starts one; see tests/runtime/test_slurm.py).
@@ -42,18 +44,6 @@ QUICK = [
 ]
 
 
-def sweep(args: list[str], sweep_dir, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        str(REPO / "train.py"),
-        "-m",
-        f"hydra.sweep.dir={sweep_dir}",
-        "trainer.enable_progress_bar=false",
-        *args,
-    ]
-    return subprocess.run(command, cwd=REPO, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
-
-
 def job_table(sweep_dir) -> list[dict]:
     with open(sweep_dir / "sweep_jobs.csv", newline="") as file:
         return list(csv.DictReader(file))
@@ -67,7 +57,7 @@ def loss_steps(run_dir) -> list[int]:
 def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
     """One job diverges (W&B: failed), two have a bad value (no W&B run at all), one finishes; the
     sweep exits non-zero and its report marks the three failures."""
-    result = sweep([*QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1"], tmp_path)
+    result = run_train(["-m", *QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1"], tmp_path)
     assert result.returncode != 0, result.stderr[-3000:]
     rows = {(float(row["optim.lr"]), int(row["model.n_heads"])): row for row in job_table(tmp_path)}
     assert rows[(3e-3, 2)]["status"] == "finished"
@@ -101,7 +91,7 @@ def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
 
 def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
-    result = sweep([*QUICK, "hydra/launcher=joblib", "seed=0,1"], tmp_path)
+    result = run_train(["-m", *QUICK, "hydra/launcher=joblib", "seed=0,1"], tmp_path)  # its jobs: joblib's processes
     assert result.returncode == 0, result.stderr[-3000:]
     assert "is launching 2 jobs" in result.stdout + result.stderr
     for job, seed in (("0", 0), ("1", 1)):
@@ -128,7 +118,7 @@ def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(t
 
 def test_submitit_local_runs_a_two_job_sweep(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    result = sweep([*QUICK, "hydra/launcher=submitit_local", "seed=0,1", "logger=csv"], tmp_path)
+    result = run_train(["-m", *QUICK, "hydra/launcher=submitit_local", "seed=0,1", "logger=csv"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [row["status"] for row in job_table(tmp_path)] == ["finished", "finished"]
     assert list(tmp_path.glob(".submitit/*/*_result.pkl"))  # submitit ran them
@@ -220,7 +210,7 @@ def test_an_interrupted_sweep_rerun_finishes_as_if_uninterrupted(tmp_path):
     assert status["status"] == "preempted", (status, "".join(printed)[-3000:])
     assert not (interrupted / "1").exists()  # the sweep stopped: job 1 never started
 
-    rerun = sweep(args, interrupted, env=env)
+    rerun = run_train(["-m", *args], interrupted, threads=1)  # the same command again, in process
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "resuming" in (interrupted / "0" / "train.log").read_text()
     for job in ("0", "1"):
@@ -293,8 +283,9 @@ def test_each_wandb_sweep_spec_runs_train_py_as_an_agent_would(spec_file, tmp_pa
 
 def test_optuna_searches_with_the_objective_each_job_returns(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    result = sweep(
+    result = run_train(
         [
+            "-m",
             "experiment=smallest_cliff",
             "hydra.sweeper.n_trials=3",
             "trainer.max_steps=30",
