@@ -132,10 +132,11 @@ class EnsembleLauncher(Launcher):
         for num in finished:
             job = jobs[num]
             returns[num].return_value = objective_value(job.cfg, job.run_dir) if job.cfg.objective else 0
-        parts = [  # each group split into up to n_jobs ensembles of consecutive jobs
+        per_group = max(1, self.n_jobs // len(found))  # the n_jobs processes shared among the groups
+        parts = [  # each group split into up to that many ensembles of consecutive jobs
             Part([jobs[num] for num in chunk], secrets.token_hex(4))
             for group in found
-            for chunk in split(group.jobs, self.n_jobs)
+            for chunk in split(group.jobs, per_group)
         ]
         if self.n_jobs > 1:
             print(

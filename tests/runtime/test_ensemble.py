@@ -242,8 +242,10 @@ def test_a_stop_signal_reaches_both_processes_checkpoints_each_ensemble_at_one_s
     assert any(13 <= step < 25 for step in steps), steps  # the part that printed step 13 stopped in the clamp
     resumed = ensemble(stopped, *options)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # as launched, whether the parts stopped at one step or two (two groups then share the two processes)
+    assert "ensemble: 2 ensembles of 2, 2 members, 2 at a time" in resumed.stdout, resumed.stdout[-3000:]
     for k in range(4):
-        assert f"members at step {steps[k]}, in place" in (stopped / str(k) / "train.log").read_text()
+        assert f"2 members at step {steps[k]}, in place" in (stopped / str(k) / "train.log").read_text()
         assert csv_rows(stopped / str(k)) == csv_rows(straight / str(k))  # every step once, equal
         record = json.loads((stopped / str(k) / "intervention.json").read_text())
         assert record == json.loads((straight / str(k) / "intervention.json").read_text())
