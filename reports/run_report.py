@@ -284,11 +284,13 @@ def render(run_dir: Path, window: int) -> RunReport:
         strategies_path = run_dir / STRATEGIES_FIGURE
         save_figure(fig, strategies_path)
     summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
-    heads_path = None
+    heads_path = heads = None
     if (history := read_head_history(store_dir, reader_behaviour(config_value(run_dir, "data.name")))) is not None:
         summary.update(head_summary(history))
         heads_path = run_dir / HEADS_FIGURE
-        save_figure(heads_figure(history, f"what every head becomes: {run_label(run_dir)}"), heads_path)
+        heads = DrawnAside(  # its many small panels: drawn beside the rest too
+            lambda: save_figure(heads_figure(history, f"what every head becomes: {run_label(run_dir)}"), heads_path)
+        )
     rows = validity.validity_rows(series, change)
     validity_path = None
     if rows:
@@ -320,8 +322,9 @@ def render(run_dir: Path, window: int) -> RunReport:
             else "the model has no earlier->later head pairs (one layer)"
         )
     charts = comparison_charts(series, change)
-    if composition is not None:
-        composition.wait()
+    for aside in (composition, heads):
+        if aside is not None:
+            aside.wait()
     return RunReport(
         figure_path,
         summary,
