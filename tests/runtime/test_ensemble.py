@@ -222,7 +222,8 @@ def test_a_stop_signal_reaches_both_processes_checkpoints_each_ensemble_at_one_s
     """Four seeds as two ensembles of two, each in a process of its own (``n_jobs=2``), SIGTERM once one
     prints step 13: inside a clamp's window, before a freeze's. Every part stops at the end of its own step
     (one still starting: after its first), all of an ensemble's members at one step; the same command
-    resumes them, and every member's CSV and intervention record equal the uninterrupted launch's."""
+    resumes them, and every member's CSV and intervention record equal those of one uninterrupted ensemble
+    of the four, trained in this process (one thread: a member's numbers do not depend on its batch)."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     options = ["hydra.launcher.n_jobs=2", "trainer.num_threads=1", "seed=0,1,2,3", *SHORT, *INTERVENED]
     reference = ["hydra/launcher=ensemble", "seed=0,1,2,3", *SHORT, *INTERVENED]  # one ensemble of four, in process
