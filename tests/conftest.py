@@ -31,12 +31,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     file's tests in their own order: pytest-xdist hands a worker one file at a time in this order
     (``make test``: ``--dist loadfile --no-loadscope-reorder``), so the long files start early and the two
     workers end together, rather than a worker starting a long file as the other runs out of work."""
+    file_of = lambda item: item.nodeid.split("::", 1)[0]
     slow, count = {}, {}
     for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        count[path] = count.get(path, 0) + 1
-        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: (-slow[p := item.nodeid.split("::", 1)[0]], -count[p]))  # stable: each file in order
+        count[file_of(item)] = count.get(file_of(item), 0) + 1
+        slow[file_of(item)] = slow.get(file_of(item), 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: (-slow[file_of(item)], -count[file_of(item)]))  # stable: each file's order kept
 
 
 @dataclass(frozen=True)
