@@ -14,7 +14,8 @@ come from the config and the overrides. Steps default to the first, the one near
 change's midpoint, and the last. Writes ``RUN_DIR/analysis/llc_calibration/`` through
 :mod:`analysis.protocol`: ``calibration.csv`` (every setting at every step, and its verdict),
 ``traces.png`` (rows ε, columns γ; each chosen step a colour, each chain a line), ``steps.csv``, a
-W&B run and ``analysis.json``; exit 1 when no setting passes. The devinterp guidance it follows:
+W&B run and ``analysis.json``; exit 1 when no setting passes, naming the steps where none does and
+the pick without them (at initialisation λ̂ < 0 on some models: no setting settles there). The devinterp guidance it follows:
 Lau et al. 2023 and devinterp's calibration notebooks (the trace should rise and flatten, not
 climb or blow up).
 """
@@ -63,6 +64,12 @@ def pick(rows: list[dict]) -> dict | None:
         if all(r["passes"] for r in at):
             return {"lr": lr, "localization": localization}
     return None
+
+
+def steps_none_pass(rows: list[dict]) -> list[int]:
+    """The steps at which no setting passes (e.g. the initialisation, where λ̂ < 0: no minimum yet)."""
+    steps = sorted({r["step"] for r in rows})
+    return [step for step in steps if not any(r["passes"] for r in rows if r["step"] == step)]
 
 
 class CalibrateLLC(Analysis):
@@ -215,8 +222,20 @@ class CalibrateLLC(Analysis):
     def report(self, conclusion: Conclusion) -> None:
         chosen, m = conclusion.result["pick"], self.cfg.model
         if chosen is None:
+            table = conclusion.tables[CALIBRATION_TABLE]
+            failing = steps_none_pass(table)
+            rest = [r for r in table if r["step"] not in failing]
+            without = pick(rest) if rest else None
+            where = f" (none at step {', '.join(map(str, failing))})" if failing else ""
+            otherwise = (
+                f"; without that step ε {without['lr']:g}, γ {without['localization']:g} would be the pick"
+                f" (--steps {','.join(str(s) for s in sorted({r['step'] for r in rest}))})"
+                if without
+                else ""
+            )
             print(
-                f"{self.kind}: no setting passes at every step: raise stages.llc.draws, or try other --lr / --localization"
+                f"{self.kind}: no setting passes at every step{where}{otherwise}: raise stages.llc.draws, or try other"
+                " --lr / --localization"
             )
             return
         print(

@@ -127,7 +127,7 @@ def test_an_interrupted_analysis_continues_where_it_stopped(trained):
 
 
 def test_the_calibration_picks_the_smallest_localization_then_step_that_passes_everywhere():
-    from analysis.calibrate_llc import pick
+    from analysis.calibrate_llc import pick, steps_none_pass
 
     row = lambda lr, gamma, step, passes: {"lr": lr, "localization": gamma, "step": step, "passes": passes}
     rows = [
@@ -138,6 +138,10 @@ def test_the_calibration_picks_the_smallest_localization_then_step_that_passes_e
     ]
     assert pick(rows) == {"lr": 1e-3, "localization": 100.0}
     assert pick([r for r in rows if r["localization"] == 10.0]) is None
+    # the initialisation, where nothing settles (λ̂ < 0), is named: the pick without it is the user's call
+    unsettled_start = [{**r, "passes": r["passes"] and r["step"] != 0} for r in rows]
+    assert pick(unsettled_start) is None and steps_none_pass(unsettled_start) == [0]
+    assert steps_none_pass(rows) == [] and steps_none_pass([r for r in rows if r["localization"] == 10.0]) == [60]
 
 
 def test_calibration_sweeps_step_size_and_localization_and_picks_one(trained):
