@@ -15,9 +15,9 @@ change's midpoint, and the last. Writes ``RUN_DIR/analysis/llc_calibration/`` th
 :mod:`analysis.protocol`: ``calibration.csv`` (every setting at every step, and its verdict),
 ``traces.png`` (rows ε, columns γ; each chosen step a colour, each chain a line), ``steps.csv``, a
 W&B run and ``analysis.json``; exit 1 when no setting passes, naming the steps where none does and
-the pick without them (at initialisation λ̂ < 0 on some models: no setting settles there). The devinterp guidance it follows:
-Lau et al. 2023 and devinterp's calibration notebooks (the trace should rise and flatten, not
-climb or blow up).
+the pick without them (at initialisation λ̂ < 0 on some models: no setting settles there). The
+devinterp guidance it follows: Lau et al. 2023 and devinterp's calibration notebooks (the trace
+should rise and flatten, not climb or blow up).
 """
 
 from __future__ import annotations
