@@ -11,6 +11,7 @@ import csv
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ a loaded machine delivers it: a signal after training ends meets Lightning's own
 requeues the finished job without our checkpoint (a CI run once lost the race at 120 steps)."""
 
 
-def submitted(directory, train_args: str) -> tuple[str, object]:
+def submitted(directory: Path, train_args: str) -> tuple[str, Path]:
     """Submit ``python train.py TRAIN_ARGS`` as a requeueable SLURM job running in ``directory``.
     Returns (job id, its log file)."""
     directory.mkdir()
@@ -47,7 +48,7 @@ exec {sys.executable} {REPO / "train.py"} {train_args} trainer.max_steps={STEPS}
 
 
 @pytest.fixture(scope="module")
-def warned_and_requeued(tmp_path_factory) -> dict[str, object]:
+def warned_and_requeued(tmp_path_factory) -> dict[str, Path]:
     """A single run and a two-member ensemble, submitted together as requeueable SLURM jobs (one CPU
     each: the cluster's two run them side by side), each warned (SIGUSR1) at step 15; SLURM requeues
     them and the requeued jobs run to the end. Returns each one's directory, by name."""
