@@ -227,8 +227,9 @@ class CalibrateLLC(Analysis):
             rest = [r for r in table if r["step"] not in failing]
             without = pick(rest) if rest else None
             where = f" (none at step {', '.join(map(str, failing))})" if failing else ""
+            those = "that step" if len(failing) == 1 else "those steps"
             otherwise = (
-                f"; without that step ε {without['lr']:g}, γ {without['localization']:g} would be the pick"
+                f"; without {those} ε {without['lr']:g}, γ {without['localization']:g} would be the pick"
                 f" (--steps {','.join(str(s) for s in sorted({r['step'] for r in rest}))})"
                 if without
                 else ""
