@@ -39,8 +39,6 @@ def main(cfg: DictConfig) -> float:
 
 
 def fit(cfg: DictConfig, run_dir: Path) -> None:
-    import torch  # torch, Lightning and W&B load only once the config is known to be good
-
     from conf.wandb_run import Continuation, open_wandb_run, wandb_naming
 
     continuation = Continuation.of(cfg, run_dir)
@@ -54,12 +52,13 @@ def fit(cfg: DictConfig, run_dir: Path) -> None:
         opening = open_wandb_run(cfg, run_dir, continuation, naming)  # W&B opens its run while Lightning loads
         import lightning as L
 
-        from conf.build import build_datamodule, build_module, build_trainer, torch_threads
+        from conf.build import build_datamodule, build_module, build_trainer
+        from conf.threads import set_torch_threads, torch_threads
 
         logging.getLogger("lightning.pytorch").propagate = False  # Lightning prints itself: not twice via Hydra
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         if (threads := torch_threads(cfg, hydra_cfg.launcher if multirun else None)) is not None:
-            torch.set_num_threads(threads)
+            set_torch_threads(threads)
         trainer = build_trainer(cfg, run_dir, continuation, naming, opening)
         trainer.fit(
             build_module(cfg), datamodule=build_datamodule(cfg), ckpt_path=continuation.checkpoint, weights_only=True

@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from analysis.protocol import Analysis, Conclusion, main
 from analysis.saved_run import Request
 from conf.objects import held_out_sequences, llc_sequences, sgld_settings, stage_settings
+from conf.threads import set_torch_threads
 from conf.validate import llc_calibration_warning, stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.dynamics.stages import MIN_STEPS, Boundary, boundary_columns
@@ -114,7 +115,7 @@ class Stages(Analysis):
     def start(self, loggers: list) -> None:
         cfg, stages = self.cfg, self.stages
         if cfg.tracker.num_threads:
-            torch.set_num_threads(int(cfg.tracker.num_threads))
+            set_torch_threads(int(cfg.tracker.num_threads))
         if stages.llc_enabled and (warning := llc_calibration_warning(cfg)):
             print(warning, file=sys.stderr)
         device = self.request.torch_device

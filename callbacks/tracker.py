@@ -19,7 +19,6 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from callbacks.divergence import largest_magnitude
 from data.probe import ProbeBatch
 from metrics.composition.baseline import cache_directory, random_baselines
-from metrics.composition.engine import composition_flops
 from metrics.snapshot import Snapshot, measure
 from metrics.tracked.base import Heatmap, TrackedQuantity, with_companions
 from metrics.tracked.composition import Heatmaps
@@ -29,16 +28,6 @@ from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, snapshot_labels, snapshot_tensors
 from reports.plots import heatmap_image
 from reports.tracker_cost import WITH_ALL, TrackerCost
-
-SMALL_SNAPSHOT_FLOPS = 1e9  # below this, a snapshot is many small ops: one thread is faster than two
-
-
-def auto_threads(shape, measures) -> int:
-    """Torch threads for a snapshot when none are configured: 1 for small models, whose snapshot is
-    hundreds of tiny ops where waking a second thread costs more than it saves (measured: 6 vs 9 ms
-    at the default shape), else as many as training uses (the pair GEMMs of big models scale)."""
-    flops = composition_flops(shape.n_layers, shape.n_heads, shape.d_model, shape.d_head, measures)
-    return 1 if flops < SMALL_SNAPSHOT_FLOPS else torch.get_num_threads()
 
 
 class CompositionTracker(L.Callback):
@@ -107,9 +96,6 @@ class CompositionTracker(L.Callback):
         (:meth:`~metrics.tracked.base.TrackedQuantity.prepare`), and the tensor store, cut back to
         before ``first_step`` (a resumed run measures its first step again)."""
         composition = self.quantity("composition")
-        measures = tuple(composition.options.measures) if composition is not None else ()
-        if self.num_threads is None:
-            self.num_threads = auto_threads(model.shape, measures)
         started = time.perf_counter()
         if composition is not None:
             random_baselines(model.shape.d_model, model.shape.d_head, composition.options.baseline_samples)
@@ -147,7 +133,8 @@ class CompositionTracker(L.Callback):
         """Measure ``model`` at ``step`` on the tracker's threads (see :meth:`measure`); weights that
         cannot be measured are logged as NaN, with the reason printed."""
         threads = torch.get_num_threads()
-        if self.num_threads:
+        switch = bool(self.num_threads) and self.num_threads != threads
+        if switch:  # only then: any torch.set_num_threads call slows the training steps after it (docs/operations.md)
             torch.set_num_threads(self.num_threads)
         try:
             if not bool(largest_magnitude(model.parameters()).isfinite()):
@@ -158,7 +145,8 @@ class CompositionTracker(L.Callback):
                 except torch.linalg.LinAlgError as error:  # finite but extreme weights: no decomposition converges
                     self.log_unmeasurable(loggers, step, f"a decomposition failed ({str(error).splitlines()[0][:120]})")
         finally:
-            torch.set_num_threads(threads)
+            if switch:
+                torch.set_num_threads(threads)
 
     def close(self) -> None:
         if self.store is not None:

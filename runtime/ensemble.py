@@ -87,10 +87,10 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
         build_module,
         run_record,
         silence_known_warnings,
-        torch_threads,
         trainer_loop,
     )
     from conf.objects import from_config
+    from conf.threads import set_torch_threads, torch_threads
     from conf.wandb_run import Continuation, new_wandb_id, wandb_naming
     from data.datamodule import EnsembleDataModule
     from models.ensemble_module import EnsembleLM
@@ -100,7 +100,7 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
     silence_known_warnings()
     first = jobs[0].cfg
     if (threads := torch_threads(first, None)) is not None:
-        torch.set_num_threads(threads)  # else torch's default, or what a worker of fit_parts set
+        set_torch_threads(threads)  # else torch's default, or what a worker of fit_parts set
     started = time.perf_counter()
     members, models, datamodules, continuations = [], [], [], []
     single_run_only = (DivergenceGuard, RunRecord, ModelCheckpoint, StopOnSignal)  # done per member by the ensemble
@@ -252,7 +252,7 @@ class Part:
 
 def fit_parts(parts: list[Part], sweep_dir: Path, command: str, n_jobs: int) -> list[list[float]]:
     """Train every part, ``n_jobs`` at a time, each in a process of its own with the cores shared among
-    them (as ``conf.build.torch_threads`` shares them among joblib's jobs); 1: in this process. A stop
+    them (as ``conf.threads.torch_threads`` shares them among joblib's jobs); 1: in this process. A stop
     signal reaches every part; a preempted part stops the launch once every running part has stopped.
     Returns each part's values (:func:`fit_ensemble`)."""
     if n_jobs <= 1:
@@ -305,14 +305,14 @@ def fit_parts(parts: list[Part], sweep_dir: Path, command: str, n_jobs: int) -> 
 def fit_part(part: Part, sweep_dir: Path, command: str, threads: int, send) -> None:
     """A worker of :func:`fit_parts`: train one part on ``threads`` torch threads, and send back
     ``("values", [...])``, ``("preempted", exit_code)`` or ``("failed", why)``."""
-    import torch
+    from conf.threads import set_torch_threads
 
     with startup_signals_noted():  # first: the launcher forwards a stop signal however early it comes
         os.setpgrp()  # out of the terminal's process group: a Ctrl-C reaches it once, forwarded by the launcher
         for stream in (sys.stdout, sys.stderr):  # whole lines: the parts share the console (and a redirected log)
             stream.reconfigure(line_buffering=True)
         if part.jobs[0].cfg.trainer.num_threads is None:
-            torch.set_num_threads(threads)
+            set_torch_threads(threads)
         try:
             send.send(("values", fit_ensemble(part.jobs, sweep_dir, command, part.ensemble_id)))
         except EnsemblePreempted as stop:

@@ -30,7 +30,6 @@ from torch import Tensor
 
 from metrics.composition.circuits import HeadCircuits
 from metrics.composition.measures import COMPOSITION_KINDS, Measure, PairStats, Spectra, frobenius_score
-from metrics.parallel import over_threads
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 
@@ -45,8 +44,8 @@ def head_spectra(circuits: HeadCircuits) -> tuple[Spectra, dict[str, Spectra]]:
     # LAPACK, not the arithmetic, is what a snapshot pays
     q, t = orthonormal_factor(torch.stack([ov.left, ov.right, qk.left, qk.right]))  # W_V, W_Oᵀ, W_Q, W_K
     q_v, q_o, q_q, q_k = q
-    p, s, wh = over_threads(
-        torch.linalg.svd, torch.stack([t[0] @ t[1].mT, t[2] @ t[3].mT])
+    p, s, wh = torch.linalg.svd(
+        torch.stack([t[0] @ t[1].mT, t[2] @ t[3].mT])
     )  # cores of W_OV = W_V W_O, W_QK = W_Q W_Kᵀ
     (p_ov, p_qk), (s_ov, s_qk), (wh_ov, wh_qk) = p, s.square(), wh
     writer = Spectra(q_o @ wh_ov.mT, s_ov)

@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 from metrics.composition.circuits import HeadCircuits, centre_writing, fold_norm
-from metrics.parallel import over_threads
 from models.transformer import AttentionOnlyTransformer
 
 MATCHING = "match"
@@ -23,7 +22,7 @@ def eigenvalue_positivity(matrices: Tensor) -> Tensor:
     """``Σ Re λ / Σ |λ|`` of each ``[..., r, r]`` matrix -> ``[...]``, on the CPU: the matrices are
     ``d_head``-sized, and a general eigendecomposition is not implemented on MPS and runs serially,
     with a host sync, on CUDA."""
-    eigenvalues = over_threads(torch.linalg.eigvals, matrices.to("cpu"))
+    eigenvalues = torch.linalg.eigvals(matrices.to("cpu"))
     return eigenvalues.real.sum(-1) / eigenvalues.abs().sum(-1)
 
 
