@@ -1,7 +1,13 @@
-"""W&B's sections: every tracker key lands in one, the story fits a page, and the prefix undoes."""
+"""W&B's sections: every tracker key lands in one, the story fits a page, and the prefix undoes; W&B's
+DataFrame check imports no pandas."""
 
 from __future__ import annotations
 
+import sys
+
+import numpy as np
+
+from records.wandb_log import answer_dataframe_checks_by_type_name
 from records.wandb_sections import SECTION_NAMES, section_of, story, summary_of, tracker_key, wandb_key
 from tests.helpers import fake_snapshot, snapshot_keys
 
@@ -39,3 +45,14 @@ def test_summaries_keep_the_best_value_in_the_right_direction():
     assert summary_of("circuit/K/frobenius_minus_baseline_rank") == "min,last"
     assert summary_of("heads/induction/top") == summary_of("circuit/ablation/loss_change") == "max,last"
     assert summary_of("comp/K/frobenius/L0H1->L1H0") is None
+
+
+def test_wandb_tells_a_dataframe_without_importing_pandas(monkeypatch):
+    import wandb.util
+
+    monkeypatch.setattr(wandb.util, "pd_available", True)  # as where pandas is installed
+    monkeypatch.setitem(sys.modules, "pandas", None)  # importing it now raises
+    answer_dataframe_checks_by_type_name()
+    assert not wandb.util.is_pandas_data_frame(np.zeros(2))
+    frame_type = type("DataFrame", (), {"__module__": "pandas.core.frame"})
+    assert wandb.util.is_pandas_data_frame(frame_type())
