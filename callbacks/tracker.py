@@ -10,6 +10,9 @@ one snapshot costs, part by part, and the overhead that implies; at the end, how
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import lightning as L
@@ -19,6 +22,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from callbacks.divergence import largest_magnitude
 from data.probe import ProbeBatch
 from metrics.composition.baseline import cache_directory, random_baselines
+from metrics.composition.engine import composition_flops
 from metrics.snapshot import Snapshot, measure
 from metrics.tracked.base import Heatmap, TrackedQuantity, with_companions
 from metrics.tracked.composition import Heatmaps
@@ -28,6 +32,40 @@ from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, snapshot_labels, snapshot_tensors
 from reports.plots import heatmap_image
 from reports.tracker_cost import WITH_ALL, TrackerCost
+
+SMALL_SNAPSHOT_FLOPS = 1e9  # below this, a snapshot is many small ops: one thread is faster than two
+
+
+def auto_threads(shape, measures) -> int:
+    """Torch threads for a snapshot when none are configured: 1 for small models, whose snapshot is
+    hundreds of tiny ops where waking a second thread costs more than it saves (measured: 5.9 vs 11.8 ms
+    at the default shape), else as many as training uses (the pair GEMMs of big models scale)."""
+    flops = composition_flops(shape.n_layers, shape.n_heads, shape.d_model, shape.d_head, measures)
+    return 1 if flops < SMALL_SNAPSHOT_FLOPS else torch.get_num_threads()
+
+
+@contextmanager
+def openmp_threads(count: int) -> Iterator[None]:
+    """Torch's OpenMP threads at ``count`` in this thread while inside, set by OpenMP's own
+    ``omp_set_num_threads`` (through threadpoolctl) and given back after. Not ``torch.set_num_threads``:
+    that also switches MKL's dynamic threading off for the rest of the process, and every training step
+    after it is 6-8 % slower at 4 x 8 x 256 x 32 and 11 % at the default shape (docs/operations.md,
+    "Threads"); OpenMP's setting alone leaves MKL as it was. Without a threads switch to make (the
+    count already in force, or no OpenMP runtime found), nothing is set."""
+    if count == torch.get_num_threads():
+        yield
+        return
+    with thread_pools().limit(limits=count, user_api="openmp"):
+        yield
+
+
+@cache
+def thread_pools():
+    """threadpoolctl's controller of the thread pools loaded (torch's OpenMP among them): found once,
+    0.6 ms, against the few ms a small model's snapshot takes."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 class CompositionTracker(L.Callback):
@@ -96,6 +134,9 @@ class CompositionTracker(L.Callback):
         (:meth:`~metrics.tracked.base.TrackedQuantity.prepare`), and the tensor store, cut back to
         before ``first_step`` (a resumed run measures its first step again)."""
         composition = self.quantity("composition")
+        measures = tuple(composition.options.measures) if composition is not None else ()
+        if self.num_threads is None:
+            self.num_threads = auto_threads(model.shape, measures)
         started = time.perf_counter()
         if composition is not None:
             random_baselines(model.shape.d_model, model.shape.d_head, composition.options.baseline_samples)
@@ -132,11 +173,7 @@ class CompositionTracker(L.Callback):
     def snapshot(self, loggers: list[Logger], model, step: int, last: bool) -> None:
         """Measure ``model`` at ``step`` on the tracker's threads (see :meth:`measure`); weights that
         cannot be measured are logged as NaN, with the reason printed."""
-        threads = torch.get_num_threads()
-        switch = bool(self.num_threads) and self.num_threads != threads
-        if switch:  # only then: any torch.set_num_threads call slows the training steps after it (docs/operations.md)
-            torch.set_num_threads(self.num_threads)
-        try:
+        with openmp_threads(self.num_threads):
             if not bool(largest_magnitude(model.parameters()).isfinite()):
                 self.log_unmeasurable(loggers, step, "the weights are not finite")
             else:
@@ -144,9 +181,6 @@ class CompositionTracker(L.Callback):
                     self.measure(loggers, model, step, last)
                 except torch.linalg.LinAlgError as error:  # finite but extreme weights: no decomposition converges
                     self.log_unmeasurable(loggers, step, f"a decomposition failed ({str(error).splitlines()[0][:120]})")
-        finally:
-            if switch:
-                torch.set_num_threads(threads)
 
     def close(self) -> None:
         if self.store is not None:
