@@ -58,7 +58,8 @@ class SectionedWandbLogger(WandbLogger):
         for key, value in metrics.items():
             new = wandb_key(key) if isinstance(value, (int, float)) else key
             if new != key and new not in self._defined:
-                self.experiment.define_metric(new, step_metric=STEP_KEY, summary=summary_of(key))
+                if (summary := summary_of(key)) is not None:  # the rest take the run's "*" step axis (experiment)
+                    self.experiment.define_metric(new, step_metric=STEP_KEY, summary=summary)
                 self._defined.add(new)
             renamed[new] = value
         super().log_metrics(renamed, step)
