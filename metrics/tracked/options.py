@@ -24,9 +24,7 @@ class TrackerOptions:
     max_head_keys: int = 32  # per-head keys while the model has at most this many heads; the best head beyond
     store: bool = True  # every snapshot's full per-head and per-pair tensors to RUN_DIR/tensors
     precision: str = "model"  # model: the model's dtype, at least float32; float64: exact (not on MPS)
-    num_threads: int | None = (
-        None  # torch threads while measuring; None: as training (switching costs: docs/operations.md)
-    )
+    num_threads: int | None = None  # torch threads while measuring; None: 1 for small models, else as training
     chunk_mb: int = DEFAULT_CHUNK_BYTES // 2**20  # memory bound of one all-pairs product block
     cost_report: bool = True  # print what a snapshot costs and the expected overhead, once, early
     probe_batch_size: int = 16
@@ -52,5 +50,5 @@ class TrackerOptions:
         if self.precision not in PRECISIONS:
             problems.append(f"tracker.precision={self.precision!r} must be one of {PRECISIONS}")
         if self.num_threads is not None and self.num_threads < 1:
-            problems.append(f"tracker.num_threads={self.num_threads} must be >= 1 (or null: as training)")
+            problems.append(f"tracker.num_threads={self.num_threads} must be >= 1 (or null: automatic)")
         return problems
