@@ -57,6 +57,33 @@ def test_tracker_does_not_perturb_training(tmp_path):
     assert module_b.model.training  # the inner model's mode restored
 
 
+def test_small_snapshots_run_on_one_thread_without_torchs_thread_setting(tmp_path, monkeypatch):
+    """The tracker switches a small model's snapshots to one thread by OpenMP alone:
+    ``torch.set_num_threads`` would turn MKL's dynamic threading off and slow every later training
+    step (docs/operations.md, "Threads")."""
+    import callbacks.tracker
+
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)  # a worker of the suite may run on one: the switch needs two to show
+    try:
+        calls, seen = [], []
+        monkeypatch.setattr(torch, "set_num_threads", calls.append)
+        measure = callbacks.tracker.measure
+
+        def recorded(*args, **kwargs):
+            seen.append(torch.get_num_threads())
+            return measure(*args, **kwargs)
+
+        monkeypatch.setattr(callbacks.tracker, "measure", recorded)
+        fit(tmp_path, tracker=True, steps=10)
+        assert calls == []
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        monkeypatch.undo()
+        torch.set_num_threads(threads_before)
+
+
 def test_snapshot_leaves_rng_and_mode_alone():
     """Training here draws no random numbers after init, so the loss test alone could not see a
     snapshot that consumed RNG state; check the state and the mode directly."""
