@@ -49,8 +49,8 @@ def openmp_threads(count: int) -> Iterator[None]:
     """Torch's OpenMP threads at ``count`` in this thread while inside, set by OpenMP's own
     ``omp_set_num_threads`` (through threadpoolctl) and given back after. Not ``torch.set_num_threads``:
     that also switches MKL's dynamic threading off for the rest of the process, and every training step
-    after it is 6-8 % slower at 4 x 8 x 256 x 32 and 11 % at the default shape (docs/operations.md,
-    "Threads"); OpenMP's setting alone leaves MKL as it was. Without a threads switch to make (the
+    after it is slower (3-7 % at 4 x 8 x 256 x 32 by ``python -m bench.threads``, 11 % at the default
+    shape: docs/operations.md, "Threads"); OpenMP's setting alone leaves MKL as it was. Without a threads switch to make (the
     count already in force, or no OpenMP runtime found), nothing is set."""
     if count == torch.get_num_threads():
         yield

@@ -24,9 +24,9 @@ def torch_threads(cfg: DictConfig, launcher: DictConfig | None) -> int | None:
 
 
 def set_torch_threads(threads: int) -> None:
-    """``torch.set_num_threads(threads)`` unless torch already uses that many: with this CPU build,
-    any call, even to the count in force, slows every training step after it (5-15 %, measured:
-    docs/operations.md, "Threads")."""
+    """``torch.set_num_threads(threads)`` unless torch already uses that many: with torch's MKL, any
+    call, even to the count in force, turns MKL's dynamic threading off and slows every training step
+    after it (7 % at 4 x 8 x 256 x 32 by ``python -m bench.threads``: docs/operations.md, "Threads")."""
     import torch
 
     if threads != torch.get_num_threads():
