@@ -141,10 +141,8 @@ def mixture_weights(model: Tensor, groups: TokenGroups, log_model: Tensor | None
     from scipy.optimize import minimize  # here, not at the top: SciPy's 0.3 s only for a run that reads strategies
 
     start = np.full(S, 1.0 / S)
-    for _ in range(EM_STEPS):
-        start = start * (
-            np.einsum("ng,ngs->s", np.where(used, mass / np.maximum(profile @ start, 1e-300), 0.0), profile) / N
-        )
+    for _ in range(EM_STEPS):  # the EM update is w ⊙ (-∇): the gradient's terms are the responsibilities
+        start = start * -objective(start)[1]
         start /= start.sum()
     solved = minimize(
         objective,
