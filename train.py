@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-# Idle OpenMP threads sleep instead of spinning: with anything else on the cores (another job, a
-# sweep), spinning threads slow batched linear algebra down 100-fold (docs/operations.md, "Threads").
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from conf.threads import bounded_spinning
+
+os.environ.update(bounded_spinning(os.environ))  # before torch loads (docs/operations.md, "Threads")
 
 import gc
 import logging

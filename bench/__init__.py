@@ -1,9 +1,11 @@
 """Reproducible benchmarks, one command each (``python -m bench.NAME --help``).
 
-Importing the package first makes idle OpenMP threads sleep instead of spin, as ``train.py`` does:
-on a shared machine spinning threads slow batched linear algebra down 100-fold (docs/operations.md, "Threads").
+Importing the package first sets how torch's idle OpenMP threads wait, as ``train.py`` does
+(:func:`conf.threads.bounded_spinning`).
 """
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from conf.threads import bounded_spinning
+
+os.environ.update(bounded_spinning(os.environ))

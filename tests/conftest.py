@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from conf.threads import bounded_spinning
+
+os.environ.update(bounded_spinning(os.environ))  # as train.py, before torch loads
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py: no spinning threads on a shared machine
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
     # each pytest-xdist worker (and every train.py it starts) gets its share of the cores: with torch's
     # default of every core in each worker, small kernels wait on threads descheduled by the other worker
