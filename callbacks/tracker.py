@@ -21,8 +21,9 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 
 from callbacks.divergence import largest_magnitude
 from data.probe import ProbeBatch
-from metrics.composition.baseline import cache_directory, random_baselines
+from metrics.composition.baseline import random_baselines
 from metrics.composition.engine import composition_flops
+from metrics.disk_cache import cache_directory
 from metrics.snapshot import Snapshot, measure
 from metrics.tracked.base import Heatmap, TrackedQuantity, with_companions
 from metrics.tracked.composition import Heatmaps

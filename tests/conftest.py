@@ -23,7 +23,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
     # (the suite took 478 s with it, 426 s without, on 2 cores and 2 workers)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
-# random baselines are cached on disk: keep the tests' cache out of the user's home
+# random baselines and head-behaviour nulls are cached on disk: keep the tests' cache out of the user's home
 os.environ.setdefault(
     "INDUCTION_TRACKER_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"induction-tracker-tests-{os.getuid()}")
 )

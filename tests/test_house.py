@@ -82,7 +82,7 @@ def test_train_py_only_composes_and_fits():
 
 FILE_LIKE = re.compile(r"\.(json|csv|png|safetensors|ckpt|yaml)$")
 NOT_A_RUN_FILE = {
-    "metrics/composition/baseline.py": "the random baselines' cache in the user's cache directory, below records/",
+    "metrics/disk_cache.py": "the random baselines' and behaviour nulls' cache in the user's cache directory, below records/",
 }
 
 

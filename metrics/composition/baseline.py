@@ -19,17 +19,13 @@ cosines ``U_Aᵀ V_B`` (:mod:`metrics.composition.measures`), and for Gaussian f
 A sample costs ``O(d_head³)`` instead of ``O(d_model d_head²)``. For i.i.d. Gaussian factors Q-, K-
 and V-composition have the same law, so one baseline per measure and shape serves all three; the
 whitened measures (``token_space`` too) share Frobenius's (Gaussian weights are isotropic already).
-Results are cached in-process and on disk (:func:`cache_directory`), keyed by (d_model, d_head,
+Results are cached in-process and on disk (:mod:`metrics.disk_cache`), keyed by (d_model, d_head,
 samples, seed, sampler version), written atomically so concurrent sweep jobs can share the cache.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
-import warnings
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -39,10 +35,10 @@ import torch
 
 from metrics.composition.circuits import LowRank
 from metrics.composition.measures import WEIGHT_MEASURES, Measure, PairStats, stats_from_cosines
+from metrics.disk_cache import cache_file, read_json, write_json
 
 BASELINE_SAMPLES = 2000  # random head pairs a baseline is the mean of (tracker.baseline_samples)
 SAMPLER_VERSION = 1  # bump when the sampler changes, so stale cache files are not read
-CACHE_ENV = "INDUCTION_TRACKER_CACHE"
 
 
 @dataclass(frozen=True)
@@ -106,36 +102,16 @@ def random_low_rank(n: int, d_model: int, d_head: int, generator: torch.Generato
     return LowRank(draw(), draw())
 
 
-def cache_directory() -> Path:
-    """``$INDUCTION_TRACKER_CACHE``, else ``$XDG_CACHE_HOME/induction-composition-tracker``, else
-    ``~/.cache/induction-composition-tracker``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "induction-composition-tracker"
-
-
 def _cache_file(d_model: int, d_head: int, n_samples: int, seed: int) -> Path:
-    return cache_directory() / "baselines" / f"v{SAMPLER_VERSION}-d{d_model}-r{d_head}-n{n_samples}-seed{seed}.json"
+    return cache_file("baselines", f"v{SAMPLER_VERSION}-d{d_model}-r{d_head}-n{n_samples}-seed{seed}")
 
 
 def _read_cache(path: Path) -> dict[str, Baseline] | None:
+    stored = read_json(path)
     try:
-        stored = json.loads(path.read_text())
-        return {name: Baseline(**values) for name, values in stored.items()}
-    except (OSError, ValueError, TypeError):
-        return None  # missing, or torn by a crash: recompute
-
-
-def _write_cache(path: Path, baselines: dict[str, Baseline]) -> None:
-    """Atomically: write a temporary file in the same directory, then rename it over ``path``."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
-            json.dump({name: asdict(b) for name, b in baselines.items()}, handle)
-        os.replace(handle.name, path)
-    except OSError as error:  # a read-only home, say: the baseline still works, it just is not kept
-        warnings.warn(f"could not cache random baselines in {path.parent}: {error}", stacklevel=2)
+        return None if stored is None else {name: Baseline(**values) for name, values in stored.items()}
+    except (AttributeError, TypeError):
+        return None  # not a file of baselines: recompute
 
 
 def _summarise(scores: torch.Tensor) -> Baseline:
@@ -161,7 +137,7 @@ def _baselines(d_model: int, d_head: int, n_samples: int, seed: int, names: tupl
         return {name: cached[name] for name in names}
     stats = sample_pair_stats(d_model, d_head, n_samples, seed)
     baselines = {name: _summarise(WEIGHT_MEASURES[name].score(stats)) for name in names}
-    _write_cache(path, {**(cached or {}), **baselines})
+    write_json(path, {name: asdict(b) for name, b in {**(cached or {}), **baselines}.items()}, "random baselines")
     return baselines
 
 

@@ -33,6 +33,7 @@ seq]``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from metrics.disk_cache import cache_file, read_json, write_json
 from metrics.dynamics.strategies import PERSIST, SWITCH_RESAMPLES, Switch, switches
 from metrics.heads.behaviours.base import TokenRelations, behaviour_kinds
 from models.attention import random_patterns
@@ -204,6 +206,27 @@ def null_from_random_patterns(
         scores.append(behaviour_scores(patterns, targets))  # (n draws as heads, behaviours)
     scores = torch.cat(scores)
     return Null(scores.mean(0), scores.std(0))
+
+
+NULL_CACHE_VERSION = 1
+"""Bump when :func:`null_from_random_patterns` changes, so stale files in the disk cache are not read."""
+
+
+def cached_random_null(targets: BehaviourTargets, draws: int = NULL_DRAWS, seed: int = 0) -> Null:
+    """:func:`null_from_random_patterns` (float64, unit logits) of ``targets``, kept in the disk cache
+    (:mod:`metrics.disk_cache`) under a digest of the target masks, their names, ``draws`` and ``seed``:
+    a pure function of those, so a run pays for it once per probe and machine (3.9 s on the Markov-chain
+    task's 64 x 101 probe, 0.17 s on the default one, on a 2-core machine). ``[behaviours]`` each, on the CPU."""
+    masks = targets.masks.cpu().contiguous()
+    key = hashlib.sha256(np.packbits(masks.numpy()).tobytes())
+    key.update(repr((tuple(masks.shape), targets.names, draws, NULL_LOGIT_STD, seed)).encode())
+    path = cache_file("behaviour_nulls", f"v{NULL_CACHE_VERSION}-{key.hexdigest()[:32]}")
+    stored = read_json(path)
+    if isinstance(stored, dict) and all(len(stored.get(part) or ()) == len(targets.names) for part in ("mean", "std")):
+        return Null(*(torch.tensor(stored[part], dtype=torch.float64) for part in ("mean", "std")))
+    null = null_from_random_patterns(targets, draws, NULL_LOGIT_STD, seed)
+    write_json(path, {"mean": null.mean.tolist(), "std": null.std.tolist()}, "the head behaviours' random null")
+    return Null(null.mean.cpu(), null.std.cpu())
 
 
 def permuted_tokens(tokens: Tensor, generator: torch.Generator, bos_id: int | None = None) -> Tensor:

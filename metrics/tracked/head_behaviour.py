@@ -15,8 +15,8 @@ from metrics.heads.behaviour import (
     Null,
     applicable_behaviours,
     behaviour_targets,
+    cached_random_null,
     head_types,
-    null_from_random_patterns,
     per_sequence_scores,
     type_names_of,
 )
@@ -86,7 +86,7 @@ class HeadBehaviour(TrackedQuantity):
             targets = behaviour_targets(tokens, self.bos_id, names)
             behaviours = applicable_behaviours(targets, self.prefix_matching, task=self.task)
             weights = targets.weights(torch.float32, device)
-            null = null_from_random_patterns(targets)
+            null = cached_random_null(targets)
             self.prepared = (tokens, targets, behaviours, (null.mean.numpy(), null.std.numpy()), weights)
         tokens, targets, behaviours, (mean, std), weights = self.prepared
         # the null kept as NumPy and wrapped again at each snapshot: host memory, whatever device the model is on

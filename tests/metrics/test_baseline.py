@@ -13,6 +13,7 @@ import torch
 from metrics.composition import baseline as baseline_module
 from metrics.composition.baseline import random_baselines, random_low_rank, sample_pair_stats
 from metrics.composition.measures import WEIGHT_MEASURES, aligned_pair_stats
+from metrics.disk_cache import CACHE_ENV
 
 SHAPES = [(64, 16), (24, 16), (16, 16), (12, 3)]  # d - r >= r, 0 < d - r < r, d = r, rank 3 in 12
 
@@ -44,7 +45,7 @@ def test_baselines_match_known_values():
 
 
 def test_disk_cache_is_written_then_read(tmp_path, monkeypatch):
-    monkeypatch.setenv(baseline_module.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     random_baselines.cache_clear()
     cold = random_baselines(96, 8, 300, 5)
     files = list((tmp_path / "baselines").glob("*.json"))
@@ -58,7 +59,7 @@ def test_disk_cache_is_written_then_read(tmp_path, monkeypatch):
 
 
 def test_a_torn_cache_file_is_recomputed_not_trusted(tmp_path, monkeypatch):
-    monkeypatch.setenv(baseline_module.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     random_baselines.cache_clear()
     good = random_baselines(40, 4, 200, 0)
     path = next((tmp_path / "baselines").glob("*.json"))
@@ -72,7 +73,7 @@ def test_a_torn_cache_file_is_recomputed_not_trusted(tmp_path, monkeypatch):
 def test_an_unwritable_cache_warns_and_still_returns(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    monkeypatch.setenv(baseline_module.CACHE_ENV, str(blocker))
+    monkeypatch.setenv(CACHE_ENV, str(blocker))
     random_baselines.cache_clear()
     with pytest.warns(UserWarning, match="could not cache"):
         assert random_baselines(32, 4, 100, 0)["frobenius"].mean > 0
@@ -91,7 +92,7 @@ def test_sampler_leaves_global_rng_alone():
 def test_paper_scale_baselines_are_cheap(tmp_path, monkeypatch):
     """d_model 768, d_head 64, 2000 samples, every measure: seconds cold, milliseconds warm (loose
     bounds; docs/results.md's figures come from ``python -m bench.baselines``)."""
-    monkeypatch.setenv(baseline_module.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     random_baselines.cache_clear()
     start = time.perf_counter()
     random_baselines(768, 64, 2000, 0)

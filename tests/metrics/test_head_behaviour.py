@@ -4,12 +4,16 @@ defined and uniform causal attention elsewhere, on the repeated probe and on in-
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from data.probe import ProbeBatch, make_probe_batch
 from data.tasks.markov_icl import sample_chains
+from metrics.disk_cache import CACHE_ENV
+from metrics.heads import behaviour as behaviour_module
 from metrics.heads.attention_scores import induction_score
 from metrics.heads.behaviour import (
     BUILT_IN_BEHAVIOURS,
@@ -20,6 +24,7 @@ from metrics.heads.behaviour import (
     applicable_behaviours,
     behaviour_scores,
     behaviour_targets,
+    cached_random_null,
     head_types,
     null_from_permuted_tokens,
     null_from_random_patterns,
@@ -298,3 +303,23 @@ def test_prefix_matching_names_share_one_score():
     scores = behaviour_scores(pattern, targets)
     a, b = (index(name) for name in PREFIX_MATCHING)
     assert torch.equal(scores[:, a], scores[:, b])
+
+
+def test_the_random_null_is_cached_on_disk_exactly_and_a_torn_file_is_recomputed(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    targets = behaviour_targets(distinct_probe(seed=5, batch=8, n=6, n_random=64).tokens, bos_id=64)
+    direct = null_from_random_patterns(targets, draws=DRAWS)
+    cold = cached_random_null(targets, draws=DRAWS)
+    (path,) = (tmp_path / "behaviour_nulls").glob("*.json")
+    assert torch.equal(cold.mean, direct.mean) and torch.equal(cold.std, direct.std)
+    other = behaviour_targets(distinct_probe(seed=6, batch=8, n=6, n_random=64).tokens, bos_id=64)
+    assert not torch.equal(cached_random_null(other, draws=DRAWS).std, cold.std)  # another probe: its own file
+    assert len(list((tmp_path / "behaviour_nulls").glob("*.json"))) == 2
+    with monkeypatch.context() as patched:  # warm: read back bit for bit, nothing drawn
+        patched.setattr(behaviour_module, "null_from_random_patterns", lambda *a: pytest.fail("recomputed"))
+        warm = cached_random_null(targets, draws=DRAWS)
+    assert torch.equal(warm.mean, direct.mean) and torch.equal(warm.std, direct.std)
+    assert warm.mean.dtype == torch.float64
+    path.write_text(path.read_text()[:15])  # torn by a crash
+    torn = cached_random_null(targets, draws=DRAWS)
+    assert torch.equal(torn.std, direct.std) and len(json.loads(path.read_text())["std"]) == len(BEHAVIOURS)
