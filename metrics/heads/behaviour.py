@@ -223,7 +223,7 @@ def cached_random_null(targets: BehaviourTargets, draws: int = NULL_DRAWS, seed:
     path = cache_file("behaviour_nulls", f"v{NULL_CACHE_VERSION}-{key.hexdigest()[:32]}")
     stored = read_json(path)
     if isinstance(stored, dict) and all(len(stored.get(part) or ()) == len(targets.names) for part in ("mean", "std")):
-        return Null(*(torch.tensor(stored[part], dtype=torch.float64) for part in ("mean", "std")))
+        return Null(*(torch.tensor(stored[part], dtype=torch.float64, device="cpu") for part in ("mean", "std")))
     null = null_from_random_patterns(targets, draws, NULL_LOGIT_STD, seed)
     write_json(path, {"mean": null.mean.tolist(), "std": null.std.tolist()}, "the head behaviours' random null")
     return Null(null.mean.cpu(), null.std.cpu())
