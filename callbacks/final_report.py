@@ -10,12 +10,14 @@ from reports.publish import publish_report
 
 
 class PhaseChangeFigure(L.Callback):
-    """At the end of fit: render the report, log its figures, validity table and summary to W&B, print it."""
+    """At the end of fit: render the report, log its figures (unless ``figures`` is false), validity table
+    and summary to W&B, print it."""
 
-    def __init__(self, run_dir: Path, smoothing_window: int) -> None:
+    def __init__(self, run_dir: Path, smoothing_window: int, figures: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.smoothing_window = smoothing_window
+        self.figures = figures
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            publish_report(self.run_dir, trainer.loggers, trainer.global_step, self.smoothing_window)
+            publish_report(self.run_dir, trainer.loggers, trainer.global_step, self.smoothing_window, self.figures)

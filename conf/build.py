@@ -133,7 +133,7 @@ def build_callbacks(
         run = {"wandb_id": wandb_id, "wandb_group": naming.group, "wandb_name": naming.name}
         callbacks.append(build_trajectory(cfg, run_dir, config, run, tracker))
     if tracker is not None:
-        callbacks.append(PhaseChangeFigure(run_dir, smoothing_window=tr.smoothing_window))
+        callbacks.append(PhaseChangeFigure(run_dir, smoothing_window=tr.smoothing_window, figures=cfg.figures))
     llc = cfg.stages.llc
     if llc.every_n_steps > 0:
         if warning := llc_calibration_warning(cfg):

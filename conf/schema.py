@@ -346,6 +346,9 @@ class Config:
     # with objective: a run whose loss cliff (midpoint) is later, or absent, scores NaN
     objective_cliff_by: int | None = None
     explorer: bool = True  # write RUN_DIR/explorer.html at the end of the run (analysis/explorer.py)
+    # draw the end-of-run figures (phase_change.png, composition.png, ...); false: the summary, validity table
+    # and W&B's numbers only, the figures drawn later by `python -m reports.run_report RUN_DIR` (sweeps of many jobs)
+    figures: bool = True
     model: ModelConfig = MISSING
     optim: OptimizerSettings = field(default_factory=OptimizerSettings)
     data: Any = MISSING  # a task's own options (data/task.py): the data group stores each task's dataclass

@@ -15,20 +15,22 @@ from reports.run_report import RunReport, print_report, render
 from reports.wandb_charts import log_charts
 
 
-def publish_report(run_dir: Path, loggers: list, step: int, window: int) -> RunReport | None:
-    """Flush the CSV, render the report of ``run_dir``, log its figures, validity table, summary and
-    comparison charts (:mod:`reports.wandb_charts`) to every W&B logger at ``step``, and print it (None, said why, when there is nothing to draw)."""
+def publish_report(run_dir: Path, loggers: list, step: int, window: int, figures: bool = True) -> RunReport | None:
+    """Flush the CSV, render the report of ``run_dir`` (its figures only with ``figures``), log its figures,
+    validity table, summary and comparison charts (:mod:`reports.wandb_charts`) to every W&B logger at
+    ``step``, and print it (None, said why, when there is nothing to draw)."""
     for logger in loggers:
         if isinstance(logger, CSVLogger):
             logger.save()  # flush rows still buffered
     try:
-        report = render(run_dir, window)
+        report = render(run_dir, window, figures)
     except (FileNotFoundError, ValueError) as error:
         print(f"no figure: {error}")
         return None
     for logger in loggers:
         if isinstance(logger, SectionedWandbLogger):
-            logger.log_image(key="images/phase_change", images=[str(report.figure)], step=step)
+            if report.figure is not None:
+                logger.log_image(key="images/phase_change", images=[str(report.figure)], step=step)
             if report.composition_figure is not None:
                 logger.log_image(key="images/composition_final", images=[str(report.composition_figure)], step=step)
             if report.strategies_figure is not None:
@@ -36,7 +38,8 @@ def publish_report(run_dir: Path, loggers: list, step: int, window: int) -> RunR
             if report.heads_figure is not None:
                 logger.log_image(key="images/heads", images=[str(report.heads_figure)], step=step)
             if report.validity_rows:
-                logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
+                if report.validity_figure is not None:
+                    logger.log_image(key="images/validity", images=[str(report.validity_figure)], step=step)
                 logger.log_table(
                     key="validity/table",
                     columns=validity.COLUMNS,

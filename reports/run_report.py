@@ -205,9 +205,10 @@ def final_composition(store_dir: Path, series) -> tuple[dict[str, dict[str, np.n
 
 @dataclass(frozen=True)
 class RunReport:
-    figure: Path
+    run_dir: Path
     summary: dict[str, float]
-    validity_figure: Path | None = None  # None when the run did not track the ablation
+    figure: Path | None = None  # phase_change.png; None when the run drew no figures (figures=false)
+    validity_figure: Path | None = None  # None when the run did not track the ablation or drew no figures
     validity_rows: list[dict[str, object]] | None = None
     no_validity_because: str | None = None  # why there is no validity table, when there is none
     composition_figure: Path | None = None  # None when the run kept no tensor store
@@ -216,10 +217,11 @@ class RunReport:
     charts: dict[str, LineChart] = field(default_factory=dict)  # W&B's comparison charts, by key
 
 
-def render(run_dir: Path, window: int) -> RunReport:
-    """Draw ``run_dir/phase_change.png`` and write ``run_dir/summary.json`` from the CSV log (and
-    the store's pair curves); with a tracked ablation also ``validity.png`` and ``validity.csv``;
-    with a tensor store also ``composition.png``."""
+def render(run_dir: Path, window: int, figures: bool = True) -> RunReport:
+    """Write ``run_dir/summary.json`` from the CSV log (and the store's pair curves), with a tracked
+    ablation also ``validity.csv``; with ``figures`` draw ``phase_change.png``, and where the run has
+    what they show ``validity.png``, ``composition.png`` (a tensor store), ``strategies.png`` and
+    ``heads.png``. Without ``figures`` every number is the same and no figure is drawn."""
     csv_path = run_dir / CSV_RELATIVE_PATH
     if not csv_path.is_file() or csv_path.stat().st_size == 0:
         raise FileNotFoundError(f"no CSV log at {csv_path}: is {run_dir} a finished train.py run directory?")
@@ -228,13 +230,10 @@ def render(run_dir: Path, window: int) -> RunReport:
         raise ValueError(f"{csv_path} has no tracker metrics (was the run made with tracker.enabled=false?)")
     store_dir = run_dir / TENSORS_DIR
     measure = plotted_measure(series)
-    others = other_pairs(series, store_dir, measure)
-    circuit = series.get(f"circuit/K/{measure}")
-    baseline = series.get(f"comp/baseline/{measure}")
     change = phase_change_of(series, "loss/repeated", True, window)
-    composition_path = composition = None
     final = final_composition(store_dir, series)
-    if final is not None:  # the largest figure: drawn on another core while this one draws the rest
+    composition_path = composition = figure_path = None
+    if figures and final is not None:  # the largest figure: drawn on another core while this one draws the rest
         by_measure, step = final
         composition_path = run_dir / COMPOSITION_FIGURE
         composition = DrawnAside(
@@ -243,7 +242,83 @@ def render(run_dir: Path, window: int) -> RunReport:
                 composition_path,
             )
         )
-    fig = training_curves(
+    if figures:
+        figure_path = run_dir / PHASE_CHANGE_FIGURE
+        save_figure(phase_change_figure(run_dir, series, measure, change), figure_path)
+    summary = summarize(series, window)
+    timeline = read_timeline(series, store_dir)
+    strategies_path = None
+    if timeline is not None:
+        summary.update(timeline_summary(timeline))
+        if figures:
+            strategies_path = run_dir / STRATEGIES_FIGURE
+            save_figure(
+                timeline_figure(timeline, f"which strategy the model uses: {run_label(run_dir)}"), strategies_path
+            )
+    summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
+    heads_path = heads = None
+    if (history := read_head_history(store_dir, reader_behaviour(config_value(run_dir, "data.name")))) is not None:
+        summary.update(head_summary(history))
+        if figures:
+            heads_path = run_dir / HEADS_FIGURE
+            heads = DrawnAside(  # its many small panels: drawn beside the rest too
+                lambda: save_figure(heads_figure(history, f"what every head becomes: {run_label(run_dir)}"), heads_path)
+            )
+    rows = validity.validity_rows(series, change)
+    validity_path = None
+    if rows:
+        write_rows(run_dir / VALIDITY_TABLE, rows, validity.COLUMNS)
+        if figures:
+            fig = validity.validity_figure(
+                series,
+                rows,
+                change,
+                f"which measure tells the truth: {run_label(run_dir)}",
+                window,
+                intervention_windows(run_dir),
+            )
+            validity_path = run_dir / VALIDITY_FIGURE
+            save_figure(fig, validity_path)
+        for row in rows:
+            for column in validity.SUMMARY_COLUMNS:
+                if row[column] is not None and not math.isnan(
+                    row[column]
+                ):  # a measure never first for good has no such step; older runs lack the head levels
+                    summary[f"validity/{row['measure']}/{column}"] = row[column]
+    summary.update(trajectory_summary(run_dir, series, change))
+    summary.update(intervention_summary(run_dir))
+    (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+    because = None
+    if not rows:
+        because = (
+            "the ablation was off (tracker.ablation.every_n_steps=0)"
+            if has_pairs(series, final)
+            else "the model has no earlier->later head pairs (one layer)"
+        )
+    charts = comparison_charts(series, change)
+    for aside in (composition, heads):
+        if aside is not None:
+            aside.wait()
+    return RunReport(
+        run_dir,
+        summary,
+        figure_path,
+        validity_path,
+        rows or None,
+        because,
+        composition_path,
+        strategies_path,
+        heads_path,
+        charts,
+    )
+
+
+def phase_change_figure(run_dir: Path, series, measure: str, change: PhaseChange | None):
+    """The report's main figure (:func:`reports.plots.training_curves`) from the run's series."""
+    others = other_pairs(series, run_dir / TENSORS_DIR, measure)
+    circuit = series.get(f"circuit/K/{measure}")
+    baseline = series.get(f"comp/baseline/{measure}")
+    return training_curves(
         loss_first=series["loss/first_occurrence"],
         loss_repeated=series["loss/repeated"],
         top_induction=series["heads/induction/top"],
@@ -272,69 +347,6 @@ def render(run_dir: Path, window: int) -> RunReport:
             for key, value in series.items()
             if key.startswith(INTERVENTION_OFF)
         },
-    )
-    figure_path = run_dir / PHASE_CHANGE_FIGURE
-    save_figure(fig, figure_path)
-    summary = summarize(series, window)
-    timeline = read_timeline(series, store_dir)
-    strategies_path = None
-    if timeline is not None:
-        summary.update(timeline_summary(timeline))
-        fig = timeline_figure(timeline, f"which strategy the model uses: {run_label(run_dir)}")
-        strategies_path = run_dir / STRATEGIES_FIGURE
-        save_figure(fig, strategies_path)
-    summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
-    heads_path = heads = None
-    if (history := read_head_history(store_dir, reader_behaviour(config_value(run_dir, "data.name")))) is not None:
-        summary.update(head_summary(history))
-        heads_path = run_dir / HEADS_FIGURE
-        heads = DrawnAside(  # its many small panels: drawn beside the rest too
-            lambda: save_figure(heads_figure(history, f"what every head becomes: {run_label(run_dir)}"), heads_path)
-        )
-    rows = validity.validity_rows(series, change)
-    validity_path = None
-    if rows:
-        write_rows(run_dir / VALIDITY_TABLE, rows, validity.COLUMNS)
-        fig = validity.validity_figure(
-            series,
-            rows,
-            change,
-            f"which measure tells the truth: {run_label(run_dir)}",
-            window,
-            intervention_windows(run_dir),
-        )
-        validity_path = run_dir / VALIDITY_FIGURE
-        save_figure(fig, validity_path)
-        for row in rows:
-            for column in validity.SUMMARY_COLUMNS:
-                if row[column] is not None and not math.isnan(
-                    row[column]
-                ):  # a measure never first for good has no such step; older runs lack the head levels
-                    summary[f"validity/{row['measure']}/{column}"] = row[column]
-    summary.update(trajectory_summary(run_dir, series, change))
-    summary.update(intervention_summary(run_dir))
-    (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
-    because = None
-    if not rows:
-        because = (
-            "the ablation was off (tracker.ablation.every_n_steps=0)"
-            if has_pairs(series, final)
-            else "the model has no earlier->later head pairs (one layer)"
-        )
-    charts = comparison_charts(series, change)
-    for aside in (composition, heads):
-        if aside is not None:
-            aside.wait()
-    return RunReport(
-        figure_path,
-        summary,
-        validity_path,
-        rows or None,
-        because,
-        composition_path,
-        strategies_path,
-        heads_path,
-        charts,
     )
 
 
@@ -384,7 +396,10 @@ def has_pairs(series, final) -> bool:
 
 
 def print_report(report: RunReport) -> None:
-    print(f"\nfigure: {report.figure}")
+    if report.figure is not None:
+        print(f"\nfigure: {report.figure}")
+    else:
+        print(f"\nno figures (figures=false): python -m reports.run_report {report.run_dir} draws them")
     if report.composition_figure is not None:
         print(f"final composition: {report.composition_figure}")
     if report.strategies_figure is not None:
@@ -401,9 +416,10 @@ def print_report(report: RunReport) -> None:
         elif not key.startswith("validity/"):
             print(f"  {key:48s} {value:10.4f}")
     if report.validity_rows:
-        print(f"\nwhich measure tells the truth (K-only path ablation; table {report.figure.parent / VALIDITY_TABLE}):")
+        print(f"\nwhich measure tells the truth (K-only path ablation; table {report.run_dir / VALIDITY_TABLE}):")
         print(validity.format_table(report.validity_rows))
-        print(f"figure: {report.validity_figure}")
+        if report.validity_figure is not None:
+            print(f"figure: {report.validity_figure}")
     else:
         print(f"no validity table: {report.no_validity_because}")
 

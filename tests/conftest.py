@@ -70,8 +70,8 @@ def trained_once(tmp_path_factory, worker_id: str, name: str, args: list[str]) -
 
 @pytest.fixture(scope="session")
 def shipped_run(tmp_path_factory, worker_id) -> FinishedRun:
-    """``python train.py`` as shipped: 1500 steps, the default tracker, W&B offline."""
-    return trained_once(tmp_path_factory, worker_id, "shipped_run", [])
+    """``python train.py`` as shipped: 1500 steps, the default tracker, its figures, W&B offline."""
+    return trained_once(tmp_path_factory, worker_id, "shipped_run", ["figures=true"])
 
 
 @pytest.fixture(scope="session")

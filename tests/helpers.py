@@ -368,13 +368,20 @@ def random_model(
     return model
 
 
+NO_FIGURES = "figures=false"
+"""What every test run starts with: the end-of-run report's numbers without its figures (~2.5 s of drawing
+a run, a third of the suite's CPU when every run drew them). A test that looks at a run's figures says
+``figures=true`` in its own overrides, which come after."""
+
+
 def train_env(**extra: str) -> dict[str, str]:
     return dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1", **extra)
 
 
 def run_train_process(args: list[str], tmp_path: Path, timeout: int = 300, env: dict[str, str] | None = None):
-    """``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path``: for tests of the process
-    itself (signals, exit codes, its environment); every other test trains in process (:func:`run_train`)."""
+    """``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path`` (no figures unless ARGS ask:
+    :data:`NO_FIGURES`): for tests of the process itself (signals, exit codes, its environment); every
+    other test trains in process (:func:`run_train`)."""
     import subprocess
 
     command = [
@@ -382,6 +389,7 @@ def run_train_process(args: list[str], tmp_path: Path, timeout: int = 300, env: 
         str(REPO / "train.py"),
         f"hydra.run.dir={tmp_path}",
         "trainer.enable_progress_bar=false",
+        NO_FIGURES,
         *args,
     ]
     return subprocess.run(command, cwd=REPO, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
@@ -404,8 +412,8 @@ def run_train_until(
     timeout: int = 300,
     multirun: bool = False,
 ):
-    """Run ``python train.py [-m] ARGS`` and send it ``signum`` once it reports step ``step`` (a progress
-    line every step). Returns (exit code, everything it printed)."""
+    """Run ``python train.py [-m] ARGS`` (no figures unless ARGS ask: :data:`NO_FIGURES`) and send it ``signum``
+    once it reports step ``step`` (a progress line every step). Returns (exit code, everything it printed)."""
     import subprocess
 
     command = [
@@ -414,6 +422,7 @@ def run_train_until(
         *(["-m"] if multirun else []),
         "trainer.enable_progress_bar=true",
         "trainer.progress_every_n_steps=1",
+        NO_FIGURES,
         *args,
     ]
     process = subprocess.Popen(
@@ -506,7 +515,8 @@ def composed(*overrides: str):
 def run_train(args: list[str], run_dir: Path, threads: int | None = None) -> subprocess.CompletedProcess:
     """``python [-m] train.py hydra.run.dir=RUN_DIR ARGS`` in this process: train.py's own ``main`` under its
     own ``StartupErrors``, as ``__main__`` runs it (Hydra composing the command line, the run guard, the
-    job, W&B offline), without a new interpreter's ~6 s of imports. ``threads``: torch's threads for
+    job, W&B offline), without a new interpreter's ~6 s of imports; no figures unless ARGS ask
+    (:data:`NO_FIGURES`). ``threads``: torch's threads for
     the run (as ``OMP_NUM_THREADS`` would set them in a subprocess). Returns what a subprocess would
     (:func:`in_this_process`)."""
     import train
@@ -524,7 +534,8 @@ def run_train(args: list[str], run_dir: Path, threads: int | None = None) -> sub
         finally:
             train.startup_errors = startup_errors
 
-    return in_this_process(main, ["train.py", *flags, location, "trainer.enable_progress_bar=false", *args], threads)
+    argv = ["train.py", *flags, location, "trainer.enable_progress_bar=false", NO_FIGURES, *args]
+    return in_this_process(main, argv, threads)
 
 
 def module(name: str, *args) -> subprocess.CompletedProcess:

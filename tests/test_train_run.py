@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -69,6 +70,7 @@ def short_run(tmp_path_factory):
             "tracker.ablation.every_n_steps=10",
             "tracker.copying.every_n_steps=10",
             "logger.wandb.name=short-test",
+            "figures=true",  # its figures, files and W&B images are what these tests read
         ],
         run_dir,
     )
@@ -221,6 +223,25 @@ def test_figure_command_rerenders_a_finished_run(short_run):
     assert missing.returncode == 2 and "no CSV log" in missing.stderr
 
 
+def test_a_run_without_figures_has_every_number_and_the_command_draws_them_later(tiny_run, tmp_path):
+    """``figures=false`` (the tiny run's, as every test run's: tests.helpers.NO_FIGURES): no PNG, no W&B
+    image, the way to draw them said; ``python -m reports.run_report`` then draws all five and writes the
+    same summary and validity table, byte for byte."""
+    run_dir = tiny_run.run_dir
+    assert tiny_run.returncode == 0, tiny_run.stderr[-3000:]
+    assert not list(run_dir.glob("*.png"))
+    assert f"no figures (figures=false): python -m reports.run_report {run_dir} draws them" in tiny_run.stdout
+    assert not any(key.startswith("images/") for row in wandb_records.history(wandb_file(run_dir)) for key in row)
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("wandb", "checkpoints", "analysis"))
+    result = module("reports.run_report", copy)
+    assert result.returncode == 0, result.stderr
+    drawn = {"phase_change.png", "composition.png", "strategies.png", "heads.png", "validity.png"}
+    assert {path.name for path in copy.glob("*.png")} == drawn
+    for name in ("summary.json", "validity.csv"):
+        assert (copy / name).read_bytes() == (run_dir / name).read_bytes(), name
+
+
 def test_pair_curves_command_draws_every_pairs_raw_composition(short_run, tmp_path):
     run_dir, _ = short_run
     result = module("reports.pair_curves", run_dir, "--out", tmp_path / "pairs.png")
@@ -300,7 +321,8 @@ def test_one_layer_control_shows_no_cliff(tmp_path):
 def test_markov_icl_tracks_its_strategies_against_the_truth(tmp_path):
     """experiment=markov_icl, shortened: the strategies' KLs, lines and weights reach the CSV, W&B's
     story and the tensor store; the run report names the first switch and draws the timeline."""
-    result = run_train(["experiment=markov_icl", "trainer.max_steps=200", "tracker.images.every_n_steps=0"], tmp_path)
+    args = ["experiment=markov_icl", "trainer.max_steps=200", "tracker.images.every_n_steps=0", "figures=true"]
+    result = run_train(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     series = read_series(tmp_path / "csv" / "metrics.csv")
     for name in ("uniform", "unigram", "bigram", "truth"):

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from records import wandb_records
-from tests.helpers import REPO, run_train, run_train_until, train_env, wandb_history
+from tests.helpers import NO_FIGURES, REPO, run_train, run_train_until, train_env, wandb_history
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,10 @@ def uninterrupted(tmp_path_factory):
 def test_sigterm_then_resume_in_place_equals_an_uninterrupted_run(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
     code, printed = run_train_until(
-        [f"hydra.run.dir={run_dir}", *ARGS, "trainer.max_steps=40"], step=13, signum=signal.SIGTERM, env=SINGLE_THREAD
+        [f"hydra.run.dir={run_dir}", NO_FIGURES, *ARGS, "trainer.max_steps=40"],
+        step=13,
+        signum=signal.SIGTERM,
+        env=SINGLE_THREAD,
     )
     assert code == 128 + signal.SIGTERM, printed[-3000:]
     stop_line = next(line for line in printed.splitlines() if line.startswith("stopped by SIGTERM at step "))
@@ -109,7 +112,14 @@ def test_a_signal_while_the_run_starts_stops_it_after_its_first_step_and_resume_
 ):
     """SIGTERM as soon as ``status.json`` says running (Lightning not loaded yet, seconds before training)."""
     run_dir = tmp_path / "run"
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *ARGS, "trainer.max_steps=40"]
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        f"hydra.run.dir={run_dir}",
+        NO_FIGURES,
+        *ARGS,
+        "trainer.max_steps=40",
+    ]
     process = subprocess.Popen(
         command, cwd=REPO, env=SINGLE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

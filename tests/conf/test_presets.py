@@ -57,7 +57,7 @@ def shrunk_sweep(tmp_path_factory):
     """Every preset, shrunk, as one ``python train.py -m experiment=...`` (job ``i`` is ``PRESETS[i]``):
     in this process, a failing job marked failed while the others go on."""
     sweep_dir = tmp_path_factory.mktemp("presets")
-    return sweep_dir, run_train(["-m", f"experiment={','.join(PRESETS)}", *SHRUNK], sweep_dir)
+    return sweep_dir, run_train(["-m", f"experiment={','.join(PRESETS)}", *SHRUNK, "figures=true"], sweep_dir)
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ BIG = [  # 4 x 8 x 256 x 32, every part at its two steps, so every key it can lo
     "tracker.matching.every_n_steps=1",
     "tracker.images.every_n_steps=1",
     "tracker.baseline_samples=50",
+    "figures=true",  # the report's images have their panels too
 ]
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from records import wandb_records
-from tests.helpers import REPO, digest, module, run_train, run_train_until, train_env
+from tests.helpers import NO_FIGURES, REPO, digest, module, run_train, run_train_until, train_env
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,16 @@ EQUAL = [*FLOAT64, *INTERVENED, *(LLC if importlib.util.find_spec("devinterp") e
 
 
 def ensemble(sweep_dir, *overrides: str, env=SINGLE_THREAD) -> subprocess.CompletedProcess:
-    command = [sys.executable, "train.py", "-m", "hydra/launcher=ensemble", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    """``python train.py -m hydra/launcher=ensemble OVERRIDES`` in a subprocess, no figures (:data:`NO_FIGURES`)."""
+    command = [
+        sys.executable,
+        "train.py",
+        "-m",
+        "hydra/launcher=ensemble",
+        f"hydra.sweep.dir={sweep_dir}",
+        NO_FIGURES,
+        *overrides,
+    ]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -78,9 +87,9 @@ def csv_rows(run_dir) -> list:
 @pytest.fixture(scope="module")
 def float64_ensemble(tmp_path_factory):
     """The ensemble of seeds 0 and 1 with :data:`EQUAL`'s options, trained in this process (its numbers,
-    files and W&B runs are what these tests read; the process's signals are tested below)."""
+    files, figures and W&B runs are what these tests read; the process's signals are tested below)."""
     sweep = tmp_path_factory.mktemp("ensemble")
-    result = run_train(["-m", "hydra/launcher=ensemble", "seed=0,1", *EQUAL], sweep, threads=1)
+    result = run_train(["-m", "hydra/launcher=ensemble", "seed=0,1", *EQUAL, "figures=true"], sweep, threads=1)
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep, result.stdout
 

@@ -22,6 +22,7 @@ from records import wandb_records
 from reports.run_report import read_series
 from tests.helpers import (
     FINISHED,
+    NO_FIGURES,
     REPO,
     job_field,
     run_train,
@@ -196,6 +197,7 @@ def test_an_interrupted_sweep_rerun_finishes_as_if_uninterrupted(tmp_path):
         f"hydra.sweep.dir={interrupted}",
         "trainer.enable_progress_bar=true",
         "trainer.progress_every_n_steps=1",
+        NO_FIGURES,
         *args,
     ]
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
