@@ -303,7 +303,7 @@ def test_default_experiment_shows_the_phase_change(shipped_run):
 
 
 def test_one_layer_control_shows_no_cliff(tmp_path):
-    result = run_train(["experiment=one_layer", "tracker.images.every_n_steps=0"], tmp_path)
+    result = run_train(["experiment=one_layer", "tracker.images.every_n_steps=0", "figures=true"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     _, repeated = curve(tmp_path, "loss/repeated")
     _, induction = curve(tmp_path, "heads/induction/top")
@@ -316,6 +316,7 @@ def test_one_layer_control_shows_no_cliff(tmp_path):
     assert "phase_change/loss_onset_step" not in summary  # no fall is reported as the induction cliff
     assert "no validity table: the model has no earlier->later head pairs" in result.stdout
     assert not (tmp_path / "validity.csv").exists()
+    assert (tmp_path / "phase_change.png").is_file()  # a one-layer run's figures: no pairs, no validity table
 
 
 def test_markov_icl_tracks_its_strategies_against_the_truth(tmp_path):

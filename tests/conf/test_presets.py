@@ -57,7 +57,7 @@ def shrunk_sweep(tmp_path_factory):
     """Every preset, shrunk, as one ``python train.py -m experiment=...`` (job ``i`` is ``PRESETS[i]``):
     in this process, a failing job marked failed while the others go on."""
     sweep_dir = tmp_path_factory.mktemp("presets")
-    return sweep_dir, run_train(["-m", f"experiment={','.join(PRESETS)}", *SHRUNK, "figures=true"], sweep_dir)
+    return sweep_dir, run_train(["-m", f"experiment={','.join(PRESETS)}", *SHRUNK], sweep_dir)
 
 
 @pytest.mark.slow
@@ -69,7 +69,7 @@ def test_a_shrunk_preset_trains_a_few_steps(preset, shrunk_sweep):
     assert f"experiment={preset}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "finished", (status, result.stderr[-3000:])
-    assert (run_dir / "phase_change.png").is_file()
+    assert json.loads((run_dir / "summary.json").read_text())["final/loss/repeated"] > 0  # its report, without figures
 
 
 def preset_base(preset: str) -> tuple[dict, list[str]]:
