@@ -9,7 +9,8 @@ Every selected saved step (``RUN_DIR/trajectory/``) is measured by the tracker's
 (:meth:`callbacks.tracker.CompositionTracker.measure`), with every part the tracker options turn on
 (a part's ``every_n_steps`` > 0) at every step; heatmaps keep their period. The outputs are those of
 a run, under ``RUN_DIR/analysis/NAME/``: ``csv/metrics.csv`` (the same keys), ``tensors/``, the
-figures, ``summary.json``, the validity table, and a W&B run (``job_type=analysis``) in the training
+figures (where the run drew its own: not after ``figures=false``, when ``python -m reports.run_report
+RUN_DIR/analysis/NAME`` draws them), ``summary.json``, the validity table, and a W&B run (``job_type=analysis``) in the training
 run's group (its sweep's, or one named after the run); W&B is offline unless the run's config or
 ``$WANDB_MODE`` says otherwise; and, last, ``analysis.json`` (the request and the summary), through
 :mod:`analysis.protocol`. Nothing outside ``analysis/NAME/`` is written, and an existing analysis
@@ -87,12 +88,14 @@ class Rescore(Analysis):
         return {}, {}
 
     def conclude(self, rows: list[dict], tensors: list[dict]) -> Conclusion:
-        """The run's report (figures, validity table, summary) over the re-scored steps."""
+        """The run's report (validity table, summary, and its figures where the run drew its own) over the
+        re-scored steps."""
         from reports.publish import publish_report
 
         self.tracker.close()
         request = self.request
-        report = publish_report(request.out_dir, self.loggers, request.steps[-1], request.cfg.tracker.smoothing_window)
+        window, figures = request.cfg.tracker.smoothing_window, request.cfg.figures
+        report = publish_report(request.out_dir, self.loggers, request.steps[-1], window, figures)
         return Conclusion(result=report.summary if report is not None else {})
 
 

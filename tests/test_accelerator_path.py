@@ -20,7 +20,7 @@ from data.probe import make_probe_batch
 from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import TINY, composed, tracker_of
+from tests.helpers import NO_FIGURES, TINY, composed, tracker_of
 from tests.simulated_device import SimulatedAccelerator
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=13, d_vocab=20)
@@ -116,6 +116,7 @@ TRAINING = [
     "stages.llc.burnin=2",
     "stages.llc.batches=1",
     "logger=csv",
+    NO_FIGURES,  # drawn from the CSV, on the CPU: nothing of the accelerator's
 ]
 
 
@@ -190,6 +191,7 @@ def test_interventions_during_training_keep_every_tensor_where_it_belongs(traine
         "intervention.heads=[L1H0]",
         "intervention.strength=0.5",
         f"+intervention.also={also}",
+        NO_FIGURES,
     )
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     accelerator = SimulatedAccelerator()
