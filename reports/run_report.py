@@ -211,9 +211,9 @@ class RunReport:
     validity_figure: Path | None = None  # None when the run did not track the ablation or drew no figures
     validity_rows: list[dict[str, object]] | None = None
     no_validity_because: str | None = None  # why there is no validity table, when there is none
-    composition_figure: Path | None = None  # None when the run kept no tensor store
-    strategies_figure: Path | None = None  # None when the run tracked no strategies
-    heads_figure: Path | None = None  # None when the run tracked no head behaviours
+    composition_figure: Path | None = None  # None when the run kept no tensor store or drew no figures
+    strategies_figure: Path | None = None  # None when the run tracked no strategies or drew no figures
+    heads_figure: Path | None = None  # None when the run tracked no head behaviours or drew no figures
     charts: dict[str, LineChart] = field(default_factory=dict)  # W&B's comparison charts, by key
 
 
