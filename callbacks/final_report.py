@@ -13,7 +13,7 @@ class PhaseChangeFigure(L.Callback):
     """At the end of fit: render the report, log its figures (unless ``figures`` is false), validity table
     and summary to W&B, print it."""
 
-    def __init__(self, run_dir: Path, smoothing_window: int, figures: bool = True) -> None:
+    def __init__(self, run_dir: Path, smoothing_window: int, figures: bool) -> None:
         self.run_dir = Path(run_dir)
         self.smoothing_window = smoothing_window
         self.figures = figures

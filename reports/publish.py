@@ -15,7 +15,7 @@ from reports.run_report import RunReport, print_report, render
 from reports.wandb_charts import log_charts
 
 
-def publish_report(run_dir: Path, loggers: list, step: int, window: int, figures: bool = True) -> RunReport | None:
+def publish_report(run_dir: Path, loggers: list, step: int, window: int, figures: bool) -> RunReport | None:
     """Flush the CSV, render the report of ``run_dir`` (its figures only with ``figures``), log its figures,
     validity table, summary and comparison charts (:mod:`reports.wandb_charts`) to every W&B logger at
     ``step``, and print it (None, said why, when there is nothing to draw)."""
