@@ -18,6 +18,7 @@ import math
 import sys
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,7 @@ from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
 from reports.head_types import SUMMARY_KEYS as HEAD_SUMMARY_KEYS
 from reports.head_types import head_lines, head_summary, heads_figure, read_head_history, reader_behaviour
-from reports.plots import DrawnAside, composition_report, save_figure, training_curves
+from reports.plots import composition_report, draw_figures, training_curves
 from reports.strategy_timeline import (
     generic_strategies,
     read_timeline,
@@ -232,62 +233,50 @@ def render(run_dir: Path, window: int, figures: bool = True) -> RunReport:
     measure = plotted_measure(series)
     change = phase_change_of(series, "loss/repeated", True, window)
     final = final_composition(store_dir, series)
-    composition_path = composition = figure_path = None
-    if figures and final is not None:  # the largest figure: drawn on another core while this one draws the rest
-        by_measure, step = final
-        composition_path = run_dir / COMPOSITION_FIGURE
-        composition = DrawnAside(
-            lambda: save_figure(
-                composition_report(by_measure, f"composition minus baseline at step {step}: {run_label(run_dir)}"),
-                composition_path,
-            )
-        )
-    if figures:
-        figure_path = run_dir / PHASE_CHANGE_FIGURE
-        save_figure(phase_change_figure(run_dir, series, measure, change), figure_path)
     summary = summarize(series, window)
     timeline = read_timeline(series, store_dir)
-    strategies_path = None
     if timeline is not None:
         summary.update(timeline_summary(timeline))
-        if figures:
-            strategies_path = run_dir / STRATEGIES_FIGURE
-            save_figure(
-                timeline_figure(timeline, f"which strategy the model uses: {run_label(run_dir)}"), strategies_path
-            )
     summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
-    heads_path = heads = None
-    if (history := read_head_history(store_dir, reader_behaviour(config_value(run_dir, "data.name")))) is not None:
+    history = read_head_history(store_dir, reader_behaviour(config_value(run_dir, "data.name")))
+    if history is not None:
         summary.update(head_summary(history))
-        if figures:
-            heads_path = run_dir / HEADS_FIGURE
-            heads = DrawnAside(  # its many small panels: drawn beside the rest too
-                lambda: save_figure(heads_figure(history, f"what every head becomes: {run_label(run_dir)}"), heads_path)
-            )
     rows = validity.validity_rows(series, change)
-    validity_path = None
-    if rows:
-        write_rows(run_dir / VALIDITY_TABLE, rows, validity.COLUMNS)
-        if figures:
-            fig = validity.validity_figure(
-                series,
-                rows,
-                change,
-                f"which measure tells the truth: {run_label(run_dir)}",
-                window,
-                intervention_windows(run_dir),
-            )
-            validity_path = run_dir / VALIDITY_FIGURE
-            save_figure(fig, validity_path)
-        for row in rows:
-            for column in validity.SUMMARY_COLUMNS:
-                if row[column] is not None and not math.isnan(
-                    row[column]
-                ):  # a measure never first for good has no such step; older runs lack the head levels
-                    summary[f"validity/{row['measure']}/{column}"] = row[column]
+    for row in rows:
+        for column in validity.SUMMARY_COLUMNS:
+            if row[column] is not None and not math.isnan(
+                row[column]
+            ):  # a measure never first for good has no such step; older runs lack the head levels
+                summary[f"validity/{row['measure']}/{column}"] = row[column]
     summary.update(trajectory_summary(run_dir, series, change))
     summary.update(intervention_summary(run_dir))
-    (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+
+    # every figure the run has the data for, the dearest first: drawn side by side while the tables are written
+    label = run_label(run_dir)
+    drawings = []
+    if final is not None:
+        by_measure, step = final
+        title = f"composition minus baseline at step {step}: {label}"
+        drawings.append((partial(composition_report, by_measure, title), run_dir / COMPOSITION_FIGURE))
+    if history is not None:
+        drawings.append((partial(heads_figure, history, f"what every head becomes: {label}"), run_dir / HEADS_FIGURE))
+    drawings.append((partial(phase_change_figure, run_dir, series, measure, change), run_dir / PHASE_CHANGE_FIGURE))
+    if rows:
+        title = f"which measure tells the truth: {label}"
+        windows = intervention_windows(run_dir)
+        drawing = partial(validity.validity_figure, series, rows, change, title, window, windows)
+        drawings.append((drawing, run_dir / VALIDITY_FIGURE))
+    if timeline is not None:
+        title = f"which strategy the model uses: {label}"
+        drawings.append((partial(timeline_figure, timeline, title), run_dir / STRATEGIES_FIGURE))
+
+    def write_tables() -> None:
+        if rows:
+            write_rows(run_dir / VALIDITY_TABLE, rows, validity.COLUMNS)
+        (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+
+    draw_figures(drawings if figures else [], then=write_tables)
+    drawn = {path.name: path for _, path in drawings} if figures else {}
     because = None
     if not rows:
         because = (
@@ -295,21 +284,17 @@ def render(run_dir: Path, window: int, figures: bool = True) -> RunReport:
             if has_pairs(series, final)
             else "the model has no earlier->later head pairs (one layer)"
         )
-    charts = comparison_charts(series, change)
-    for aside in (composition, heads):
-        if aside is not None:
-            aside.wait()
     return RunReport(
         run_dir,
         summary,
-        figure_path,
-        validity_path,
+        drawn.get(PHASE_CHANGE_FIGURE),
+        drawn.get(VALIDITY_FIGURE),
         rows or None,
         because,
-        composition_path,
-        strategies_path,
-        heads_path,
-        charts,
+        drawn.get(COMPOSITION_FIGURE),
+        drawn.get(STRATEGIES_FIGURE),
+        drawn.get(HEADS_FIGURE),
+        comparison_charts(series, change),
     )
 
 
