@@ -194,8 +194,8 @@ def _composition_panel(ax, scores: np.ndarray, limit: float):
 
 class DrawnAside:
     """``draw()`` (build a figure and save it) in a forked child process while this one goes on, so that
-    a report's figures take every core there is; :meth:`wait` waits for it, and draws here after all if
-    the child failed (or where there is no fork, or one core). The child runs torch on one thread,
+    a report's figures take every core there is; :meth:`done` says whether it is drawn, and draws here
+    after all if the child failed (or where there is no fork, or one core). The child runs torch on one thread,
     writes only its figure and leaves by ``os._exit``: nothing of the parent's (W&B, files) is flushed
     or closed twice."""
 
@@ -231,14 +231,6 @@ class DrawnAside:
             self.draw()
         return True
 
-    def wait(self) -> None:
-        if self.pid is not None:
-            status = os.waitpid(self.pid, 0)[1]
-            self.pid = None
-            if status == 0:
-                return
-        self.draw()
-
 
 def usable_cores() -> int:
     """The cores this process may run on (its affinity where the OS says, else the machine's)."""
@@ -250,7 +242,7 @@ def draw_figures(drawings: list[tuple[Callable[[], Figure], Path]], then: Callab
     (:class:`DrawnAside`), as many at once as this process has cores, in the order given (the
     dearest first balances best); meanwhile run ``then()`` here. One core, or no fork: one after the
     other, here. A report's five figures are each CPU-bound (text layout, rasterising, PNG encoding)
-    and independent: on two cores this halves the time to the last one."""
+    and independent: n cores draw them in about 1/n of their CPU time, or the dearest one's."""
     pending = list(drawings)
     drawing: list[DrawnAside] = []
 
