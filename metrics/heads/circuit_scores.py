@@ -11,7 +11,6 @@ import math
 import torch
 from torch import Tensor
 
-from metrics.batched import over_threads
 from metrics.composition.circuits import HeadCircuits, centre_writing, fold_norm
 from models.transformer import AttentionOnlyTransformer
 
@@ -22,8 +21,8 @@ MATCHING = "match"
 def eigenvalue_positivity(matrices: Tensor) -> Tensor:
     """``Σ Re λ / Σ |λ|`` of each ``[..., r, r]`` matrix -> ``[...]``, on the CPU: the matrices are
     ``d_head``-sized, and a general eigendecomposition is not implemented on MPS and runs serially,
-    with a host sync, on CUDA; split over torch's threads (:func:`~metrics.batched.over_threads`)."""
-    eigenvalues = over_threads(torch.linalg.eigvals, matrices.to("cpu"))
+    with a host sync, on CUDA."""
+    eigenvalues = torch.linalg.eigvals(matrices.to("cpu"))
     return eigenvalues.real.sum(-1) / eigenvalues.abs().sum(-1)
 
 
