@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,15 +27,44 @@ MAX_RATIO = 2.0
 FLOOR = [sys.executable, "-c", "import torch, lightning"]
 
 
-def wall(command: list[str], repo: Path = REPO) -> float:
-    """Seconds ``command`` takes as a whole process, run from ``repo`` (exits non-zero: an error)."""
+@dataclass(frozen=True)
+class Timing:
+    """One whole process: ``wall`` seconds; ``cpu``, the CPU seconds of it and every process it waited
+    for (user + system); ``steal``, the seconds the VM's host took the machine's CPUs from it meanwhile,
+    all CPUs together (``/proc/stat``; 0 off Linux or on bare metal): a run with seconds of steal was slowed by
+    someone else's work."""
+
+    wall: float
+    cpu: float
+    steal: float
+
+
+def stolen_seconds() -> float:
+    """The seconds of steal since boot, all CPUs together (``/proc/stat``'s ``cpu`` line; 0 where there is none)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def timed(command: list[str], repo: Path = REPO) -> Timing:
+    """``command`` run from ``repo`` as a whole process, timed (exits non-zero: an error)."""
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
+    before, steal = os.times(), stolen_seconds()
     started = time.perf_counter()
     result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    after = os.times()
     if result.returncode != 0:
         raise SystemExit(f"error: {' '.join(command)} exited {result.returncode}: {result.stderr.strip()[-500:]}")
-    return seconds
+    cpu = after.children_user + after.children_system - before.children_user - before.children_system
+    return Timing(seconds, cpu, stolen_seconds() - steal)
+
+
+def wall(command: list[str], repo: Path = REPO) -> float:
+    """Seconds ``command`` takes as a whole process, run from ``repo`` (exits non-zero: an error)."""
+    return timed(command, repo).wall
 
 
 def slowest_imports(repo: Path = REPO, top: int = 10) -> list[tuple[float, str]]:

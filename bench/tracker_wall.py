@@ -9,7 +9,10 @@ the adaptive trajectory steps and the end-of-run report (a run with ``tracker=of
 ``--repo`` times another checkout's ``train.py`` (an earlier commit's) with this interpreter. W&B
 offline, run directories in a temporary folder. Prints each setting's median and range, and the ratio of
 the fastest runs beside that of the medians (on a shared machine one run of a command can take seconds
-longer than the next). Exits 1 when the median ratio is above ``--max-ratio``.
+longer than the next). Beside each run, its CPU seconds (the process and those it waited for) and the
+seconds the VM's host stole from the machine meanwhile (``/proc/stat``): a run with seconds of steal was
+slowed by someone else's work, and the CPU ratio of the medians is the steadier second reading. Exits 1
+when the median wall ratio is above ``--max-ratio``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.startup import REPO, wall
+from bench.startup import REPO, Timing, timed
 
 SHAPE = ["model.n_layers=4", "model.n_heads=8", "model.d_model=256", "model.d_head=32", "trainer.max_steps=200"]
 
@@ -37,24 +40,44 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     overrides = args.overrides or SHAPE
-    on, off = [], []
+    on: list[Timing] = []
+    off: list[Timing] = []
     with tempfile.TemporaryDirectory() as scratch:
         for repeat in range(args.repeats):
-            for setting, walls in (([], on), (["tracker=off"], off)):
+            for setting, runs in (([], on), (["tracker=off"], off)):
                 run_dir = f"{scratch}/{len(on) + len(off)}"
                 command = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides, *setting]
-                walls.append(wall([*command, "trainer.enable_progress_bar=false"], args.repo))
-                print(f"repeat {repeat}: tracker {'off' if setting else 'on '} {walls[-1]:.1f} s", flush=True)
-    ratio = statistics.median(on) / statistics.median(off)
-    fastest = min(on) / min(off)  # each command's least-disturbed run: a second reading of the same ratio
+                runs.append(timed([*command, "trainer.enable_progress_bar=false"], args.repo))
+                t = runs[-1]
+                print(
+                    f"repeat {repeat}: tracker {'off' if setting else 'on '} {t.wall:.1f} s"
+                    f" (CPU {t.cpu:.1f} s, steal {t.steal:.1f} s)",
+                    flush=True,
+                )
+    median = lambda runs, field: statistics.median(getattr(t, field) for t in runs)
+    ratio = median(on, "wall") / median(off, "wall")
+    fastest = min(t.wall for t in on) / min(t.wall for t in off)  # each command's least-disturbed run
+    cpu_ratio = median(on, "cpu") / median(off, "cpu")
+    span = lambda runs: f"{min(t.wall for t in runs):.1f}-{max(t.wall for t in runs):.1f}"
     print(
-        f"\ntracker on {statistics.median(on):.1f} s ({min(on):.1f}-{max(on):.1f}),"
-        f" off {statistics.median(off):.1f} s ({min(off):.1f}-{max(off):.1f}) (medians of {args.repeats}, range)"
+        f"\ntracker on {median(on, 'wall'):.1f} s ({span(on)}), off {median(off, 'wall'):.1f} s ({span(off)})"
+        f" (medians of {args.repeats}, range)"
     )
     print(f"wall ratio {ratio:.3f} (target <= {args.max_ratio}): {'met' if ratio <= args.max_ratio else 'NOT met'}")
     print(f"  fastest against fastest: {fastest:.3f}")
+    print(
+        f"  CPU: on {median(on, 'cpu'):.1f} s, off {median(off, 'cpu'):.1f} s: {cpu_ratio:.3f};"
+        f" steal over all runs {sum(t.steal for t in on + off):.1f} s"
+    )
     if args.out:
-        results = {"overrides": overrides, "on_s": on, "off_s": off, "ratio": ratio, "ratio_of_fastest": fastest}
+        results = {
+            "overrides": overrides,
+            "on": [vars(t) for t in on],
+            "off": [vars(t) for t in off],
+            "ratio": ratio,
+            "ratio_of_fastest": fastest,
+            "cpu_ratio": cpu_ratio,
+        }
         args.out.write_text(json.dumps(results, indent=2))
     return 0 if ratio <= args.max_ratio else 1
 
