@@ -48,7 +48,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> None:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     naming = wandb_naming(cfg, list(hydra_cfg.overrides.task), hydra_cfg.sweep.dir if multirun else None)
-    with training_outcome(run_dir, cfg.explorer):
+    with training_outcome(run_dir, cfg.explorer) as page:
         opening = open_wandb_run(cfg, run_dir, continuation, naming)  # W&B opens its run while Lightning loads
         import lightning as L
 
@@ -59,7 +59,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         if (threads := torch_threads(cfg, hydra_cfg.launcher if multirun else None)) is not None:
             set_torch_threads(threads)
-        trainer = build_trainer(cfg, run_dir, continuation, naming, opening)
+        trainer = build_trainer(cfg, run_dir, continuation, naming, opening, page.start if page else None)
         trainer.fit(
             build_module(cfg), datamodule=build_datamodule(cfg), ckpt_path=continuation.checkpoint, weights_only=True
         )

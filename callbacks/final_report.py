@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -11,13 +12,19 @@ from reports.publish import publish_report
 
 class PhaseChangeFigure(L.Callback):
     """At the end of fit: render the report, log its figures (unless ``figures`` is false), validity table
-    and summary to W&B, print it."""
+    and summary to W&B, print it. ``meanwhile``: work of the run's end to begin once the figures are
+    being drawn (the explorer page), on the cores they leave."""
 
-    def __init__(self, run_dir: Path, smoothing_window: int, figures: bool) -> None:
+    def __init__(
+        self, run_dir: Path, smoothing_window: int, figures: bool, meanwhile: Callable[[], None] | None = None
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.smoothing_window = smoothing_window
         self.figures = figures
+        self.meanwhile = meanwhile
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            publish_report(self.run_dir, trainer.loggers, trainer.global_step, self.smoothing_window, self.figures)
+            publish_report(
+                self.run_dir, trainer.loggers, trainer.global_step, self.smoothing_window, self.figures, self.meanwhile
+            )

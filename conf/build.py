@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -106,7 +107,11 @@ def run_record(cfg: DictConfig, wandb_id: str | None) -> dict:
 
 
 def build_callbacks(
-    cfg: DictConfig, run_dir: Path, wandb_id: str | None, naming: WandbNaming = WandbNaming()
+    cfg: DictConfig,
+    run_dir: Path,
+    wandb_id: str | None,
+    naming: WandbNaming = WandbNaming(),
+    while_reporting: Callable[[], None] | None = None,
 ) -> list[L.Callback]:
     last = run_dir / CHECKPOINTS / LAST_CHECKPOINT
     record = run_record(cfg, wandb_id)
@@ -133,7 +138,7 @@ def build_callbacks(
         run = {"wandb_id": wandb_id, "wandb_group": naming.group, "wandb_name": naming.name}
         callbacks.append(build_trajectory(cfg, run_dir, config, run, tracker))
     if tracker is not None:
-        callbacks.append(PhaseChangeFigure(run_dir, smoothing_window=tr.smoothing_window, figures=cfg.figures))
+        callbacks.append(PhaseChangeFigure(run_dir, tr.smoothing_window, cfg.figures, while_reporting))
     llc = cfg.stages.llc
     if llc.every_n_steps > 0:
         if warning := llc_calibration_warning(cfg):
@@ -202,9 +207,11 @@ def build_trainer(
     continuation: Continuation = Continuation(),
     naming: WandbNaming = WandbNaming(),
     opening: WandbOpening | None = None,
+    while_reporting: Callable[[], None] | None = None,
 ) -> L.Trainer:
     """The trainer, its loggers and callbacks; the W&B run is the continued one or a new id, or the one
-    ``opening`` is already opening (:func:`conf.wandb_run.open_wandb_run`)."""
+    ``opening`` is already opening (:func:`conf.wandb_run.open_wandb_run`); ``while_reporting``: what
+    the end-of-run report begins once its figures are being drawn (the explorer page's writing)."""
     silence_known_warnings()
     trainer = cfg.trainer
     interactive = sys.stdout.isatty()  # not a terminal: progress lines instead of a redrawn bar
@@ -212,7 +219,7 @@ def build_trainer(
         wandb_id = opening.options["id"]
     else:
         wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
-    callbacks = build_callbacks(cfg, run_dir, wandb_id, naming)
+    callbacks = build_callbacks(cfg, run_dir, wandb_id, naming, while_reporting)
     guard = next(c for c in callbacks if isinstance(c, DivergenceGuard))  # the one reader of the loss
     if trainer.enable_progress_bar:
         callbacks.append(loss_bar(guard) if interactive else ProgressLines(trainer.progress_every_n_steps, guard))

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import matplotlib
@@ -239,28 +239,21 @@ def usable_cores() -> int:
 
 def draw_figures(drawings: list[tuple[Callable[[], Figure], Path]], then: Callable[[], None] = lambda: None) -> None:
     """Build and save each ``(build, path)`` figure (:func:`save_figure`), each in a forked child
-    (:class:`DrawnAside`), as many at once as this process has cores, in the order given (the
-    dearest first balances best); meanwhile run ``then()`` here. One core, or no fork: one after the
-    other, here. A report's five figures are each CPU-bound (text layout, rasterising, PNG encoding)
-    and independent: n cores draw them in about 1/n of their CPU time, or the dearest one's."""
-    pending = list(drawings)
-    drawing: list[DrawnAside] = []
-
-    def start_next() -> None:
-        build, path = pending.pop(0)
-        drawing.append(DrawnAside(lambda: save_figure(build(), path)))
-
-    cores = usable_cores()
-    while pending and len(drawing) < cores:
-        start_next()
+    (:class:`DrawnAside`), all forked at once, before ``then()`` runs here meanwhile: ``then`` may start
+    threads (the explorer page), and no fork follows one. One core, or no fork: one after the other,
+    here, then ``then()``. A report's five figures are each CPU-bound (text layout, rasterising, PNG
+    encoding) and independent: n cores draw them in about 1/n of their CPU time, or the dearest one's."""
+    drawing = [DrawnAside(partial(draw_and_save, build, path)) for build, path in drawings]
     then()
     while drawing:
-        finished = [aside for aside in drawing if aside.done()]
-        drawing = [aside for aside in drawing if aside not in finished]
-        while pending and len(drawing) < cores:
-            start_next()
-        if drawing and not finished:
+        drawing = [aside for aside in drawing if not aside.done()]
+        if drawing:
             time.sleep(0.005)
+
+
+def draw_and_save(build: Callable[[], Figure], path: Path) -> None:
+    """Build a figure and save it (:func:`save_figure`)."""
+    save_figure(build(), path)
 
 
 def save_figure(fig: Figure, path: Path) -> None:

@@ -5,6 +5,7 @@ logged to W&B, and printed. Apart from :mod:`reports.run_report` so that renderi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
@@ -15,15 +16,18 @@ from reports.run_report import RunReport, print_report, render
 from reports.wandb_charts import log_charts
 
 
-def publish_report(run_dir: Path, loggers: list, step: int, window: int, figures: bool) -> RunReport | None:
-    """Flush the CSV, render the report of ``run_dir`` (its figures only with ``figures``), log its figures,
-    validity table, summary and comparison charts (:mod:`reports.wandb_charts`) to every W&B logger at
-    ``step``, and print it (None, said why, when there is nothing to draw)."""
+def publish_report(
+    run_dir: Path, loggers: list, step: int, window: int, figures: bool, meanwhile: Callable[[], None] | None = None
+) -> RunReport | None:
+    """Flush the CSV, render the report of ``run_dir`` (its figures only with ``figures``; ``meanwhile``
+    begun once they are being drawn), log its figures, validity table,
+    summary and comparison charts (:mod:`reports.wandb_charts`) to every W&B logger at ``step``, and print
+    it (None, said why, when there is nothing to draw)."""
     for logger in loggers:
         if isinstance(logger, CSVLogger):
             logger.save()  # flush rows still buffered
     try:
-        report = render(run_dir, window, figures)
+        report = render(run_dir, window, figures, meanwhile)
     except (FileNotFoundError, ValueError) as error:
         print(f"no figure: {error}")
         return None

@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -218,11 +219,12 @@ class RunReport:
     charts: dict[str, LineChart] = field(default_factory=dict)  # W&B's comparison charts, by key
 
 
-def render(run_dir: Path, window: int, figures: bool = True) -> RunReport:
+def render(run_dir: Path, window: int, figures: bool = True, meanwhile: Callable[[], None] | None = None) -> RunReport:
     """Write ``run_dir/summary.json`` from the CSV log (and the store's pair curves), with a tracked
     ablation also ``validity.csv``; with ``figures`` draw ``phase_change.png``, and where the run has
     what they show ``validity.png``, ``composition.png`` (a tensor store), ``strategies.png`` and
-    ``heads.png``. Without ``figures`` every number is the same and no figure is drawn."""
+    ``heads.png``. Without ``figures`` every number is the same and no figure is drawn. ``meanwhile``:
+    begun here once the figures are being drawn (after the tables are written)."""
     csv_path = run_dir / CSV_RELATIVE_PATH
     if not csv_path.is_file() or csv_path.stat().st_size == 0:
         raise FileNotFoundError(f"no CSV log at {csv_path}: is {run_dir} a finished train.py run directory?")
@@ -274,6 +276,8 @@ def render(run_dir: Path, window: int, figures: bool = True) -> RunReport:
         if rows:
             write_rows(run_dir / VALIDITY_TABLE, rows, validity.COLUMNS)
         (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+        if meanwhile is not None:
+            meanwhile()
 
     draw_figures(drawings if figures else [], then=write_tables)
     drawn = {path.name: path for _, path in drawings} if figures else {}

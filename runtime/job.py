@@ -147,16 +147,24 @@ def startup_signals_noted() -> Iterator[None]:
 
 
 @contextmanager
-def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[None]:
+def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[ExplorerPage | None]:
     """Around ``trainer.fit``: a preemption, a divergence or any other failure ends the W&B run as
     preempted or failed (never successful) and becomes a :class:`JobEnded` with the command that
-    continues; a preempted SLURM job is requeued and leaves at once, as submitit does. A run that
-    finished writes its ``explorer.html`` (``explorer``) while W&B finishes."""
+    continues; a preempted SLURM job is requeued and leaves at once, as submitit does. Yields the run's
+    ``explorer.html`` (``explorer``, else None), not yet begun: the end-of-run report begins it while
+    its figures are drawn (:meth:`ExplorerPage.start`); a run that finished without a report begins it
+    here, while W&B finishes. Either way it is waited for, and said, after W&B has finished."""
     from callbacks.divergence import TrainingDiverged
     from callbacks.preemption import Preempted
 
+    page = ExplorerPage(run_dir) if explorer else None
     try:
-        yield
+        try:
+            yield page
+        except BaseException:
+            if page is not None:
+                page.settle()  # begun by a report that then failed: written whole, not cut off at exit
+            raise
     except Preempted as stop:
         finish_wandb(stop.exit_code, preempting=True)
         ended = JobEnded(
@@ -183,21 +191,28 @@ def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[None]:
     except BaseException:
         finish_wandb(1)  # any other failure (a second Ctrl-C too)
         raise
-    page = ExplorerPage(run_dir) if explorer else None
+    if page is not None:
+        page.start()  # where no report began it
     finish_wandb(0)
     if page is not None:
         page.wait()
 
 
 class ExplorerPage:
-    """The run's ``explorer.html`` (:mod:`analysis.explorer`), written on a thread while W&B finishes its
-    run. A page that cannot be written is said on stderr, with the command that tries again; the run's
-    numbers, report and status are written already, and stand."""
+    """The run's ``explorer.html`` (:mod:`analysis.explorer`), written on a thread from :meth:`start` on
+    (once the run's records are flushed: the CSV log, the tensor store, the trajectory), beside the
+    report's figures and W&B's finishing. A page that cannot be written is said on stderr, with the
+    command that tries again; the run's numbers, report and status are written already, and stand."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir, self.said, self.failed = run_dir, "", False
-        self.thread = threading.Thread(target=self.write, name="explorer page", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Begin writing the page on its thread (once: later calls do nothing)."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.write, name="explorer page", daemon=True)
+            self.thread.start()
 
     def write(self) -> None:
         from analysis.explorer import write_run_page
@@ -213,8 +228,15 @@ class ExplorerPage:
             )
 
     def wait(self) -> None:
+        """Write the page (begun now, if it was not) and say where it is, or why it is not."""
+        self.start()
         self.thread.join()
         print(self.said, file=sys.stderr if self.failed else sys.stdout, flush=True)
+
+    def settle(self) -> None:
+        """Let a page already begun finish (unsaid): a run that fails after its report began the page."""
+        if self.thread is not None:
+            self.thread.join()
 
 
 def finish_wandb(exit_code: int, preempting: bool = False) -> None:

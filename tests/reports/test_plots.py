@@ -1,10 +1,12 @@
 """The report's figures drawn side by side (:func:`reports.plots.draw_figures`): forked children, as a
-finished run draws them (its OpenMP team started), the tables written meanwhile."""
+finished run draws them (its OpenMP team started), all forked before the tables (and the explorer
+page) are written meanwhile."""
 
 from __future__ import annotations
 
 import os
 import signal
+from functools import partial
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -13,7 +15,8 @@ import torch
 from PIL import Image
 
 from metrics.dynamics.phase_change import smooth
-from reports.plots import draw_figures
+from reports.plots import draw_figures, usable_cores
+from tests.helpers import wait_for
 
 
 def line_figure(values):
@@ -77,3 +80,26 @@ def test_a_figure_that_cannot_be_drawn_fails_here_not_silently(tmp_path, bounded
     with pytest.raises(ValueError, match="no data for this figure"):
         draw_figures([(broken, tmp_path / "broken.png"), (lambda: line_figure([0, 1]), tmp_path / "fine.png")])
     assert not (tmp_path / "broken.png").exists()
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: the figures are drawn here, one after the other")
+def test_every_figure_is_forked_before_then_runs_so_no_fork_follows_a_thread_it_starts(tmp_path, bounded):
+    """``then`` may start a thread (the run's explorer page): forking after that would copy a process
+    whose other thread may hold a lock. Each figure's child waits until ``then`` has seen every child
+    started; a figure forked only after ``then`` had returned would never be seen by it."""
+    started, go = tmp_path / "started", tmp_path / "go"
+    started.mkdir()
+
+    def waiting_figure(i: int):
+        (started / str(i)).touch()
+        wait_for(go.exists, 30, "then() to let the figures go")
+        return line_figure([0, i])
+
+    drawings = [(partial(waiting_figure, i), tmp_path / f"figure{i}.png") for i in range(5)]  # more than the cores
+
+    def then() -> None:
+        wait_for(lambda: len(list(started.iterdir())) == len(drawings), 30, "every figure's child to start")
+        go.touch()
+
+    draw_figures(drawings, then=then)
+    assert all(path.is_file() for _, path in drawings)
