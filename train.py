@@ -11,12 +11,15 @@ exit code, SLURM requeue) is ``runtime/job.py``.
 from __future__ import annotations
 
 import os
+import sys
 
 from conf.threads import bounded_spinning
+from runtime.collector import exit_uncollected, pause_for_start_up, resume_for_training
 
 os.environ.update(bounded_spinning(os.environ))  # before torch loads (docs/operations.md, "Threads")
+if __name__ == "__main__":
+    pause_for_start_up(sys.argv[1:])  # Python's garbage collector off until training starts (runtime/collector.py)
 
-import gc
 import logging
 from pathlib import Path
 
@@ -60,6 +63,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> None:
         if (threads := torch_threads(cfg, hydra_cfg.launcher if multirun else None)) is not None:
             set_torch_threads(threads)
         trainer = build_trainer(cfg, run_dir, continuation, naming, opening, page.start if page else None)
+        resume_for_training()
         trainer.fit(
             build_module(cfg), datamodule=build_datamodule(cfg), ckpt_path=continuation.checkpoint, weights_only=True
         )
@@ -71,5 +75,5 @@ if __name__ == "__main__":
     try:
         with startup_errors:
             main()
-    finally:  # the interpreter's last collection then passes over the ~600,000 objects that torch, Lightning
-        gc.freeze()  # and W&B made (1.3 s of a run's exit, measured); every file is closed and flushed by then
+    finally:
+        exit_uncollected()
