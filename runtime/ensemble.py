@@ -26,6 +26,7 @@ from records.layout import CHECKPOINTS, ENSEMBLE_RESUME, LAST_CHECKPOINT, RUN_KE
 from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, STOP_SIGNALS, write_status
 from runtime.console import tee_console
 from runtime.job import ExplorerPage, JobEnded, objective_value, signals_handled, startup_signals_noted
+from runtime.lightning_import import import_lightning
 from runtime.slurm import requeue_this_job
 
 
@@ -72,7 +73,8 @@ def fit_ensemble(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_
 
 def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str):
     """Build every member, fit them together; returns the members (``callbacks.ensemble.Member``)."""
-    import lightning as L  # Lightning and W&B load only once every config is known to be good
+    import_lightning()  # Lightning and W&B load only once every config is known to be good
+    import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -300,7 +302,7 @@ def fit_parts(parts: list[Part], sweep_dir: Path, command: str, n_jobs: int) -> 
     return results
 
 
-WORKER_PRELOAD = ("lightning.pytorch", "conf.build", "models.ensemble_module", "callbacks.ensemble")
+WORKER_PRELOAD = ("runtime.worker_preload",)
 """What the workers' fork server imports once, so that each worker starts without paying for it again."""
 
 
