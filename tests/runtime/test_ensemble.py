@@ -84,6 +84,24 @@ def csv_rows(run_dir) -> list:
         return sorted((int(row["step"]), sorted((k, v) for k, v in row.items() if v)) for row in csv.DictReader(file))
 
 
+SOLVED = "strategies/weight/"
+"""The mixture reading's weights: SLSQP's answer, whose last bits (1e-13 here) differ between two processes
+given the same model outputs (measured: the same inputs solved after different imports), so a member
+trained in another process layout matches them to the solver's precision, not bit for bit."""
+
+
+def split_solved(rows: list) -> tuple[list, list[str], list[float]]:
+    """``csv_rows`` without the :data:`SOLVED` keys, and those keys' names and values."""
+    kept, names, values = [], [], []
+    for step, items in rows:
+        kept.append((step, [(k, v) for k, v in items if not k.startswith(SOLVED)]))
+        for k, v in items:
+            if k.startswith(SOLVED):
+                names.append(f"{step}:{k}")
+                values.append(float(v))
+    return kept, names, values
+
+
 @pytest.fixture(scope="module")
 def float64_ensemble(tmp_path_factory):
     """The ensemble of seeds 0 and 1 with :data:`EQUAL`'s options, trained in this process (its numbers,
@@ -255,7 +273,10 @@ def test_a_stop_signal_reaches_both_processes_checkpoints_each_ensemble_at_one_s
     assert "ensemble: 2 ensembles of 2, 2 members, 2 at a time" in resumed.stdout, resumed.stdout[-3000:]
     for k in range(4):
         assert f"2 members at step {steps[k]}, in place" in (stopped / str(k) / "train.log").read_text()
-        assert csv_rows(stopped / str(k)) == csv_rows(straight / str(k))  # every step once, equal
+        rows, names, weights = split_solved(csv_rows(stopped / str(k)))
+        expected, expected_names, expected_weights = split_solved(csv_rows(straight / str(k)))
+        assert rows == expected  # every step once, every value but the mixture's weights bit for bit
+        assert names == expected_names and weights == pytest.approx(expected_weights, rel=1e-9, abs=1e-12)
         record = json.loads((stopped / str(k) / "intervention.json").read_text())
         assert record == json.loads((straight / str(k) / "intervention.json").read_text())
         assert json.loads((stopped / str(k) / "status.json").read_text())["status"] == "finished"
