@@ -3,10 +3,11 @@
 Lightning imports torchmetrics whenever it loads (for its ``Metric`` type, whatever a run logs), and
 torchmetrics imports every optional package of its metrics that it finds installed: SciPy's ``signal``
 (audio metrics), ``transformers`` with ``huggingface_hub`` and an HTTP stack (BERTScore) and matplotlib
-(its plots). Of the 5.2 s that ``import lightning`` took in a one-step run where the extras are
-installed, they were 2.4 s: SciPy 1.06 s, transformers and what it loads 0.9 s, matplotlib 0.4 s
-(``python -X importtime train.py trainer.max_steps=1``, the 2-core machine, 2026-11-29). The core
-installs SciPy and matplotlib for the project's own use; TransformerLens brings transformers.
+(its plots). Where every extra is installed, ``import torch, lightning`` took 6.6-7.3 s, and
+``import torch`` then :func:`import_lightning` 3.6-3.9 s (the 2-core machine, 2026-11-29; in
+``python -X importtime``, self times: SciPy 1.06 s, transformers and what it loads 0.9 s, matplotlib
+0.3 s). The core installs SciPy and matplotlib for the project's own use; TransformerLens brings
+transformers.
 
 :func:`import_lightning` tells torchmetrics that those three are not installed while Lightning
 loads, and nothing else: torchmetrics asks both of its questions (is a package there, which version)
