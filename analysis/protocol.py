@@ -427,6 +427,9 @@ def wandb_loggers(request: Request) -> list:
     w = request.cfg.logger.wandb
     if not w.enabled:
         return []
+    from conf.lightning_import import import_lightning
+
+    import_lightning()  # before conf.build's Lightning: without torchmetrics's optional packages
     from conf.build import wandb_logger
 
     run = Trajectory(request.run_dir).run

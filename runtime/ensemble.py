@@ -22,11 +22,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from conf.lightning_import import import_lightning
 from records.layout import CHECKPOINTS, ENSEMBLE_RESUME, LAST_CHECKPOINT, RUN_KEY, TRAIN_LOG
 from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, STOP_SIGNALS, write_status
 from runtime.console import tee_console
 from runtime.job import ExplorerPage, JobEnded, objective_value, signals_handled, startup_signals_noted
-from runtime.lightning_import import import_lightning
 from runtime.slurm import requeue_this_job
 
 

@@ -23,11 +23,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from conf.lightning_import import import_lightning
 from conf.validate import ConfigError, validate
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, SUMMARY_NAME, TRAIN_LOG
 from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, STOP_SIGNALS, read_status, write_status
 from runtime.console import tee_console
-from runtime.lightning_import import import_lightning
 from runtime.slurm import remember_slurm_run, requeue_this_job
 
 
@@ -155,7 +155,7 @@ def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[Explorer
     ``explorer.html`` (``explorer``, else None), not yet begun: the end-of-run report begins it while
     its figures are drawn (:meth:`ExplorerPage.start`); a run that finished without a report begins it
     here, while W&B finishes. Either way it is waited for, and said, after W&B has finished."""
-    import_lightning()  # a run's first Lightning import (runtime/lightning_import.py)
+    import_lightning()  # a run's first Lightning import (conf/lightning_import.py)
     from callbacks.divergence import TrainingDiverged
     from callbacks.preemption import Preempted
 

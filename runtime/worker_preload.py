@@ -1,8 +1,8 @@
 """What the ensemble's fork server imports once, before it forks any worker (``runtime/ensemble.py``,
-``worker_context``): Lightning as a run imports it (:mod:`runtime.lightning_import`), then the modules
+``worker_context``): Lightning as a run imports it (:mod:`conf.lightning_import`), then the modules
 every worker runs, so that each worker starts without importing them again."""
 
-from runtime.lightning_import import import_lightning
+from conf.lightning_import import import_lightning
 
 import_lightning()
 

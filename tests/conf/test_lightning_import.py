@@ -1,4 +1,4 @@
-"""Lightning imported as a run imports it (``runtime/lightning_import.py``): torchmetrics loads none of
+"""Lightning imported as a run imports it (``conf/lightning_import.py``): torchmetrics loads none of
 the optional packages it would import for its own metrics, Lightning works, and every answer about
 those packages is true again afterwards. In a fresh interpreter: this one has imported Lightning already."""
 
@@ -17,7 +17,7 @@ loaded = sorted(n for n in ("scipy", "scipy.signal", "transformers", "huggingfac
 import importlib.metadata, lightning, torchmetrics
 from lightning.pytorch.core.module import Metric
 from lightning_utilities.core import imports
-from runtime.lightning_import import import_lightning
+from conf.lightning_import import import_lightning
 import_lightning()  # Lightning already loaded: nothing to do
 print(json.dumps({
     "installed": installed,
