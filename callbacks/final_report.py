@@ -7,8 +7,6 @@ from pathlib import Path
 
 import lightning as L
 
-from reports.publish import publish_report
-
 
 class PhaseChangeFigure(L.Callback):
     """At the end of fit: render the report, log its figures (unless ``figures`` is false), validity table
@@ -25,6 +23,8 @@ class PhaseChangeFigure(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
+            from reports.publish import publish_report  # the plotting library (0.8 s) only at the end
+
             publish_report(
                 self.run_dir, trainer.loggers, trainer.global_step, self.smoothing_window, self.figures, self.meanwhile
             )

@@ -31,7 +31,7 @@ from metrics.tracked.options import TrackerOptions
 from records.keys import pair_key_count, snapshot_metrics
 from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, snapshot_labels, snapshot_tensors
-from reports.plots import heatmap_image
+from reports.heatmap_pixels import heatmap_image
 from reports.tracker_cost import WITH_ALL, TrackerCost
 
 SMALL_SNAPSHOT_FLOPS = 1e9  # below this, a snapshot is many small ops: one thread is faster than two

@@ -198,7 +198,7 @@ def test_a_real_snapshot_flows_through_keys_store_and_heatmap(tmp_path):
     from data.probe import make_probe_batch
     from metrics.snapshot import take_snapshot
     from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors
-    from reports.plots import heatmap_image
+    from reports.heatmap_pixels import heatmap_image
     from tests.helpers import random_model
 
     measures = ("frobenius", "subspace")
