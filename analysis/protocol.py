@@ -184,7 +184,7 @@ def plan(analysis: type[Analysis], run_dir: Path, args: argparse.Namespace) -> R
 
 def sweep_jobs(path: Path) -> list[Path]:
     """The job directories of a sweep directory that kept a trajectory (empty for a run directory)."""
-    from reports.sweep_report import job_dirs  # how the sweep report finds a sweep's jobs
+    from records.layout import job_dirs  # how the sweep report finds a sweep's jobs
 
     if (path / TRAJECTORY_DIR).is_dir():
         return []

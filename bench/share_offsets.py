@@ -36,11 +36,10 @@ import torch
 from torch import Tensor
 
 from metrics.composition.data_shares import CENTRES, data_shares
-from records.layout import SUMMARY_NAME, TENSORS_DIR, run_label
+from records.layout import SUMMARY_NAME, TENSORS_DIR, job_dirs, run_label
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory
 from reports.rise import causal_pair
-from reports.sweep_report import job_dirs
 
 DEFAULT_STEPS = (0, 200, 250, 300, 340, 380, 420, 470, 600, 1000, 1500)
 """Through the default run's phase change (onset ~300-360, end ~430-460); each read at the nearest saved step."""

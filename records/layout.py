@@ -96,6 +96,19 @@ def run_label(run_dir: Path) -> str:
     return "/".join(Path(run_dir).resolve().parts[-2:])
 
 
+def job_dirs(paths: list[Path]) -> list[Path]:
+    """The run directories under each path (a sweep directory: its numbered job directories), or
+    the path itself when it is a run directory."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / HYDRA_DIR / HYDRA_OVERRIDES).is_file():
+            found.append(path)
+            continue
+        jobs = [p.parent.parent for p in path.glob(f"*/{HYDRA_DIR}/{HYDRA_OVERRIDES}")]
+        found.extend(sorted(jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)))
+    return found
+
+
 def holds_a_run(directory: Path) -> list[str]:
     """The run files in ``directory`` (empty when there are none: a fresh or unrelated directory)."""
     return [name for name in RUN_MARKERS if (Path(directory) / name).exists()]

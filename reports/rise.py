@@ -43,9 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from records.layout import ANALYSIS_DIR, SUMMARY_NAME, TENSORS_DIR, run_label
+from records.layout import ANALYSIS_DIR, SUMMARY_NAME, TENSORS_DIR, job_dirs, run_label
 from records.tensor_store import read_tensor_store
-from reports.sweep_report import job_dirs
 
 EFFECTS = ("pattern_change", "loss_change")
 TRUTH = "ablation"

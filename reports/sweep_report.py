@@ -55,6 +55,7 @@ from records.layout import (
     SWEEP_MIDPOINTS_FIGURE,
     SWEEP_TRAINING_VALIDITY,
     TENSORS_DIR,
+    job_dirs,
 )
 from records.status import FINISHED, read_status
 from records.tables import write_rows
@@ -79,19 +80,6 @@ class Job:
     loss_curve: tuple[np.ndarray, np.ndarray] | None = None  # (steps, repeated-token loss)
     induction_curve: tuple[np.ndarray, np.ndarray] | None = None  # (steps, top induction score)
     curves: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # intervention_report.CURVES
-
-
-def job_dirs(paths: list[Path]) -> list[Path]:
-    """The run directories under each path (a sweep directory: its numbered job directories), or
-    the path itself when it is a run directory."""
-    found: list[Path] = []
-    for path in paths:
-        if (path / HYDRA_DIR / HYDRA_OVERRIDES).is_file():
-            found.append(path)
-            continue
-        jobs = [p.parent.parent for p in path.glob(f"*/{HYDRA_DIR}/{HYDRA_OVERRIDES}")]
-        found.extend(sorted(jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)))
-    return found
 
 
 def read_overrides(run_dir: Path) -> dict[str, str]:

@@ -41,9 +41,9 @@ class SweepEndReport(Callback):
 
 
 def write_sweep_page(sweep_dir: Path) -> None:
-    """The sweep's ``explorer.html`` (:mod:`analysis.explorer`): its members' curves, linking to their pages."""
-    from analysis.explorer import write_sweep_page as write
-    from reports.sweep_report import job_dirs
+    """The sweep's ``explorer.html`` (:mod:`analysis.explorer_pages`): its members' curves, linking to their pages."""
+    from analysis.explorer_pages import write_sweep_page as write
+    from records.layout import job_dirs
 
     try:
         path, size, seconds = write(sweep_dir, job_dirs([sweep_dir]))
