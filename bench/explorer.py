@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analysis.explorer import runs_under, write_run_page, write_sweep_page
+from analysis.explorer import runs_under
+from analysis.explorer_pages import write_run_page, write_sweep_page
 from analysis.saved_run import SavedInterventions
 from records.layout import CSV_RELATIVE_PATH, EXPLORER_PAGE, HYDRA_CONFIG, HYDRA_DIR, STATUS_FILE
 from records.trajectory import Trajectory, TrajectoryError

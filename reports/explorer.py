@@ -2,10 +2,11 @@
 
 A step slider (play/pause, the arrow keys) moves every view at once: the losses and head scores with a
 marker at the step; every head's attention pattern on one probe sequence (computed from the
-trajectory's weights by :mod:`analysis.explorer`, which is also the command); every head's scores and
-type; the composition heatmaps (measure and Q/K/V chosen in the page); the strategies' KLs and mixture
-weights; the LLC and the stage boundaries an analysis found; interventions' windows shaded. Hovering a
-head or a pair shows its numbers. A view the run cannot feed says why instead.
+trajectory's weights by :mod:`analysis.explorer_pages`; the command is :mod:`analysis.explorer`);
+every head's scores and type; the composition heatmaps (measure and Q/K/V chosen in the page); the
+strategies' KLs and mixture weights; the LLC and the stage boundaries an analysis found; interventions'
+windows shaded. Hovering a head or a pair shows its numbers. A view the run cannot feed says why
+instead.
 
 No server and no network: Plotly's JavaScript (the ``plotly`` package's bundle, read as a file, never
 imported) is inlined and the data embedded, so the file opens anywhere, offline. The peer with a
@@ -90,7 +91,7 @@ def within(steps: np.ndarray, bytes_per_step: int, budget: int, what: str) -> tu
 
 @dataclass
 class Patterns:
-    """Every drawn head's attention on one probe sequence at some saved steps (:mod:`analysis.explorer`)."""
+    """Every drawn head's attention on one probe sequence at some saved steps (:mod:`analysis.explorer_pages`)."""
 
     steps: list[int]
     tokens: list[int]  # the probe sequence, [T]

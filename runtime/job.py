@@ -201,7 +201,7 @@ def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[Explorer
 
 
 class ExplorerPage:
-    """The run's ``explorer.html`` (:mod:`analysis.explorer`), written on a thread from :meth:`start` on
+    """The run's ``explorer.html`` (:mod:`analysis.explorer_pages`), written on a thread from :meth:`start` on
     (once the run's records are flushed: the CSV log, the tensor store, the trajectory), beside the
     report's figures and W&B's finishing. A page that cannot be written is said on stderr, with the
     command that tries again; the run's numbers, report and status are written already, and stand."""
@@ -217,7 +217,7 @@ class ExplorerPage:
             self.thread.start()
 
     def write(self) -> None:
-        from analysis.explorer import write_run_page
+        from analysis.explorer_pages import write_run_page
 
         try:
             path, size, seconds = write_run_page(self.run_dir)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from records.trajectory import Trajectory
 from reports.head_types import read_head_history
 from reports.run_report import read_series
 from tests.browser import opened
-from tests.helpers import module
+from tests.helpers import REPO, module
 
 pytestmark = pytest.mark.slow
 
@@ -119,3 +121,16 @@ def test_a_path_that_is_not_a_run_is_one_line_of_error(tmp_path, make):
         " trajectory/ or numbered job directories)"
     )
     assert not (tmp_path / "explorer.html").exists() and (make != "empty" or not any(path.iterdir()))
+
+
+def test_a_refusal_comes_before_torch_and_the_report_are_imported(tmp_path):
+    """The command refuses a path in a fraction of a second: its writers, with torch and the report's
+    modules, are imported only once the path holds a run."""
+    code = (
+        "import sys; from analysis.explorer import main; status = main([sys.argv[1]]);"
+        " print(status, [m for m in ('torch', 'matplotlib', 'reports.run_report') if m in sys.modules])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "nothing")], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.stdout.split("\n")[-2] == "2 []", result.stdout + result.stderr
