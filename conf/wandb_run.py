@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf.objects import intervention_plan
 from records.layout import RUN_KEY, SWEEP_CONFIG, resume_checkpoint, resumed_run_dir
+from records.wandb_lean import lean_wandb
 from records.wandb_reach import effective_mode
 
 
@@ -156,6 +157,7 @@ class WandbOpening:
     def _open(self) -> None:
         import wandb
 
+        lean_wandb()
         try:
             self._run = wandb.init(**self.options)
         except BaseException as error:  # handed to the thread that waits for the run

@@ -7,18 +7,8 @@ from collections.abc import Mapping
 
 from lightning.pytorch.loggers import WandbLogger
 
+from records.wandb_lean import lean_wandb
 from records.wandb_sections import STEP_KEY, summary_of, wandb_key
-
-
-def answer_dataframe_checks_by_type_name() -> None:
-    """Before W&B logs a value that is not a plain number (an image, a table), it asks whether it is a
-    ``pandas.DataFrame``; where pandas is installed it imports pandas (and pyarrow) to ask, 0.7-1 s
-    of a tracked run that logs no DataFrame. ``wandb.util.pd_available`` False makes W&B answer
-    from the value's type name instead (``wandb.util.is_pandas_data_frame``), which tells a
-    DataFrame as well."""
-    import wandb.util
-
-    wandb.util.pd_available = False
 
 
 class SectionedWandbLogger(WandbLogger):
@@ -36,7 +26,7 @@ class SectionedWandbLogger(WandbLogger):
             o = opening.options
             options = dict(project=o["project"], name=o["name"], id=o["id"], save_dir=o["dir"])
         super().__init__(**options)
-        answer_dataframe_checks_by_type_name()
+        lean_wandb()
         self._opening = opening
         self._defined: set[str] = set()
         if self._wandb_init.get("anonymous") is None:  # the one private field: Lightning offers no way to leave it out

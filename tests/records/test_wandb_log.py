@@ -1,15 +1,21 @@
 """W&B's sections: every tracker key lands in one, the story fits a page, and the prefix undoes; W&B's
-DataFrame check imports no pandas."""
+DataFrame check imports no pandas; its start imports no W&B Launch unless a script staged an input."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import numpy as np
+import pytest
 
-from records.wandb_log import answer_dataframe_checks_by_type_name
+from records.wandb_lean import (
+    LAUNCH_INPUTS,
+    answer_dataframe_checks_by_type_name,
+    apply_launch_inputs_only_where_staged,
+)
 from records.wandb_sections import SECTION_NAMES, section_of, story, summary_of, tracker_key, wandb_key
-from tests.helpers import fake_snapshot, snapshot_keys
+from tests.helpers import REPO, fake_snapshot, snapshot_keys
 
 
 def test_every_tracker_key_has_a_section_and_round_trips():
@@ -56,3 +62,46 @@ def test_wandb_tells_a_dataframe_without_importing_pandas(monkeypatch):
     assert not wandb.util.is_pandas_data_frame(np.zeros(2))
     frame_type = type("DataFrame", (), {"__module__": "pandas.core.frame"})
     assert wandb.util.is_pandas_data_frame(frame_type())
+
+
+OPEN_A_RUN = """
+import sys
+import wandb
+from records.wandb_lean import lean_wandb
+if sys.argv[1] == "lean":
+    lean_wandb()
+run = wandb.init(project="lean", dir=sys.argv[2], mode="offline")
+run.finish()
+print(sorted(m for m in ("wandb.sdk.launch", "wandb.apis.public") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("setting, loaded", [("lean", "[]"), ("as_is", "['wandb.apis.public', 'wandb.sdk.launch']")])
+def test_a_run_opens_without_w_and_b_launch_where_no_input_is_staged(tmp_path, setting, loaded):
+    """A fresh interpreter opens an offline W&B run: with :func:`lean_wandb` neither W&B Launch nor its
+    public API is imported; as W&B is (the reference), both are."""
+    result = subprocess.run(
+        [sys.executable, "-c", OPEN_A_RUN, setting, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_SILENT": "true"},
+    )
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == loaded, result.stdout + result.stderr
+
+
+def test_staged_launch_inputs_are_still_applied(monkeypatch):
+    """Where the Launch inputs' module has been imported (a script can have staged an input), W&B's own
+    method runs and applies them; where it has not, nothing is imported to look."""
+    from wandb.sdk import wandb_run
+
+    applied = []
+    monkeypatch.setattr(wandb_run.Run, "_detect_and_apply_job_inputs", lambda run: applied.append(run))
+    apply_launch_inputs_only_where_staged()
+    apply_launch_inputs_only_where_staged()  # a second call keeps one wrapper
+    monkeypatch.delitem(sys.modules, LAUNCH_INPUTS, raising=False)
+    wandb_run.Run._detect_and_apply_job_inputs("run without staging")
+    assert applied == [] and LAUNCH_INPUTS not in sys.modules
+    monkeypatch.setitem(sys.modules, LAUNCH_INPUTS, object())
+    wandb_run.Run._detect_and_apply_job_inputs("run with staging")
+    assert applied == ["run with staging"]
