@@ -49,6 +49,7 @@ from records.layout import (
     INDEX_NAME,
     STEPS_TABLE,
     TRAJECTORY_DIR,
+    job_dirs,
     measurements_dir,
 )
 from records.measurements import MeasuredSteps
@@ -184,8 +185,6 @@ def plan(analysis: type[Analysis], run_dir: Path, args: argparse.Namespace) -> R
 
 def sweep_jobs(path: Path) -> list[Path]:
     """The job directories of a sweep directory that kept a trajectory (empty for a run directory)."""
-    from records.layout import job_dirs  # how the sweep report finds a sweep's jobs
-
     if (path / TRAJECTORY_DIR).is_dir():
         return []
     return [job for job in job_dirs([path]) if (job / TRAJECTORY_DIR / INDEX_NAME).is_file()]

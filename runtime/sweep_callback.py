@@ -16,6 +16,7 @@ from records.layout import (
     SWEEP_CURVES_FIGURE,
     SWEEP_INTERVENTIONS_FIGURE,
     SWEEP_MIDPOINTS_FIGURE,
+    job_dirs,
 )
 
 
@@ -43,7 +44,6 @@ class SweepEndReport(Callback):
 def write_sweep_page(sweep_dir: Path) -> None:
     """The sweep's ``explorer.html`` (:mod:`analysis.explorer_pages`): its members' curves, linking to their pages."""
     from analysis.explorer_pages import write_sweep_page as write
-    from records.layout import job_dirs
 
     try:
         path, size, seconds = write(sweep_dir, job_dirs([sweep_dir]))
