@@ -115,6 +115,14 @@ EM_STEPS = 10
 """EM updates of the mixture weights before SLSQP polishes them (:func:`mixture_weights`)."""
 
 
+def load_solver() -> None:
+    """Import SciPy's optimizer (:func:`mixture_weights`'s SLSQP, ~0.4 s on 2 cores) ahead of the first
+    reading. A run's tracker calls it when it is built, while W&B opens its run on a thread of its own
+    (``conf/wandb_run.py``), so that the first snapshot does not pay for it. Not at the module's top:
+    a process that imports this module without reading strategies (``conf.schema`` does) loads no SciPy."""
+    import scipy.optimize  # noqa: F401
+
+
 def mixture_weights(model: Tensor, groups: TokenGroups, log_model: Tensor | None = None) -> tuple[np.ndarray, float]:
     """The weights ``w [S]`` on the simplex whose mixture ``Σ_s w_s q_s`` is closest to ``model [N, V]``
     (probabilities of the task tokens, rows summing to 1; ``log_model``: their logs, where the caller
@@ -138,7 +146,7 @@ def mixture_weights(model: Tensor, groups: TokenGroups, log_model: Tensor | None
         gradient = -np.einsum("ng,ngs->s", np.where(used, mass / mix, 0.0), profile) / N
         return value, gradient
 
-    from scipy.optimize import minimize  # here, not at the top: SciPy's 0.3 s only for a run that reads strategies
+    from scipy.optimize import minimize  # not at the top: see load_solver
 
     start = np.full(S, 1.0 / S)
     for _ in range(EM_STEPS):  # the EM update is w ⊙ (-∇): the gradient's terms are the responsibilities

@@ -14,6 +14,7 @@ from metrics.dynamics.strategies import (
     TokenGroups,
     grouped_kls,
     kl_rows,
+    load_solver,
     mixture_weights,
     negative_entropies,
     token_groups,
@@ -76,8 +77,10 @@ class Strategies(TrackedQuantity):
         self.n_random = 0
 
     def for_task(self, task, n_random: int) -> Strategies:
-        """Draw the held-out sequences of ``task`` and its strategies on them (once)."""
+        """Draw the held-out sequences of ``task`` and its strategies on them (once), and load the
+        mixture's solver (:func:`~metrics.dynamics.strategies.load_solver`)."""
         if self.enabled:
+            load_solver()
             ids = np.arange(HELD_OUT_STRATEGY_IDS, HELD_OUT_STRATEGY_IDS + self.options.sequences)
             self.use(task.reference(ids, n_random), n_random)
         return self

@@ -4,6 +4,9 @@ while their order holds, a change the strategies cannot see), one switch and two
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +15,7 @@ from bench.strategy_nulls import CASES, NAMES, STEPS, judge
 from data.task import tasks
 from data.tasks.markov_icl import MarkovICL
 from metrics.dynamics.strategies import mixture_weights, rise_steps, token_groups
+from tests.helpers import REPO
 
 MIXTURES = [
     (1 / 3, 1 / 3, 1 / 3),
@@ -144,3 +148,25 @@ def test_the_tracked_reading_equals_the_dense_kls_and_mixture_on_every_task(name
     weights, kl = mixture_weights(on_tokens, token_groups(stacked))
     np.testing.assert_allclose(found.weights, weights, atol=1e-6)
     assert found.mixture_kl == pytest.approx(kl, abs=1e-10)
+
+
+BUILT_TRACKER = """
+import sys
+from conf.lightning_import import import_lightning
+import_lightning()  # as a run: torchmetrics's own SciPy left out
+from conf.objects import build_quantities
+from tests.helpers import composed
+cfg = composed(*sys.argv[1:])
+names = [q.name for q in build_quantities(cfg.tracker, cfg)]
+print("strategies" in names, "scipy.optimize" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("overrides, loaded", [([], True), (["tracker.strategies.every_n_steps=0"], False)])
+def test_a_tracker_that_reads_strategies_loads_the_solver_when_it_is_built(overrides, loaded):
+    """SciPy's optimizer is imported with the tracker (while W&B opens), not in the first snapshot, whose
+    cost the run's cost report reads (it printed "strategies 389 ms every 20 ... expected tracker overhead
+    86 %" for the default run); a tracker without strategies imports none of it."""
+    result = subprocess.run([sys.executable, "-c", BUILT_TRACKER, *overrides], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [str(loaded), str(loaded)]
