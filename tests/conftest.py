@@ -29,6 +29,15 @@ os.environ.setdefault(
 )
 
 
+def pytest_collection(session) -> None:
+    """Lightning imported as a run imports it (``conf/lightning_import.py``), before the test files load
+    it: ~3 s less in each process that runs tests. Not in pytest-xdist's controller, which collects none
+    and so imports no Lightning at all."""
+    from conf.lightning_import import import_lightning
+
+    import_lightning()
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """The test files with the most slow tests (those that train, most through a subprocess) first, each
     file's tests in their own order: pytest-xdist hands a worker one file at a time in this order
