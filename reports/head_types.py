@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure
 
 from metrics.heads.behaviour import (
     BUILT_IN_BEHAVIOURS,
@@ -26,6 +24,9 @@ from metrics.heads.behaviour import (
 )
 from metrics.tracked.head_behaviour import NULL_MEAN, NULL_STD, PER_SEQUENCE
 from records.tensor_store import read_tensor_store, tensor_labels
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SUMMARY_PREFIX = "heads/"
 """The summary's keys of every head: ``heads/type/LxHy``, ``heads/switch/LxHy/i``, ``heads/types``."""
@@ -158,6 +159,10 @@ def heads_figure(
     score at its final type's behaviour (at its largest behaviour for an unspecialised head). With
     ``clusters`` (``{LxHy: cluster}``, :mod:`metrics.dynamics.head_clusters`), right: the table of
     clusters against final types, ``caption`` beneath it (the ARI and its null)."""
+    from matplotlib.colors import ListedColormap  # here: reading a history (the explorer) loads no plotting library
+
+    from reports.plots import plt
+
     L, H = history.shape
     labels = [head_label(layer, head) for layer in range(L) for head in range(H)]
     codes = history.types.reshape(len(history.steps), L * H).T  # (heads, n)

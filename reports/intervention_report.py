@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from metrics.composition.data_shares import SHARE
-from reports.plots import plt
 
 CIRCUIT_PATTERN = 0.1
 """The share of the reader's attention (total variation, in [0, 1]) that the circuit pair's K-only
@@ -107,6 +106,8 @@ def _number(value) -> float:
 
 def draw_groups(jobs, settings: list[str], path: Path) -> None:
     """Each group's mean curve over its seeds (the band: min to max) of :data:`CURVES`, one panel each."""
+    from reports.plots import plt  # here: reading the groups loads no plotting library
+
     groups: dict[str, list] = {}
     for job in jobs:
         label = " ".join(job.overrides.get(k, "") for k in settings if job.overrides.get(k, "")) or "all"

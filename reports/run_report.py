@@ -50,7 +50,6 @@ from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
 from reports.head_types import SUMMARY_KEYS as HEAD_SUMMARY_KEYS
 from reports.head_types import head_lines, head_summary, heads_figure, read_head_history, reader_behaviour
-from reports.plots import composition_report, draw_figures, training_curves
 from reports.strategy_timeline import (
     generic_strategies,
     read_timeline,
@@ -225,6 +224,8 @@ def render(run_dir: Path, window: int, figures: bool = True, meanwhile: Callable
     what they show ``validity.png``, ``composition.png`` (a tensor store), ``strategies.png`` and
     ``heads.png``. Without ``figures`` every number is the same and no figure is drawn. ``meanwhile``:
     begun here once the figures are being drawn (after the tables are written)."""
+    from reports.plots import composition_report, draw_figures  # here: reading a run loads no plotting library
+
     csv_path = run_dir / CSV_RELATIVE_PATH
     if not csv_path.is_file() or csv_path.stat().st_size == 0:
         raise FileNotFoundError(f"no CSV log at {csv_path}: is {run_dir} a finished train.py run directory?")
@@ -304,6 +305,8 @@ def render(run_dir: Path, window: int, figures: bool = True, meanwhile: Callable
 
 def phase_change_figure(run_dir: Path, series, measure: str, change: PhaseChange | None):
     """The report's main figure (:func:`reports.plots.training_curves`) from the run's series."""
+    from reports.plots import training_curves
+
     others = other_pairs(series, run_dir / TENSORS_DIR, measure)
     circuit = series.get(f"circuit/K/{measure}")
     baseline = series.get(f"comp/baseline/{measure}")

@@ -62,7 +62,6 @@ from records.tables import write_rows
 from records.tensor_store import read_tensor_store
 from records.wandb_sections import STEP_KEY, tracker_key
 from reports import intervention_report
-from reports.plots import plt
 from reports.run_report import read_series
 
 SEED_KEYS = ("seed", "data.seed")  # what varies between repeats, not between settings
@@ -314,6 +313,8 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 def draw_loss_curves(jobs: list[Job], colour_by: str | None, path: Path) -> None:
     """Every job's repeated-token loss over training, one colour per value of ``colour_by``."""
+    from reports.plots import plt  # here: reading a sweep (the explorer) loads no plotting library
+
     fig, ax = plt.subplots(figsize=(7, 4.2))
     values = sorted({job.overrides.get(colour_by, "") for job in jobs}, key=_numeric_first) if colour_by else [""]
     colours = plt.get_cmap("viridis")(np.linspace(0.05, 0.9, max(len(values), 1)))
@@ -341,6 +342,8 @@ def draw_loss_curves(jobs: list[Job], colour_by: str | None, path: Path) -> None
 def draw_aligned(jobs: list[Job], colour_by: str | None, path: Path) -> None:
     """Every job's repeated-token loss and top induction score against the step relative to its own
     phase-change midpoint, so that the shape of the change can be compared across seeds, not only its timing."""
+    from reports.plots import plt  # here: reading a sweep (the explorer) loads no plotting library
+
     fig, (ax_loss, ax_induction) = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
     values = sorted({job.overrides.get(colour_by, "") for job in jobs}, key=_numeric_first) if colour_by else [""]
     colours = plt.get_cmap("viridis")(np.linspace(0.05, 0.9, max(len(values), 1)))
@@ -377,6 +380,8 @@ def draw_aligned(jobs: list[Job], colour_by: str | None, path: Path) -> None:
 
 def draw_midpoints(jobs: list[Job], settings: list[str], path: Path) -> None:
     """The phase-change midpoint against each swept setting: mean and standard deviation over seeds."""
+    from reports.plots import plt  # here: reading a sweep (the explorer) loads no plotting library
+
     fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(4.5 * max(len(settings), 1), 3.8), squeeze=False)
     for ax, setting in zip(axes[0], settings or [None]):
         by_value: dict[str, list[float]] = {}

@@ -14,15 +14,19 @@ rank on a 0.001 difference, not the writer-level one (:func:`metrics.ground_trut
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
-from matplotlib.figure import Figure
 
 from metrics.dynamics.phase_change import PhaseChange, smooth
 from metrics.ground_truth.validity import LEVELS, first_step_ranked_first_for_good
 from metrics.heads.circuit_scores import MATCHING
 from metrics.tracked.base import registered_measures
-from reports.plots import Window, mark_interventions, mark_phase_change, plt
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from reports.plots import Window
 
 EFFECTS = {"loss_change": "repeated-token loss", "pattern_change": "attention pattern"}
 COLUMNS = [
@@ -171,6 +175,8 @@ def validity_figure(
     """Top: for each measure, the span over which it ranks the ground-truth pair first for good (by
     the loss effect), against the phase change. Bottom: its Spearman correlation over training,
     a moving average over ``window`` ablation steps (with few pairs a single step moves in coarse jumps)."""
+    from reports.plots import mark_interventions, mark_phase_change, plt  # here: no plotting library for the table
+
     measures = [row["measure"] for row in rows]
     colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(measures)}
     fig, (ax_span, ax_rho) = plt.subplots(
