@@ -342,7 +342,7 @@ def draw_loss_curves(jobs: list[Job], colour_by: str | None, path: Path) -> None
 def draw_aligned(jobs: list[Job], colour_by: str | None, path: Path) -> None:
     """Every job's repeated-token loss and top induction score against the step relative to its own
     phase-change midpoint, so that the shape of the change can be compared across seeds, not only its timing."""
-    from reports.plots import plt  # here: reading a sweep (the explorer) loads no plotting library
+    from reports.plots import plt
 
     fig, (ax_loss, ax_induction) = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
     values = sorted({job.overrides.get(colour_by, "") for job in jobs}, key=_numeric_first) if colour_by else [""]
@@ -380,7 +380,7 @@ def draw_aligned(jobs: list[Job], colour_by: str | None, path: Path) -> None:
 
 def draw_midpoints(jobs: list[Job], settings: list[str], path: Path) -> None:
     """The phase-change midpoint against each swept setting: mean and standard deviation over seeds."""
-    from reports.plots import plt  # here: reading a sweep (the explorer) loads no plotting library
+    from reports.plots import plt
 
     fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(4.5 * max(len(settings), 1), 3.8), squeeze=False)
     for ax, setting in zip(axes[0], settings or [None]):
