@@ -21,12 +21,16 @@ class SectionedWandbLogger(WandbLogger):
 
     def __init__(self, opening=None, **options) -> None:
         """``options``: ``WandbLogger``'s (``wandb.init`` runs when the run is first used); or ``opening``,
-        a ``conf.wandb_run.WandbOpening`` already opening the run on a thread of its own."""
+        a ``conf.wandb_run.WandbOpening`` already opening the run on a thread of its own, which imports
+        W&B and makes it lean (:func:`lean_wandb`) itself: until the run is open no other thread may import
+        W&B, whose modules import each other, and a second thread importing them at the same time can be
+        handed one half-initialised (``ImportError: ... partially initialized module 'wandb.util'``)."""
         if opening is not None:
             o = opening.options
             options = dict(project=o["project"], name=o["name"], id=o["id"], save_dir=o["dir"])
         super().__init__(**options)
-        lean_wandb()
+        if opening is None:
+            lean_wandb()
         self._opening = opening
         self._defined: set[str] = set()
         if self._wandb_init.get("anonymous") is None:  # the one private field: Lightning offers no way to leave it out

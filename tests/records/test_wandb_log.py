@@ -1,8 +1,10 @@
 """W&B's sections: every tracker key lands in one, the story fits a page, and the prefix undoes; W&B's
-DataFrame check imports no pandas; its start imports no W&B Launch unless a script staged an input."""
+DataFrame check imports no pandas; its start imports no W&B Launch unless a script staged an input; a
+logger built while its run opens leaves W&B to the opening thread."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -105,3 +107,58 @@ def test_staged_launch_inputs_are_still_applied(monkeypatch):
     monkeypatch.setitem(sys.modules, LAUNCH_INPUTS, object())
     wandb_run.Run._detect_and_apply_job_inputs("run with staging")
     assert applied == ["run with staging"]
+
+
+LOG_WHILE_IT_OPENS = """
+import json
+import sys
+import threading
+
+from conf.lightning_import import import_lightning
+
+import_lightning()
+from conf.wandb_run import WandbOpening
+from records.wandb_log import SectionedWandbLogger
+
+released = threading.Event()
+
+
+class HeldOpening(WandbOpening):
+    def _open(self):  # the opening thread, held until the logger is built
+        released.wait()
+        super()._open()
+
+
+before = "wandb" in sys.modules
+opening = HeldOpening(dict(project="race", name="race", id="race0001", dir=sys.argv[1], mode="offline"))
+logger = SectionedWandbLogger(opening=opening)
+while_opening = sorted(m for m in sys.modules if m == "wandb" or m.startswith("wandb."))
+released.set()
+run = logger.experiment
+import wandb.util
+from wandb.sdk import wandb_run
+
+lean = [wandb.util.pd_available, getattr(wandb_run.Run._detect_and_apply_job_inputs, "only_where_staged", False)]
+logger.finish()
+print(json.dumps({"before": before, "while_opening": while_opening, "run": run.id, "lean": lean}))
+"""
+
+
+def test_a_logger_built_while_its_run_opens_leaves_w_and_b_to_the_opening_thread(tmp_path):
+    """A run's logger is built while W&B's run opens on a thread of its own (``conf.wandb_run.WandbOpening``).
+    Built then, it imports nothing of W&B: two threads importing W&B's modules at once failed 4 runs of 28
+    of ``python train.py trainer.max_steps=1 tracker=off`` (``ImportError: cannot import name
+    'load_yaml' from partially initialized module 'wandb.util'``). In a fresh interpreter, the opening
+    thread held until the logger is built: no W&B module loaded meanwhile; then the run opens, made lean
+    by the opening thread."""
+    result = subprocess.run(
+        [sys.executable, "-c", LOG_WHILE_IT_OPENS, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_SILENT": "true"},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen == {"before": False, "while_opening": [], "run": "race0001", "lean": [False, True]}, seen
