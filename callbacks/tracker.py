@@ -159,7 +159,7 @@ class CompositionTracker(L.Callback):
         self.maybe_measure(trainer, pl_module, force=True)  # the final weights, whatever max_steps is
         self.close()
         if trainer.is_global_zero and self.cost_report and self.cost.ledger.runs:
-            print(self.cost.totals_line())
+            print(self.cost.totals_line(self.training_clock))
 
     def maybe_measure(self, trainer: L.Trainer, pl_module: L.LightningModule, force: bool = False) -> None:
         step = trainer.global_step

@@ -42,6 +42,7 @@ class TrackerCost:
         self.quantities, self.every_n_steps = list(quantities), every_n_steps
         self.ledger = CostLedger()
         self._clock: tuple[int, float, float] | None = None  # (step, time, tracker seconds) when the clock started
+        self._spent_at_start = 0.0  # the tracker's seconds in the ledger when the clock started
         self._reported = False
 
     def period(self, quantity) -> int | None:
@@ -71,21 +72,41 @@ class TrackerCost:
         ``training_clock``: seconds of training so far, where the caller knows them (an ensemble member:
         its share of the ensemble's steps, every member's callbacks left out); else the wall time since
         the first snapshot, less the tracker's own, is the training."""
-        if training_clock is None:
-            now = time.perf_counter()
-            spent = self.ledger.seconds.get("snapshot", 0.0) + self.ledger.seconds.get(HEATMAPS, 0.0)
-        else:
-            now, spent = training_clock, 0.0  # nothing of the tracker's is on that clock
         if self._clock is None:
-            self._clock = (step, now, spent)
+            self._clock = (step, *self.clock(training_clock))
+            self._spent_at_start = self.tracker_seconds()
             return None
         if self._reported or step == self._clock[0]:
             return None
-        first_step, first_time, first_spent = self._clock
-        training = now - first_time - (spent - first_spent)  # training time since, less the tracker's own
-        step_seconds = max(training, 1e-9) / (step - first_step)
+        step_seconds = max(self.training_seconds(training_clock), 1e-9) / (step - self._clock[0])
         self._reported = True
         return self.lines(step_seconds, ablation_used)
+
+    def tracker_seconds(self) -> float:
+        """The tracker's own seconds so far: its snapshots and heatmaps."""
+        return self.ledger.seconds.get("snapshot", 0.0) + self.ledger.seconds.get(HEATMAPS, 0.0)
+
+    def clock(self, training_clock: float | None) -> tuple[float, float]:
+        """``(now, tracker seconds on that clock)``: the wall clock, which the tracker's own time is on;
+        or ``training_clock``, on which nothing of the tracker's is."""
+        if training_clock is None:
+            return time.perf_counter(), self.tracker_seconds()
+        return training_clock, 0.0
+
+    def training_seconds(self, training_clock: float | None = None) -> float:
+        """Training seconds since the clock started (at the first snapshot): the time since, less the tracker's own."""
+        now, spent = self.clock(training_clock)
+        _, first_time, first_spent = self._clock
+        return now - first_time - (spent - first_spent)
+
+    def measured_share(self, training_clock: float | None = None) -> float | None:
+        """What the tracker cost the run since its first snapshot: its seconds over the training seconds in
+        that time (None before a second snapshot, or without training time). The early report estimates
+        this from one interval; this is the run's own."""
+        if self._clock is None:
+            return None
+        training = self.training_seconds(training_clock)
+        return (self.tracker_seconds() - self._spent_at_start) / training if training > 0 else None
 
     def snapshot_parts(self) -> tuple[str, ...]:
         """The parts of every snapshot: the probe pass, the quantities that run at each, the logging."""
@@ -169,10 +190,15 @@ class TrackerCost:
         )
         return "\n".join(lines)
 
-    def totals_line(self) -> str:
+    def totals_line(self, training_clock: float | None = None) -> str:
+        """The run's totals: snapshots and their seconds, and what they cost the training since the first
+        (:meth:`measured_share`; ``training_clock`` as in :meth:`report_once`)."""
         seconds, runs = self.ledger.seconds, self.ledger.runs
         images = f", heatmaps {seconds[HEATMAPS]:.1f} s ({runs[HEATMAPS]} times)" if HEATMAPS in seconds else ""
+        share = self.measured_share(training_clock)
+        paid = f"; {share:.1%} of the training time since the first" if share is not None else ""
         return (
             f"tracker: {runs.get('snapshot', 0)} snapshots in {seconds.get('snapshot', 0):.1f} s"
             f" (composition {seconds.get('composition', 0) + seconds.get(WITH_ALL, 0):.1f} s, ablation {seconds.get('ablation', 0):.1f} s){images}"
+            + paid
         )

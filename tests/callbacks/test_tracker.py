@@ -11,7 +11,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from data.probe import make_probe_batch
 from reports.run_report import read_series
-from reports.tracker_cost import WITH_ALL
+from reports.tracker_cost import HEATMAPS, WITH_ALL, TrackerCost
 from tests.helpers import SMALL, LossRecorder, fit_repeated, quiet_trainer, tracker_of, tracker_settings
 
 SHAPE = SMALL
@@ -225,6 +225,25 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
     low, high = 100 * (snapshot_ms - 0.05) / 5 / (step_ms + 0.05), 100 * (snapshot_ms + 0.05) / 5 / (step_ms - 0.05)
     assert low - 0.05 <= overhead <= high + 0.05, report
     assert "tracker: " in report and "snapshots in" in report  # the totals at the end
+
+
+def test_the_closing_line_says_what_the_tracker_cost_the_run_since_its_first_snapshot():
+    """The early report estimates the overhead from one interval; the closing line gives the run's own: the
+    tracker's seconds after its first snapshot over the training seconds in that time. On an ensemble
+    member's clock (training only): 0.3 s of first snapshot, then four of 0.1 s and heatmaps of 0.2 s over
+    10 s of training is 6 %; before the clock starts there is no share to say."""
+    cost = TrackerCost([], every_n_steps=10)
+    cost.ledger.add("snapshot", 0.3)
+    assert cost.measured_share(training_clock=0.0) is None
+    assert cost.report_once(0, training_clock=0.0) is None  # the first snapshot starts the clock
+    for _ in range(4):
+        cost.ledger.add("snapshot", 0.1)
+    cost.ledger.add(HEATMAPS, 0.2)
+    assert cost.measured_share(training_clock=10.0) == pytest.approx(0.06)
+    line = cost.totals_line(training_clock=10.0)
+    assert line.startswith("tracker: 5 snapshots in 0.7 s") and line.endswith(
+        "; 6.0% of the training time since the first"
+    ), line
 
 
 def test_cost_report_leaves_out_the_first_heatmaps_until_drawn_again():
