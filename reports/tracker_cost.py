@@ -101,7 +101,7 @@ class TrackerCost:
 
     def measured_share(self, training_clock: float | None = None) -> float | None:
         """What the tracker cost the run since its first snapshot: its seconds over the training seconds in
-        that time (None before a second snapshot, or without training time). The early report estimates
+        that time (None before the first snapshot, or without training time). The early report estimates
         this from one interval; this is the run's own."""
         if self._clock is None:
             return None
