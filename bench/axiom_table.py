@@ -18,19 +18,23 @@ import time
 import numpy as np
 import torch
 
-from data.probe import make_probe_batch
-from data.tasks.repeated import Repeated
-from metrics.composition.axioms import (
+from conf.lightning_import import import_lightning
+
+import_lightning()  # models.lit_module's Lightning as a run imports it (conf/lightning_import.py)
+
+from data.probe import make_probe_batch  # noqa: E402
+from data.tasks.repeated import Repeated  # noqa: E402
+from metrics.composition.axioms import (  # noqa: E402
     INVARIANCE_TOLERANCE,
     LOGIT_TOLERANCE,
     AxiomTable,
     ConstructedScores,
     axiom_table,
 )
-from metrics.composition.data_shares import SHARE
-from metrics.dynamics.loss_views import repeated_loss, token_losses
-from models.lit_module import next_token_loss
-from models.transformer import AttentionOnlyTransformer, TransformerShape
+from metrics.composition.data_shares import SHARE  # noqa: E402
+from metrics.dynamics.loss_views import repeated_loss, token_losses  # noqa: E402
+from models.lit_module import next_token_loss  # noqa: E402
+from models.transformer import AttentionOnlyTransformer, TransformerShape  # noqa: E402
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=64, d_head=16, n_ctx=33, d_vocab=257)
 

@@ -38,21 +38,25 @@ import time
 import warnings
 from pathlib import Path
 
-import hydra
-import lightning as L
-import torch
-from hydra.errors import HydraException
-from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
+from conf.lightning_import import import_lightning
 
-from callbacks.tracker import CompositionTracker
-from conf.build import build_datamodule, build_module, build_tracker, silence_known_warnings
-from conf.objects import build_sampler, model_shape
-from conf.schema import register_schemas
-from conf.validate import ConfigError, validate
-from data.datamodule import TokenStream
-from models.lit_module import next_token_loss
-from models.transformer import AttentionOnlyTransformer
+import_lightning()  # as a run imports it: without torchmetrics's optional packages (conf/lightning_import.py)
+
+import hydra  # noqa: E402
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from callbacks.tracker import CompositionTracker  # noqa: E402
+from conf.build import build_datamodule, build_module, build_tracker, silence_known_warnings  # noqa: E402
+from conf.objects import build_sampler, model_shape  # noqa: E402
+from conf.schema import register_schemas  # noqa: E402
+from conf.validate import ConfigError, validate  # noqa: E402
+from data.datamodule import TokenStream  # noqa: E402
+from models.lit_module import next_token_loss  # noqa: E402
+from models.transformer import AttentionOnlyTransformer  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SETUPS = ("bare", "lightning", "lightning+tracker")
