@@ -197,8 +197,11 @@ def simultaneous_band(smoother: Smoother, variance: Tensor, chains: int, setting
     generator = torch.Generator().manual_seed(settings.seed)
     shape = (len(variance), chains, NULL_DRAWS)
     noise = torch.randn(shape, generator=generator, dtype=torch.float64) * (variance * chains).sqrt()[:, None, None]
-    se = (smoother.slope**2 @ (smoother.pooling @ (noise.var(dim=1) / chains))).sqrt()
-    z = (smoother.slope @ noise.mean(dim=1)).abs() / se
+    mean = noise.mean(dim=1, keepdim=True)
+    # each curve's variance over its chains, two-pass: torch's var over this middle axis took 10x as long
+    chain_variance = (noise - mean).square().sum(dim=1) / (chains - 1)
+    se = (smoother.slope**2 @ (smoother.pooling @ (chain_variance / chains))).sqrt()
+    z = (smoother.slope @ mean.squeeze(1)).abs() / se
     return float(torch.quantile(z.max(dim=0).values, 1 - settings.alpha))
 
 
@@ -455,7 +458,8 @@ def noise_variance(coords: np.ndarray) -> float:
 def mean_shifts(coords: np.ndarray, min_share: float, steps: np.ndarray | None = None) -> list[tuple[int, float]]:
     """``(index, share)``: the change points of the mean of ``coords [steps, k]``, the first index of
     each new segment, with the share of the trajectory's total variance that removing it would give
-    back. PELT (``ruptures``, L2 cost) with the penalty the larger of BIC's ``(k + 1) σ̂² ln n``
+    back. PELT (``ruptures``, the L2 cost from prefix sums: :mod:`~metrics.dynamics.segment_cost`) with
+    the penalty the larger of BIC's ``(k + 1) σ̂² ln n``
     (σ̂² from :func:`noise_variance`) and ``min_share`` of the total sum of squares; then every
     segment that is a passage rather than a stage is merged (:func:`passage_excess`), its two change
     points replaced by one where the passage is halfway (:func:`halfway`), so that one transition
@@ -463,13 +467,15 @@ def mean_shifts(coords: np.ndarray, min_share: float, steps: np.ndarray | None =
     time the passages."""
     import ruptures
 
+    from metrics.dynamics.segment_cost import PrefixSumL2  # imports ruptures: only where shifts are found
+
     n, k = coords.shape
     total = float(((coords - coords.mean(axis=0)) ** 2).sum())
     if n < 4 or total <= 0:
         return []
     steps = np.arange(n, dtype=np.float64) if steps is None else np.asarray(steps, dtype=np.float64)
     penalty = max((k + 1) * noise_variance(coords) * math.log(n), min_share * total)
-    ends = ruptures.Pelt(model="l2", min_size=1, jump=1).fit(coords).predict(pen=penalty)[:-1]
+    ends = ruptures.Pelt(custom_cost=PrefixSumL2(), min_size=1, jump=1).fit(coords).predict(pen=penalty)[:-1]
     cuts = [0, *ends, n]
 
     def sse(a, b):
