@@ -16,8 +16,8 @@ from ruptures.base import BaseCost
 class PrefixSumL2(BaseCost):
     """``Σ_k Σ_{t ∈ [start, end)} (x_tk − mean_k)²`` of a signal ``[n]`` or ``[n, k]``, as ruptures'
     ``CostL2``: ``Σ x² − (Σ x)² / length`` per dimension, from cumulative sums in float64. The two
-    agree to rounding (``1e-12`` relative on the stage finder's trajectories, whose coordinates are
-    centred principal components)."""
+    agree to rounding: within ``1e-12`` of the signal's sum of squares (the stage finder's
+    trajectories are centred principal components)."""
 
     model = "l2_prefix_sums"
 
@@ -34,4 +34,5 @@ class PrefixSumL2(BaseCost):
 
     def error(self, start: int, end: int) -> float:
         total = self.sums[end] - self.sums[start]
-        return float((self.squares[end] - self.squares[start] - total * total / (end - start)).sum())
+        # a sum of squares: rounding can take a constant segment's a hair below 0, never truly
+        return max(0.0, float((self.squares[end] - self.squares[start] - total * total / (end - start)).sum()))

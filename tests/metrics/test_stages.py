@@ -107,6 +107,24 @@ def test_mean_shifts_are_found_at_their_index_with_the_variance_they_carry():
     assert mean_shifts(coords.numpy(), min_share=0.5) == [(20, pytest.approx(alone / total, rel=0.02))]
 
 
+def test_the_prefix_sum_segment_cost_is_ruptures_l2_cost():
+    """Every segment of a drifting 3-dimensional signal, and of a 1-dimensional one: the cost PELT
+    reads (:class:`~metrics.dynamics.segment_cost.PrefixSumL2`) is ruptures' ``CostL2``, the segment's
+    variance times its length, to rounding (of the signal's sum of squares)."""
+    from ruptures.costs import CostL2
+
+    from metrics.dynamics.segment_cost import PrefixSumL2
+
+    rng = np.random.default_rng(0)
+    drifting = rng.standard_normal((40, 3)) * [0.1, 1.0, 30.0] + np.linspace(0.0, 50.0, 40)[:, None]
+    for signal in (drifting - drifting.mean(axis=0), rng.standard_normal(25)):
+        ours, theirs = PrefixSumL2().fit(signal), CostL2().fit(signal)
+        rounding = 1e-12 * float(np.square(signal).sum())
+        for start in range(len(signal)):
+            for end in range(start + 1, len(signal) + 1):
+                assert ours.error(start, end) == pytest.approx(theirs.error(start, end), rel=1e-9, abs=rounding)
+
+
 def test_passage_excess_is_the_line_against_the_segments_own_mean():
     """Before: 0 to step 9; after: 3 from step 12. Points at steps 10 and 11 on the straight line
     (1, 2) are a passage, better described by it than by their mean (excess −0.5); points level at
