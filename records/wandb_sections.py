@@ -67,8 +67,11 @@ def section_of(key: str) -> str | None:
     return next((name for name, prefixes in SECTIONS if key.startswith(prefixes)), None)
 
 
+@cache
 def wandb_key(key: str) -> str:
-    """``loss/repeated`` -> ``1_story/loss/repeated``; keys outside every section unchanged."""
+    """``loss/repeated`` -> ``1_story/loss/repeated``; keys outside every section unchanged. Cached: a
+    run logs the same few hundred keys at every snapshot (88 a regular default snapshot: 0.35 ms
+    renamed afresh, against W&B's own 0.7 ms to log them)."""
     section = section_of(key)
     return key if section is None else f"{section}/{key}"
 
