@@ -130,7 +130,7 @@ class Stages(Analysis):
         """llc.csv's row (λ̂ of the model; with ``heads`` of every head ``llc_LxHy`` and layer ``llc_Lx``,
         each with ``_std`` and ``_diverged``; data-refined ``llc_on_NAME_LxHy``) and the per-token losses
         ``[sequences * (seq_len - 1)]`` on the held-out probe."""
-        from metrics.dynamics.llc import llc_record, next_token_loss
+        from metrics.dynamics.llc import llc_record, per_position_losses
         from metrics.dynamics.refined_llc import refined_llcs
 
         row: dict[str, float] = {}
@@ -146,7 +146,7 @@ class Stages(Analysis):
                 records = refined_llcs(model, rows, settings, tolerance, ("heads", "layers"))
                 row.update(group_columns(f"llc_on_{name}_", records))
         with torch.no_grad():
-            losses = next_token_loss(model, self.probe).flatten()
+            losses = per_position_losses(model, self.probe).flatten()
         return row, {"losses": losses.cpu()}
 
     def describe_row(self, row: dict) -> str:

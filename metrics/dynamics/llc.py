@@ -71,7 +71,7 @@ def require_devinterp() -> None:
         ) from None
 
 
-def next_token_loss(model: nn.Module, tokens: Tensor) -> Tensor:
+def per_position_losses(model: nn.Module, tokens: Tensor) -> Tensor:
     """Our training loss per position: ``tokens [batch, seq] -> cross-entropy [batch, seq - 1]``."""
     logits = model(tokens)[:, :-1]
     return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none").view(
@@ -146,7 +146,7 @@ def estimate_llc(
     model: nn.Module,
     rows: Tensor,
     settings: SGLDSettings,
-    loss_fn: LossFn = next_token_loss,
+    loss_fn: LossFn = per_position_losses,
     param_masks: dict[str, Tensor] | None = None,
 ) -> LLCEstimate:
     """λ̂ at ``model``'s weights, sampling on ``rows [n, cols]`` (``n`` a multiple of ``batch_size``;

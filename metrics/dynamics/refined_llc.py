@@ -261,7 +261,7 @@ def _pass_flops(shape: TransformerShape, batch: int, seq: int) -> float:
 def _token_losses(logits: Tensor, tokens: Tensor) -> Tensor:
     """Next-token cross-entropy of every member, ``logits [n, b, t - 1, v]`` (those of every position but the last,
     :func:`_unembed`'s) on ``tokens [b, t]`` -> ``[n, b, t - 1]``, in the logits' dtype (at least float32, as
-    :func:`~metrics.dynamics.llc.next_token_loss`)."""
+    :func:`~metrics.dynamics.llc.per_position_losses`)."""
     n, b, s, v = logits.shape
     dtype = torch.promote_types(logits.dtype, torch.float32)
     targets = tokens[:, 1:].expand(n, -1, -1).flatten()

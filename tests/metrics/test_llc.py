@@ -22,7 +22,7 @@ from bench.llc_check import (
     regression_loss,
     regular_model,
 )
-from metrics.dynamics.llc import SGLDSettings, batch_losses, estimate_llc, head_masks, next_token_loss
+from metrics.dynamics.llc import SGLDSettings, batch_losses, estimate_llc, head_masks, per_position_losses
 from tests.helpers import random_model
 
 pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
@@ -99,7 +99,7 @@ def test_one_head_alone_samples_only_its_slices():
 
     def recording_loss(sampled, rows):
         seen.append({name: p.detach().clone() for name, p in sampled.named_parameters()})
-        return next_token_loss(sampled, rows)
+        return per_position_losses(sampled, rows)
 
     head = estimate_llc(model, tokens, settings, recording_loss, param_masks=masks)
     assert 0 < head.mean < whole.mean  # a quarter of one layer's attention weights: a smaller λ̂
@@ -117,10 +117,10 @@ def test_one_head_alone_samples_only_its_slices():
         head_masks(model, 5, 0)
 
 
-def test_next_token_loss_is_the_training_loss_per_position():
+def test_per_position_losses_are_the_training_loss_per_position():
     model = random_model(n_layers=1, n_heads=2, seed=0)
     tokens = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(0))
-    per_position = next_token_loss(model, tokens)
+    per_position = per_position_losses(model, tokens)
     assert per_position.shape == (3, 5)
     logits = model(tokens)
     dense = -torch.log_softmax(logits[:, :-1], -1).gather(-1, tokens[:, 1:, None])[..., 0]
