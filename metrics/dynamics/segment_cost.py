@@ -1,8 +1,9 @@
 """The L2 segment cost of PELT (Killick et al. 2012) from cumulative sums, for ``ruptures``.
 
 ruptures' own L2 cost (``CostL2``) computes each candidate segment's variance afresh, ``O(length · k)``
-NumPy work a call; PELT asks for a cost at every (admissible start, end) pair, 135,000 times over the
-stage finder's null tallies, where NumPy's per-call overhead made it three quarters of PELT's time.
+NumPy work a call; PELT asks for a cost at every (admissible start, end) pair, about a thousand times
+in each of the stage finder's null draws, where NumPy's per-call overhead made it three quarters of
+PELT's time.
 The same cost from prefix sums is ``O(k)`` a call. It is written here because ruptures has no
 prefix-sum L2 cost; ruptures still runs PELT (``Pelt(custom_cost=...)``).
 """
