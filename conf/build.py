@@ -39,8 +39,8 @@ from conf.wandb_run import (
     WandbNaming,
     WandbOpening,
     new_wandb_id,
+    report_run_options,
     wandb_init_options,
-    wandb_mode,
 )
 from data.datamodule import TokenDataModule
 from metrics.tracked.options import TrackerOptions
@@ -54,7 +54,6 @@ from records.layout import (
     TRAJECTORY_DIR,
 )
 from records.wandb_log import SectionedWandbLogger
-from records.wandb_reach import effective_mode
 
 
 def build_datamodule(cfg: DictConfig) -> TokenDataModule:
@@ -69,12 +68,9 @@ def build_module(cfg: DictConfig) -> InductionLM:
 
 
 def wandb_logger(cfg: DictConfig, save_dir: Path, **run) -> SectionedWandbLogger:
-    """The W&B run of an analysis or a sweep report, in ``save_dir``: the config's project and entity,
-    its mode (online only if the server answers, else offline with one warning line:
-    ``records/wandb_reach.py``), and the W&B run's own arguments in ``run`` (name, group, job_type, ...)."""
-    w = cfg.logger.wandb
-    mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, save_dir)
-    return SectionedWandbLogger(project=w.project, entity=w.entity, save_dir=str(save_dir), mode=mode, **run)
+    """An analysis's W&B run in ``save_dir`` (:func:`conf.wandb_run.report_run_options`), as its logger."""
+    options = report_run_options(cfg, save_dir, **run)
+    return SectionedWandbLogger(save_dir=options.pop("dir"), **options)
 
 
 def build_loggers(

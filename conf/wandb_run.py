@@ -103,6 +103,16 @@ def keys_swept_by(sweep_dir: Path) -> set[str]:
     return keys | set(params)
 
 
+def report_run_options(cfg: DictConfig, save_dir: Path, **run) -> dict:
+    """The ``wandb.init`` arguments of an analysis's or a sweep report's W&B run in ``save_dir``: the
+    config's project and entity, its mode (online only if the server answers, else offline with one
+    warning line: ``records/wandb_reach.py``), and the W&B run's own arguments in ``run`` (name, group,
+    job_type, ...)."""
+    w = cfg.logger.wandb
+    mode = effective_mode(wandb_mode(cfg), w.connect_timeout_s, save_dir)
+    return dict(project=w.project, entity=w.entity, dir=str(save_dir), mode=mode, **run)
+
+
 def wandb_init_options(
     cfg: DictConfig,
     save_dir: Path,

@@ -1,8 +1,8 @@
 """What W&B would import for features no run here uses, answered without the import. Both are called
 before any W&B run opens in a process: by ``conf.wandb_run.WandbOpening`` (a training run's, opened on
-a thread before Lightning loads) and by ``records.wandb_log.SectionedWandbLogger`` (the analyses', the
-sweep report's, an ensemble's members'). Lightning-free, so that W&B's opening thread imports no
-Lightning."""
+a thread before Lightning loads), by ``records.wandb_log.SectionedWandbLogger`` (the analyses', an
+ensemble's members') and by the sweep report (``runtime.sweep_callback``). Lightning-free, so that
+W&B's opening thread, and a sweep's launching process, import no Lightning."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from records.wandb_sections import STEP_KEY, summary_of, wandb_key
 class SectionedWandbLogger(WandbLogger):
     """Lightning's ``WandbLogger`` that logs each numeric tracker key under its section
     (:func:`wandb_key`) and defines its step axis and summary the first time it appears; without
-    the ``anonymous=None`` Lightning always passes to ``wandb.init``. The one W&B run of a training
-    run, an analysis and a sweep report alike (opened by ``conf.build.wandb_logger``): values go
+    the ``anonymous=None`` Lightning always passes to ``wandb.init``. The W&B run of a training
+    run and of an analysis alike (an analysis's opened by ``conf.build.wandb_logger``): values go
     through :meth:`log_metrics` (with their step), figures through ``log_image``, tables through
     ``log_table``, end-of-run values through :meth:`log_summary`, and :meth:`finish` ends it."""
 

@@ -59,20 +59,25 @@ def write_sweep_page(sweep_dir: Path) -> None:
 
 def log_to_wandb(config: DictConfig, report) -> None:
     """The report's tables, figures and charts (:func:`reports.wandb_charts.sweep_plots`), in a W&B
-    run named ``sweep report`` in the jobs' group."""
+    run named ``sweep report`` in the jobs' group. Opened with ``wandb.init`` itself, not through a
+    Lightning logger: the launching process trains nothing and has not imported Lightning, which
+    would add 5 s to every sweep's end."""
     import wandb
 
-    from conf.build import wandb_logger
-    from conf.wandb_run import wandb_naming
+    from conf.wandb_run import report_run_options, wandb_naming
+    from records.wandb_lean import lean_wandb
     from reports.sweep_report import SEED_KEYS
     from reports.wandb_charts import sweep_plots
 
-    logger = wandb_logger(
-        config,
-        report.directory,
-        group=wandb_naming(config, [], str(config.hydra.sweep.dir)).group,
-        name="sweep report",
-        job_type="sweep_report",
+    lean_wandb()
+    run = wandb.init(
+        **report_run_options(
+            config,
+            report.directory,
+            group=wandb_naming(config, [], str(config.hydra.sweep.dir)).group,
+            name="sweep report",
+            job_type="sweep_report",
+        )
     )
     columns = list(dict.fromkeys(k for row in report.job_table for k in row))
     figures = {"loss_curves": SWEEP_CURVES_FIGURE, "midpoints": SWEEP_MIDPOINTS_FIGURE, "aligned": SWEEP_ALIGNED_FIGURE}
@@ -84,7 +89,7 @@ def log_to_wandb(config: DictConfig, report) -> None:
             tables["sweep/training_validity"] = wandb.Table(
                 columns=list(rows[0]), data=[[str(row.get(c, "")) for c in rows[0]] for row in rows]
             )
-    logger.log_metrics(  # one row: the report has no step
+    run.log(  # one row: the report has no step
         {
             "sweep/jobs": wandb.Table(
                 columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]
@@ -94,4 +99,4 @@ def log_to_wandb(config: DictConfig, report) -> None:
             **sweep_plots(report.jobs, [key for key in report.swept if key not in SEED_KEYS]),
         }
     )
-    logger.finish(exit_code=1 if report.failed else 0)
+    run.finish(exit_code=1 if report.failed else 0)
