@@ -55,10 +55,18 @@ def loss_steps(run_dir) -> list[int]:
         return [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
 
 
-def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
+@pytest.fixture(scope="module")
+def failing_sweep(tmp_path_factory):
+    """A 4-job sweep, in this process: one job diverges, two have a bad value, one finishes."""
+    sweep = tmp_path_factory.mktemp("failing_sweep")
+    result = run_train(["-m", *QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1"], sweep)
+    return sweep, result
+
+
+def test_a_failing_job_does_not_stop_the_others_and_is_marked(failing_sweep):
     """One job diverges (W&B: failed), two have a bad value (no W&B run at all), one finishes; the
     sweep exits non-zero and its report marks the three failures."""
-    result = run_train(["-m", *QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1"], tmp_path)
+    tmp_path, result = failing_sweep
     assert result.returncode != 0, result.stderr[-3000:]
     rows = {(float(row["optim.lr"]), int(row["model.n_heads"])): row for row in job_table(tmp_path)}
     assert rows[(3e-3, 2)]["status"] == "finished"
@@ -88,6 +96,34 @@ def test_a_failing_job_does_not_stop_the_others_and_is_marked(tmp_path):
     steps, values = read_series(finished / "csv" / "metrics.csv")["loss/repeated"]
     assert curve == pytest.approx(dict(zip(steps.tolist(), values.tolist())))  # the chart holds the CSV's curve
     assert wandb_records.exit_code(report_file) == 1
+
+
+SWEEP_END = """
+import sys
+from pathlib import Path
+from omegaconf import OmegaConf
+from reports.sweep_report import sweep_report
+from runtime.sweep_callback import log_to_wandb
+sweep, out = Path(sys.argv[1]), Path(sys.argv[2])
+config = OmegaConf.load(sweep / "0" / ".hydra" / "config.yaml")
+config.hydra = OmegaConf.load(sweep / "0" / ".hydra" / "hydra.yaml").hydra
+log_to_wandb(config, sweep_report([sweep], out_dir=out))
+print("lightning" in sys.modules)
+"""
+
+
+def test_a_sweeps_end_imports_no_lightning(failing_sweep, tmp_path):
+    """The sweep report and its W&B run are made in the launching process, which trains nothing (the
+    jobs run in joblib's, submitit's or the ensemble's processes): making them imports no Lightning,
+    which with torchmetrics's optional packages took 5 s at every sweep's end. In a fresh interpreter
+    (this one has Lightning loaded), on the sweep above, its report written apart."""
+    sweep, _ = failing_sweep
+    command = [sys.executable, "-c", SWEEP_END, str(sweep), str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.split()[-1:] == ["False"], result.stderr[-2000:]
+    (report_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    assert wandb_records.run(report_file)["display_name"] == "sweep report"
+    assert wandb_records.exit_code(report_file) == 1  # three of its jobs failed
 
 
 def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(tmp_path):
