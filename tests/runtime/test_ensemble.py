@@ -267,7 +267,7 @@ def test_a_stop_signal_reaches_both_processes_checkpoints_each_ensemble_at_one_s
         steps.append(status["step"])
     assert steps[0] == steps[1] and steps[2] == steps[3], steps  # an ensemble's members stop together
     assert any(13 <= step < 25 for step in steps), steps  # the part that printed step 13 stopped in the clamp
-    resumed = ensemble(stopped, *options)
+    resumed = in_process_ensemble(stopped, *options)  # the same command again, in this process
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # as launched, whether the parts stopped at one step or two (two groups then share the two processes)
     assert "ensemble: 2 ensembles of 2, 2 members, 2 at a time" in resumed.stdout, resumed.stdout[-3000:]
