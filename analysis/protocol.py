@@ -283,6 +283,9 @@ def run(analysis: Analysis) -> dict:
     )
     loggers: list = []
     if analysis.run_like:
+        from conf.lightning_import import import_lightning
+
+        import_lightning()  # before the CSV logger's Lightning: without torchmetrics's optional packages
         from records.csv_log import ResumableCSVLogger
 
         replace(request.out_dir)
