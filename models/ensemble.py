@@ -1,10 +1,11 @@
 """Many models of one shape trained as one: every weight carries a leading member axis ``[n, ...]``.
 
 ``EnsembleTransformer`` stacks ``n`` :class:`~models.transformer.AttentionOnlyTransformer` of one
-:class:`~models.transformer.TransformerShape` and runs them in one pass: each projection is one batched
-GEMM over the member axis (``torch.bmm``) and attention is one ``scaled_dot_product_attention`` over
-``member x batch``. Written out rather than through ``torch.func.vmap`` over ``stack_module_state``:
-under ``vmap``, attention's backward falls back to a loop over members (pytorch/pytorch #117016).
+:class:`~models.transformer.TransformerShape` and runs them in one pass of :mod:`models.forward`: each
+projection is one batched GEMM over the member axis and attention is one ``scaled_dot_product_attention``
+over ``member x batch``. Batched by a member axis rather than through ``torch.func.vmap`` over
+``stack_module_state``: under ``vmap``, attention's backward falls back to a loop over members
+(pytorch/pytorch #117016).
 
 Interventions (``models/interventions.py``) act per member: :meth:`EnsembleTransformer.set_changes` gives
 each member its own head changes, and a layer where any member has some runs those members through the
@@ -24,83 +25,34 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.interventions import HeadChange, attend
+from models import forward
+from models.interventions import HeadChange
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 
 class StackedNorm(nn.Module):
-    """``n`` pre-attention norms with a gain each, ``weight [n, d_model]``: LayerNorm (no bias) or RMSNorm,
-    as :func:`models.transformer.make_norm` makes them (their default eps)."""
+    """The gains ``weight [n, d_model]`` of ``n`` pre-attention norms (LayerNorm without bias, or RMSNorm, as
+    :func:`models.transformer.make_norm` makes them), applied by :func:`models.forward.normalize`."""
 
-    def __init__(self, kind: str, gains: Tensor) -> None:
+    def __init__(self, gains: Tensor) -> None:
         super().__init__()
-        self.kind = kind
         self.weight = nn.Parameter(gains)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``x [n, ..., d]`` -> the same, normalized with each member's gain."""
-        gain = self.weight.view(self.weight.shape[0], *([1] * (x.dim() - 2)), -1)
-        d = x.shape[-1]
-        normed = F.layer_norm(x, (d,)) if self.kind == "layernorm" else F.rms_norm(x, (d,))
-        return normed * gain
 
 
 class EnsembleLayer(nn.Module):
     """One attention layer of every member: ``W_Q, W_K, W_V [n, h, d, e]``, ``W_O [n, h, e, d]``, the
     optional ``norm.weight [n, d]`` and biases ``[n, h, e]`` / ``[n, d]``; ``changes[k]``: member ``k``'s
-    interventions on this layer's heads now active (empty: none, and the batched SDPA path)."""
+    interventions on this layer's heads now active (empty: none, and the fused path)."""
 
     def __init__(self, layers: Sequence[nn.Module], normalization: str) -> None:
         super().__init__()
         if normalization != "none":
-            self.norm = StackedNorm(normalization, torch.stack([layer.norm.weight.detach() for layer in layers]))
+            self.norm = StackedNorm(torch.stack([layer.norm.weight.detach() for layer in layers]))
         for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
             first = getattr(layers[0], name)
             stacked = None if first is None else nn.Parameter(torch.stack([getattr(m, name).detach() for m in layers]))
             self.register_parameter(name, stacked)
         self.changes: list[tuple[HeadChange, ...]] = []
-
-    def read(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        """``x [n, b, t, d]`` through per-head ``weight [n, h, d, e]`` as one batched GEMM -> ``[n, b, h, t, e]``."""
-        n, b, t, d = x.shape
-        _, h, _, e = weight.shape
-        out = torch.bmm(x.reshape(n, b * t, d), weight.permute(0, 2, 1, 3).reshape(n, d, h * e))
-        out = out.view(n, b, t, h, e).transpose(2, 3)
-        return out if bias is None else out + bias[:, None, :, None, :]
-
-    def forward(self, x: Tensor, pos: Tensor | None = None, tokens: Tensor | None = None) -> Tensor:
-        """``x [n, b, t, d]`` -> ``[n, b, t, d]``: causal attention of every head of every member, added
-        to the stream; ``pos [n, t, d]``: shortformer positions (queries and keys only); ``tokens [n, b, t]``:
-        what a clamp's target pattern reads."""
-        read = self.norm(x) if hasattr(self, "norm") else x
-        qk_read = read if pos is None else read + pos[:, None]
-        q, k, v = (
-            self.read(qk_read, self.W_Q, self.b_Q),
-            self.read(qk_read, self.W_K, self.b_K),
-            self.read(read, self.W_V, self.b_V),
-        )
-        n, b, h, t, e = q.shape
-        if any(self.changes):
-            z = self.attend_each(q, k, v, tokens)
-        else:
-            z = F.scaled_dot_product_attention(*(a.reshape(n * b, h, t, e) for a in (q, k, v)), is_causal=True)
-        z = z.view(n, b, h, t, e).permute(0, 1, 3, 2, 4).reshape(n, b * t, h * e)  # (n, b·t, h·e)
-        out = torch.bmm(z, self.W_O.reshape(n, h * e, -1)).view(n, b, t, -1)
-        return x + (out if self.b_O is None else out + self.b_O[:, None, None])
-
-    def attend_each(self, q: Tensor, k: Tensor, v: Tensor, tokens: Tensor | None) -> Tensor:
-        """``q, k, v [n, b, h, t, e]`` -> ``z [n, b, h, t, e]``, member by member: one with changes through
-        the single model's explicit patterns and its changes (:func:`~models.interventions.attend`, as
-        ``AttentionLayer.forward`` does), one without through SDPA."""
-        z = []
-        for member, changes in enumerate(self.changes):
-            if changes:
-                z.append(
-                    attend(q[member], k[member], v[member], changes, None if tokens is None else tokens[member])[1]
-                )
-            else:
-                z.append(F.scaled_dot_product_attention(q[member], k[member], v[member], is_causal=True))
-        return torch.stack(z)
 
 
 class EnsembleTransformer(nn.Module):
@@ -121,31 +73,15 @@ class EnsembleTransformer(nn.Module):
             EnsembleLayer([m.layers[i] for m in members], shape.normalization) for i in range(shape.n_layers)
         )
         if shape.normalization != "none":
-            self.final_norm = StackedNorm(
-                shape.normalization, torch.stack([m.final_norm.weight.detach() for m in members])
-            )
+            self.final_norm = StackedNorm(torch.stack([m.final_norm.weight.detach() for m in members]))
         self.W_U = nn.Parameter(torch.stack([m.W_U.detach() for m in members]))
         biases = members[0].b_U is not None
         self.register_parameter("b_U", nn.Parameter(torch.stack([m.b_U.detach() for m in members])) if biases else None)
-        self.register_buffer("members", torch.arange(self.size), persistent=False)  # moves with the weights
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Logits ``[n, b, t, d_vocab]`` of every member for its own ``tokens [n, b, t]``."""
-        n, b, t = tokens.shape
-        if t > self.shape.n_ctx:
-            raise ValueError(f"sequence length {t} exceeds n_ctx={self.shape.n_ctx}")
-        members = self.members[:, None, None]
-        x = self.W_E[members, tokens]  # (n, b, t, d)
-        pos = self.W_pos[:, :t]
-        shortformer = self.shape.positions == "shortformer"
-        if not shortformer:
-            x = x + pos[:, None]
-        for layer in self.layers:
-            x = layer(x, pos if shortformer else None, tokens)
-        if hasattr(self, "final_norm"):
-            x = self.final_norm(x)
-        logits = torch.bmm(x.reshape(n, b * t, -1), self.W_U).view(n, b, t, -1)
-        return logits if self.b_U is None else logits + self.b_U[:, None, None]
+        """Logits ``[n, b, t, d_vocab]`` of every member for its own ``tokens [n, b, t]`` (:func:`models.forward.logits`)."""
+        changes = [layer.changes or forward.NO_CHANGES for layer in self.layers]
+        return forward.logits(dict(self.named_parameters()), tokens, self.shape, changes)
 
     def set_changes(self, members: Sequence[Sequence[tuple[HeadChange, ...]]]) -> None:
         """Each member's interventions now active: ``members[k][layer]``, its heads' changes in that layer (as

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
-import torch.nn.functional as F
 from einops import einsum
 from torch import Tensor, nn
 
+from models import forward
 from models.attention import causal_pattern
 from models.interventions import HeadChange, attend
 
@@ -123,11 +123,15 @@ class AttentionLayer(nn.Module):
 
     ``changes``: the interventions on this layer's heads now active (``models/interventions.py``),
     set by :meth:`AttentionOnlyTransformer.set_changes`; without any, training takes the fused path.
+
+    The layer holds the weights; the model's pass through it is :func:`models.forward.attention_layer`.
+    Its methods are the explicit path the metrics read (queries, keys, patterns, each head's write).
     """
 
     def __init__(self, shape: TransformerShape) -> None:
         super().__init__()
         h, d, e = shape.n_heads, shape.d_model, shape.d_head
+        self.normalization = shape.normalization
         self.norm = make_norm(shape.normalization, d)
         self.W_Q = nn.Parameter(torch.randn(h, d, e) / math.sqrt(d))
         self.W_K = nn.Parameter(torch.randn(h, d, e) / math.sqrt(d))
@@ -143,31 +147,26 @@ class AttentionLayer(nn.Module):
         then a change ``Δ`` of the stream moves them by :meth:`linear_keys` / :meth:`linear_qkv` of ``Δ``."""
         return isinstance(self.norm, nn.Identity)
 
+    def normalize(self, x: Tensor) -> Tensor:
+        """The layer's normalization of ``x [..., d_model]`` (:func:`models.forward.normalize`)."""
+        return forward.normalize(x, self.normalization, norm_gain(self.norm))
+
     def project(self, x: Tensor, weight: Tensor, bias: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
         """``norm(x) (+ pos) [..., t, d_model]`` read by per-head ``weight [h, d_model, d_head]`` (plus
-        ``bias [h, d_head]``) -> ``[..., h, t, d_head]``."""
-        read = self.norm(x)
-        return self._read(read if pos is None else read + pos, weight, bias)
-
-    @staticmethod
-    def _read(read: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        """The normalized input ``read [..., t, d]`` through per-head ``weight [h, d, e]`` as one
-        ``d x h·e`` GEMM (a broadcast ``[..., 1, t, d] @ [h, d, e]`` would copy the weights once per
-        leading index) -> ``[..., h, t, e]``."""
-        h, d, e = weight.shape
-        out = (read @ weight.permute(1, 0, 2).reshape(d, h * e)).unflatten(-1, (h, e)).transpose(-3, -2)
-        return out if bias is None else out + bias[:, None]
+        ``bias [h, d_head]``) -> ``[..., h, t, d_head]`` (:func:`models.forward.project`)."""
+        read = self.normalize(x)
+        return forward.project(read if pos is None else read + pos, weight, bias)
 
     def qkv(self, x: Tensor, pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values ``[..., n_heads, t, d_head]`` each of ``x [..., t, d_model]``: one
         normalization and one GEMM (faster for a no-grad pass than a matmul per weight); two GEMMs with
         shortformer positions ``pos [t, d_model]``, which only the queries and keys read."""
-        read = self.norm(x)
+        read = self.normalize(x)
         if pos is None:
             weights, biases = torch.cat([self.W_Q, self.W_K, self.W_V]), self._biases("b_Q", "b_K", "b_V")
-            return self._read(read, weights, biases).chunk(3, dim=-3)
-        q, k = self._read(read + pos, torch.cat([self.W_Q, self.W_K]), self._biases("b_Q", "b_K")).chunk(2, dim=-3)
-        return q, k, self._read(read, self.W_V, self.b_V)
+            return forward.project(read, weights, biases).chunk(3, dim=-3)
+        qk = forward.project(read + pos, torch.cat([self.W_Q, self.W_K]), self._biases("b_Q", "b_K"))
+        return (*qk.chunk(2, dim=-3), forward.project(read, self.W_V, self.b_V))
 
     def queries(self, x: Tensor, pos: Tensor | None = None) -> Tensor:
         """``[..., t, d_model] -> [..., n_heads, t, d_head]``; ``pos``: shortformer positions of these ``t``."""
@@ -205,7 +204,7 @@ class AttentionLayer(nn.Module):
         with torch.inference_mode(False), torch.enable_grad():
             stream = x.detach().requires_grad_()
             per_head = stream[:, None].expand(-1, self.W_K.shape[0], -1, -1)  # (b, h, t, d): one input per head
-            read = self.norm(per_head) if pos is None else self.norm(per_head) + pos
+            read = self.normalize(per_head) if pos is None else self.normalize(per_head) + pos
             keys = torch.einsum("bhtd,hde->bhte", read, self.W_K)
             if self.b_K is not None:
                 keys = keys + self.b_K[:, None]
@@ -213,14 +212,10 @@ class AttentionLayer(nn.Module):
         return gradient
 
     def forward(self, x: Tensor, pos: Tensor | None = None, tokens: Tensor | None = None) -> Tensor:
-        """Training path through ``scaled_dot_product_attention``: ``[b, t, d] -> [b, t, d]``; with
-        :attr:`changes`, through explicit patterns (:meth:`attend`; ``tokens [b, t]`` for a clamp's target)."""
-        if self.changes:
-            _, z = self.attend(*self.qkv(x, pos), tokens)
-            return x + self.write(z)
-        q, k, v = self.queries(x, pos), self.keys(x, pos), self.values(x)  # (b, h, t, e)
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, h, t, e)
-        return x + self.write(z)
+        """The stream ``x [b, t, d]`` through this layer, ``[b, t, d]`` (:func:`models.forward.attention_layer`,
+        as the model's pass runs it); ``pos [t, d]``: shortformer positions; ``tokens [b, t]``: a clamp's."""
+        weights = dict(self.named_parameters())
+        return forward.attention_layer(weights, "", x[None], self.normalization, pos, (self.changes,), tokens)[0]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``q, k, v [b, h, t, e]`` -> ``(pattern [b, h, t, t], z [b, h, t, e])`` with this layer's
@@ -228,9 +223,8 @@ class AttentionLayer(nn.Module):
         return attend(q, k, v, self.changes, tokens)
 
     def write(self, z: Tensor) -> Tensor:
-        """Every head's output ``z [b, h, t, e]`` into the stream ``[b, t, d]`` (and ``b_O``)."""
-        out = einsum(z, self.W_O, "b h t e, h e d -> b t d")
-        return out if self.b_O is None else out + self.b_O
+        """Every head's output ``z [..., h, t, e]`` into the stream ``[..., t, d]`` (and ``b_O``)."""
+        return forward.write(z, self.W_O, self.b_O)
 
     def rows(self, x: Tensor, rows: slice, pos: Tensor | None = None, qkv: tuple | None = None) -> Tensor:
         """The stream ``x [..., t, d]`` after this layer at the positions ``rows`` alone ``[..., s, d]``:
@@ -289,13 +283,14 @@ class AttentionOnlyTransformer(nn.Module):
     def shortformer(self) -> bool:
         return self.shape.positions == "shortformer"
 
+    def weights(self) -> dict[str, Tensor]:
+        """Every weight by its parameter name, as :mod:`models.forward` reads them."""
+        return dict(self.named_parameters())
+
     def embed(self, tokens: Tensor) -> Tensor:
         """``[batch, pos]`` token ids -> residual stream ``[batch, pos, d_model]`` (tokens and
         positions; tokens alone with shortformer positions, see :meth:`positions`)."""
-        if tokens.shape[-1] > self.shape.n_ctx:
-            raise ValueError(f"sequence length {tokens.shape[-1]} exceeds n_ctx={self.shape.n_ctx}")
-        tokens_embedded = self.W_E[tokens]
-        return tokens_embedded if self.shortformer else tokens_embedded + self.W_pos[: tokens.shape[-1]]
+        return forward.embed({"W_E": self.W_E, "W_pos": self.W_pos}, tokens, self.shape)
 
     def positions(self, n_positions: int) -> Tensor | None:
         """What the queries and keys add to their input, ``[pos, d_model]``: the positions with
@@ -304,8 +299,8 @@ class AttentionOnlyTransformer(nn.Module):
 
     def unembed(self, x: Tensor) -> Tensor:
         """Residual stream ``[..., pos, d_model]`` -> logits ``[..., pos, d_vocab]``."""
-        logits = self.final_norm(x) @ self.W_U
-        return logits if self.b_U is None else logits + self.b_U
+        weights = {"final_norm.weight": norm_gain(self.final_norm), "W_U": self.W_U, "b_U": self.b_U}
+        return forward.unembed(weights, x, self.shape)
 
     @property
     def unembeds_affinely(self) -> bool:
@@ -334,11 +329,10 @@ class AttentionOnlyTransformer(nn.Module):
         return x[..., rows, :]
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Logits ``[batch, pos, d_vocab]`` for ``tokens [batch, pos]`` (fast training path)."""
-        x, pos = self.embed(tokens), self.positions(tokens.shape[-1])
-        for layer in self.layers:
-            x = layer(x, pos, tokens)
-        return self.unembed(x)
+        """Logits ``[batch, pos, d_vocab]`` for ``tokens [batch, pos]`` (the training path,
+        :func:`models.forward.logits`: fused attention, explicit patterns where heads are intervened on)."""
+        changes = [(layer.changes,) for layer in self.layers] if self.intervened else None
+        return forward.logits(self.weights(), tokens, self.shape, changes)[0]
 
     def set_changes(self, by_layer: dict[int, Sequence[HeadChange]]) -> None:
         """Make ``by_layer`` (layer index -> its heads' changes) the active interventions; {} for none."""

@@ -23,7 +23,8 @@ takes one ``param_masks`` for all its chains and runs the chains one after anoth
 that one chain), so G groups of C chains cost G × C serial chains, each a single model's forward and
 backward a step (on a GPU at the default shape, 2 × 2 heads and d_model 64, launch-bound). Here every
 (group, chain) is a *member*, and all members run on the same batch a step, with a member axis over
-the weights they move (as :class:`~models.ensemble.EnsembleTransformer` stacks whole models). The members
+the weights they move (as :class:`~models.ensemble.EnsembleTransformer` stacks whole models), through the
+model's one forward pass (:mod:`models.forward`). The members
 are split into *families* by the weights their group moves (layer 1's heads and layer 1 all move
 ``layers.1.W_Q, W_K, W_V, W_O``; the model moves everything): a family's moving weights are leaves
 ``[members, ...]``, every other weight is ``w*``'s, shared and without gradient. Member ``m`` moves only
@@ -72,8 +73,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from metrics.dynamics.llc import LLCEstimate, SGLDSettings, estimate_record, head_masks
-from models.attention import fused_causal_attention
-from models.interventions import attend
+from models import forward
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 ParamMasks = dict[str, Tensor | None]
@@ -342,74 +342,23 @@ def _family_logits(
     return logits.expand(len(family.members), -1, -1, -1)
 
 
-# Each weight below is either the single model's (``w*``, shared by every member) or the members' own, with a
-# leading member axis; a stream ``[m, b, t, d]`` has m = 1 while it is ``w*``'s and the members' count after.
-
-
 def _embed(model: AttentionOnlyTransformer, weights: dict[str, Tensor], tokens: Tensor) -> Tensor:
-    """Token (and, unless shortformer, position) embeddings of ``tokens [b, t]``: ``[m, b, t, d]``."""
-    W_E = weights["W_E"]
-    x = W_E[tokens][None] if W_E.dim() == 2 else W_E[:, tokens]
-    return x if model.shortformer else x + _positions(weights, tokens.shape[1])
-
-
-def _positions(weights: dict[str, Tensor], t: int) -> Tensor:
-    """The first ``t`` learned positions, ``[m, 1, t, d]``."""
-    W_pos = weights["W_pos"][..., :t, :]
-    return W_pos.view(-1, 1, t, W_pos.shape[-1])
-
-
-def _norm(model: AttentionOnlyTransformer, gain: Tensor | None, x: Tensor) -> Tensor:
-    """The model's normalization of ``x [m, b, t, d]`` with ``gain [d]`` or ``[n, d]`` (``StackedNorm``'s)."""
-    if gain is None:
-        return x
-    d = x.shape[-1]
-    normed = F.layer_norm(x, (d,)) if model.shape.normalization == "layernorm" else F.rms_norm(x, (d,))
-    return normed * gain.view(-1, 1, 1, d)
-
-
-def _project(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x [m, b, t, d]`` read by per-head ``weight [(n,) h, d, e]`` (one GEMM; batched over members when the
-    weight is theirs) -> ``[m', b, h, t, e]``."""
-    m, b, t, d = x.shape
-    h, e = weight.shape[-3], weight.shape[-1]
-    out = x.reshape(m, b * t, d) @ weight.transpose(-3, -2).reshape(*weight.shape[:-3], d, h * e)
-    out = out.view(-1, b, t, h, e).transpose(2, 3)
-    return out if bias is None else out + bias.view(-1, 1, h, 1, e)
+    """The stream entering the first layer, ``[m, b, t, d]`` (m = 1 while the embeddings are ``w*``'s)."""
+    x = forward.embed(weights, tokens, model.shape)
+    return x[None] if x.dim() == 3 else x
 
 
 def _layer(model: AttentionOnlyTransformer, weights: dict[str, Tensor], layer: int, x: Tensor, tokens: Tensor):
-    """``x [m, b, t, d]`` through attention layer ``layer`` (causal SDPA, or the single model's explicit
-    patterns where it has interventions: :func:`~models.interventions.attend`) -> ``[m', b, t, d]``."""
-    p = f"layers.{layer}."
-    read = _norm(model, weights.get(p + "norm.weight"), x)
-    qk_read = read + _positions(weights, x.shape[2]) if model.shortformer else read
-    q, k, v = (
-        _project(qk_read, weights[p + "W_Q"], weights.get(p + "b_Q")),
-        _project(qk_read, weights[p + "W_K"], weights.get(p + "b_K")),
-        _project(read, weights[p + "W_V"], weights.get(p + "b_V")),
-    )
-    m = max(q.shape[0], k.shape[0], v.shape[0])
-    _, b, h, t, e = q.shape
-    q, k, v = (a.expand(m, -1, -1, -1, -1) for a in (q, k, v))
-    changes = model.layers[layer].changes
-    if changes:  # member by member: an ablation's replacement reads its batch
-        z = torch.stack([attend(q[i], k[i], v[i], changes, tokens)[1] for i in range(m)])
-    else:
-        z = fused_causal_attention(*(a.reshape(m * b, h, t, e) for a in (q, k, v)))
-    z = z.view(m, b, h, t, e).permute(0, 1, 3, 2, 4).reshape(m, b * t, h * e)  # (m, b·t, h·e)
-    W_O, b_O = weights[p + "W_O"], weights.get(p + "b_O")
-    out = (z @ W_O.reshape(*W_O.shape[:-3], h * e, -1)).view(-1, b, t, x.shape[-1])
-    return x + (out if b_O is None else out + b_O.view(-1, 1, 1, x.shape[-1]))
+    """``x [m, b, t, d]`` through attention layer ``layer``, with the single model's interventions there (every
+    member's) -> ``[m', b, t, d]``."""
+    pos = forward.layer_positions(weights, x.shape[-2], model.shape)
+    changes = (model.layers[layer].changes,)
+    return forward.attention_layer(weights, f"layers.{layer}.", x, model.shape.normalization, pos, changes, tokens)
 
 
 def _unembed(model: AttentionOnlyTransformer, weights: dict[str, Tensor], x: Tensor) -> Tensor:
     """The stream ``x [m, b, t, d]`` -> logits ``[m', b, t - 1, v]`` of every position that has a next token."""
-    x = _norm(model, weights.get("final_norm.weight"), x[:, :, :-1])
-    m, b, t, d = x.shape
-    W_U, b_U = weights["W_U"], weights.get("b_U")
-    logits = (x.reshape(m, b * t, d) @ W_U).view(-1, b, t, W_U.shape[-1])
-    return logits if b_U is None else logits + b_U.view(-1, 1, 1, W_U.shape[-1])
+    return forward.unembed(weights, x[:, :, :-1], model.shape)
 
 
 @dataclass
