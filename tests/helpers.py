@@ -5,6 +5,7 @@ each other."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import lightning as L
+import pytest
 import torch
 
 from data.datamodule import TokenDataModule
@@ -35,6 +37,22 @@ from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records import wandb_records
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def require_extra(module: str, extra: str):
+    """``module`` of an optional extra, imported, for a test that checks against it (devinterp, TransformerLens,
+    the sweep plugins). Where it does not import, the test skips, naming the extra that installs it; under
+    ``REQUIRE_EXTRAS`` (CI: ``make test`` installs every extra) it fails instead, as the browser and SLURM
+    tests do under ``REQUIRE_BROWSER`` and ``REQUIRE_SLURM``. Callable at a test module's top level."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        reason = f"{module} does not import ({error}): pip install -e '.[{extra}]' (make test installs every extra)"
+        if os.environ.get("REQUIRE_EXTRAS"):
+            pytest.fail(f"REQUIRE_EXTRAS is set but {reason}", pytrace=False)
+        pytest.skip(reason, allow_module_level=True)
+
+
 MEASURES = tuple(CompositionOptions().measures)  # the measures a run tracks by default
 
 

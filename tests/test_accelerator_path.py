@@ -20,7 +20,7 @@ from data.probe import make_probe_batch
 from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import NO_FIGURES, TINY, composed, tracker_of
+from tests.helpers import NO_FIGURES, TINY, composed, require_extra, tracker_of
 from tests.simulated_device import SimulatedAccelerator
 
 SHAPE = TransformerShape(n_layers=2, n_heads=2, d_model=32, d_head=8, n_ctx=13, d_vocab=20)
@@ -70,7 +70,7 @@ def test_a_tracker_step_logs_and_stores_from_the_right_devices(tmp_path):
 
 
 def test_an_llc_estimate_reduces_devinterps_draws_on_the_cpu():
-    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+    require_extra("devinterp", "llc")
     from metrics.dynamics.llc import SGLDSettings, estimate_llc, head_masks
 
     model = trained_model()
@@ -124,7 +124,7 @@ TRAINING = [
 def trained_on_the_accelerator(tmp_path_factory):
     """A tiny run trained under the simulated accelerator: tracker, trajectory, LLC estimates,
     checkpoints and the CSV log, as ``train.py`` builds them; the host syncs of each step."""
-    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+    require_extra("devinterp", "llc")
     from conf.build import build_datamodule, build_module, build_trainer
 
     run_dir = tmp_path_factory.mktemp("accelerator")

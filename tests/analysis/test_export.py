@@ -9,11 +9,9 @@ import torch
 from data.probe import make_probe_batch
 from metrics.snapshot import take_snapshot
 from records.trajectory import TrajectoryWriter
-from tests.helpers import random_model
+from tests.helpers import random_model, require_extra
 
-transformer_lens = pytest.importorskip(
-    "transformer_lens", reason="TransformerLens is not installed (pip install -e '.[tl]')"
-)
+transformer_lens = require_extra("transformer_lens", "tl")
 from analysis.export import (  # noqa: E402
     from_hooked_transformer,
     hooked_transformer,

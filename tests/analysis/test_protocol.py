@@ -18,7 +18,7 @@ from analysis.protocol import Analysis, Conclusion, CtrlC, main
 from metrics.dynamics.stages import Boundary
 from records import wandb_records
 from records.trajectory import Trajectory
-from tests.helpers import module, run_tiny_sweep
+from tests.helpers import module, require_extra, run_tiny_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def test_its_bad_requests_are_one_line_before_any_work(sweep, capsys):
 
 
 def test_a_sweeps_stages_reach_its_report(sweep):
-    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+    require_extra("devinterp", "llc")
     quick = ["stages.llc.chains=2", "stages.llc.draws=12", "stages.llc.burnin=4", "stages.llc.batches=2"]
     args = [*quick, "stages.sequences=8", "stages.llc.heads=false"]
     staged = module("analysis.stages", sweep, *args)

@@ -13,7 +13,7 @@ import torch
 from records import wandb_records
 from records.trajectory import Trajectory
 from reports.run_report import read_series
-from tests.helpers import TINY, digest, module, run_train
+from tests.helpers import TINY, digest, module, require_extra, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +95,7 @@ def test_damaged_trajectories_are_refused_before_anything_is_written(trained, tm
 
 
 def test_export_opens_in_transformer_lens_with_our_logits_and_logged_composition(trained, tmp_path):
-    pytest.importorskip("transformer_lens")
+    require_extra("transformer_lens", "tl")
     from analysis.export import load_exported
 
     result = module("analysis.export", trained, "--step", 30, "--out", tmp_path / "tl")
@@ -122,7 +122,7 @@ def test_seed_002s_library_options_train_track_and_open_in_transformer_lens(tmp_
     """Shortformer positions, biases and EasyTransformer's init, in a real run (the ablation off: it
     does not handle them yet), exported at its last step with TransformerLens 3's logits equal to
     ours; TransformerLens 4, which has no shortformer positions, says so in one line."""
-    pytest.importorskip("transformer_lens")
+    require_extra("transformer_lens", "tl")
     from analysis.export import load_hooked_transformer, transformer_lens_major
 
     run_dir = tmp_path / "run"

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from records import wandb_records
-from tests.helpers import REPO, digest, module, train_env
+from tests.helpers import REPO, digest, module, require_extra, train_env
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ QUICK = [
 
 @pytest.fixture(scope="module")
 def trained(tiny_run):
-    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+    require_extra("devinterp", "llc")
     assert tiny_run.returncode == 0, tiny_run.stderr[-3000:]
     return tiny_run.run_dir
 

@@ -4,7 +4,6 @@ dense reference, and every timing and memory figure is a real number."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 
@@ -12,16 +11,12 @@ import pytest
 import torch
 
 from bench import composition as bench
-
-needs_transformer_lens = pytest.mark.skipif(
-    importlib.util.find_spec("transformer_lens") is None,
-    reason="TransformerLens is not installed (pip install -e '.[tl]')",
-)
+from tests.helpers import require_extra
 
 
 @pytest.mark.slow
-@needs_transformer_lens
 def test_small_shape_agrees_with_transformer_lens_and_reports_real_numbers():
+    require_extra("transformer_lens", "tl")
     r = bench.measure_shape(bench.SHAPES["small"], repeats=1)
 
     assert r["weights_equal_float32"] and r["weights_equal_float64"]
@@ -43,10 +38,10 @@ def test_small_shape_agrees_with_transformer_lens_and_reports_real_numbers():
 
 
 @pytest.mark.slow
-@needs_transformer_lens
 def test_the_agreement_check_tells_q_from_k():
     """The comparison is sharp enough to catch the classic bug, K scored as Q: TL's Q-composition
     is far from our K-composition on the same model."""
+    require_extra("transformer_lens", "tl")
     shape = bench.SHAPES["small"]
     model64 = bench.build_model(shape).double()
     ours = bench.ours_composition(model64, ("frobenius",), bench.probe_residual(model64))["frobenius"]

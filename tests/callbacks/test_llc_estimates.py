@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from reports.run_report import read_series
-from tests.helpers import REPO, TINY, run_train, train_env
+from tests.helpers import REPO, TINY, require_extra, run_train, train_env
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +16,7 @@ QUICK = ["stages.llc.chains=2", "stages.llc.draws=12", "stages.llc.burnin=4", "s
 
 
 def test_llc_every_n_steps_is_logged_and_leaves_training_unchanged(tmp_path):
-    pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+    require_extra("devinterp", "llc")
     # one thread: bit-identical losses; two micro-batches a step: the callback runs twice per step
     both = ["trainer.num_threads=1", "tracker.num_threads=1", "trainer.accumulate_grad_batches=2"]
     with_llc = run_train([*TINY, *both, "stages.llc.every_n_steps=30", *QUICK], tmp_path / "with")

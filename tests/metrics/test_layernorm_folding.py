@@ -24,7 +24,7 @@ from metrics.composition.whitening import Whitening, embedding_covariance, resid
 from metrics.heads.circuit_scores import folded_unembedding
 from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import easytransformer_like, random_model
+from tests.helpers import easytransformer_like, random_model, require_extra
 
 
 def transformerlens_fold(model):
@@ -162,8 +162,8 @@ def test_fold_equals_transformerlens_fold_layer_norm(normalization):
     """TransformerLens's own ``ProcessWeights.fold_layer_norm`` on the model's weights in its
     state-dict layout, ``center_weights`` for LayerNorm only (as its docstring says for RMSNorm), then
     under LayerNorm its ``center_writing_weights`` (``W_O``, ``W_E``, ``W_pos``)."""
-    weight_processing = pytest.importorskip("transformer_lens.weight_processing")
-    transformer_lens = pytest.importorskip("transformer_lens")
+    weight_processing = require_extra("transformer_lens.weight_processing", "tl")
+    transformer_lens = require_extra("transformer_lens", "tl")
     model = random_model(normalization).double()
     s = model.shape
     config_class = (

@@ -23,9 +23,9 @@ from bench.llc_check import (
     regular_model,
 )
 from metrics.dynamics.llc import SGLDSettings, batch_losses, estimate_llc, head_masks, per_position_losses
-from tests.helpers import random_model
+from tests.helpers import random_model, require_extra
 
-pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+require_extra("devinterp", "llc")
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,9 @@ from metrics.dynamics.refined_llc import (
 )
 from models.interventions import HeadChange
 from models.transformer import AttentionOnlyTransformer, TransformerShape
-from tests.helpers import random_model
+from tests.helpers import random_model, require_extra
 
-pytest.importorskip("devinterp", reason="the llc extra (make test installs it)")
+require_extra("devinterp", "llc")
 
 SETTINGS = SGLDSettings(
     lr=1e-3, n_beta=16 / math.log(16), localization=100.0, chains=2, draws=12, burnin=3, batch_size=16, seed=5
@@ -119,10 +119,16 @@ def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return float((ours - theirs).abs().max() / theirs.abs().max())
 
 
+FLOAT64_AGREEMENT = 1e-12
+"""Batched chains against devinterp's in float64: measured at most 1.2e-14 (0 without a normalization; the
+layernorm-shortformer-bias shape's norm and bias sums round in another order), held at 1e-12 so that
+another machine's BLAS may round differently, far below what a wrong mask, seed or update would give."""
+
+
 @pytest.mark.parametrize("options", SHAPES.values(), ids=SHAPES.keys())
 def test_every_group_is_devinterps_chain_draw_for_draw(options):
     """Each head, each layer and the whole model against devinterp's ``sample`` with its masks, in float64:
-    the batched chains draw devinterp's noise, so every draw agrees to rounding (measured: equal)."""
+    the batched chains draw devinterp's noise, so every draw agrees to rounding (:data:`FLOAT64_AGREEMENT`)."""
     model = small_model(options)
     rows = random_rows()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -131,9 +137,9 @@ def test_every_group_is_devinterps_chain_draw_for_draw(options):
     for name, estimate in ours.items():
         theirs = devinterp_trace(model, rows, SETTINGS, group_masks(model, name))
         assert estimate.trace.dtype == torch.float64 and estimate.trace.shape == theirs.shape
-        assert relative_error(estimate.trace, theirs) < 1e-6, name
-        assert estimate.mean == pytest.approx(float(theirs.mean()), rel=1e-6), name
-        assert estimate.per_chain == pytest.approx(theirs.mean(dim=1).tolist(), rel=1e-6, abs=1e-9), name
+        assert relative_error(estimate.trace, theirs) < FLOAT64_AGREEMENT, name
+        assert estimate.mean == pytest.approx(float(theirs.mean()), rel=FLOAT64_AGREEMENT), name
+        assert estimate.per_chain == pytest.approx(theirs.mean(dim=1).tolist(), rel=FLOAT64_AGREEMENT, abs=1e-15), name
     traces = [estimate.trace for estimate in ours.values()]
     assert all(not torch.equal(a, b) for i, a in enumerate(traces) for b in traces[i + 1 :])  # seven samplers
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())  # left as it was
@@ -148,14 +154,15 @@ def test_the_data_refined_llc_is_the_same_sampler_on_another_distributions_rows(
     data_refined = refined_estimates(model, other, SETTINGS, groups)
     for name in groups:
         theirs = devinterp_trace(model, other, SETTINGS, group_masks(model, name))
-        assert relative_error(data_refined[name].trace, theirs) < 1e-6, name
+        assert relative_error(data_refined[name].trace, theirs) < FLOAT64_AGREEMENT, name
         assert not torch.allclose(data_refined[name].trace, weight_refined[name].trace, rtol=0.01)
 
 
 def test_as_the_product_runs_it_every_head_and_the_model_equal_estimate_llc():
     """float32, the product's loss and reduction: llc_record (devinterp, one estimate a group) against
-    the batched records. The noise is the same, so they differ by float32 rounding alone (measured:
-    equal, at one thread and at two)."""
+    the batched records. The noise is the same, so they differ by float32 rounding alone: within the
+    trace's own float32 resolution, nβ · eps32 · L(w*) (1.7e-6 here; measured 2.9-4.5e-7 on a 2-core x86
+    machine, where batched and one-chain GEMMs round differently, and 0 on the machine the test was written on)."""
     model = random_model(n_layers=2, n_heads=2, seed=3)
     rows = random_rows(4 * 16)
     settings = SGLDSettings(
@@ -170,9 +177,10 @@ def test_as_the_product_runs_it_every_head_and_the_model_equal_estimate_llc():
         assert record["diverged"] == theirs["diverged"] == 0 and record["settled"] == theirs["settled"]
         assert record["init_loss"] == pytest.approx(theirs["init_loss"], rel=1e-6)
         chains = [f"chain_{i}" for i in range(settings.chains)]
-        assert record["mean"] == pytest.approx(theirs["mean"], rel=1e-5, abs=1e-7), name
-        assert [record[c] for c in chains] == pytest.approx([theirs[c] for c in chains], rel=1e-5, abs=1e-7), name
-        assert record["std"] == pytest.approx(theirs["std"], rel=1e-4, abs=1e-7), name
+        resolution = settings.n_beta * torch.finfo(torch.float32).eps * theirs["init_loss"]
+        assert record["mean"] == pytest.approx(theirs["mean"], rel=1e-5, abs=resolution), name
+        assert [record[c] for c in chains] == pytest.approx([theirs[c] for c in chains], rel=1e-5, abs=resolution), name
+        assert record["std"] == pytest.approx(theirs["std"], rel=1e-4, abs=resolution), name
 
 
 @pytest.mark.filterwarnings("ignore:Chain failed")  # devinterp's, for its own diverged chains
@@ -222,7 +230,7 @@ def test_under_an_intervention_heads_layers_and_the_model_are_devinterps_chains(
     ours = refined_estimates(model, rows, SETTINGS, groups)
     for name in groups:
         theirs = devinterp_trace(model, rows, SETTINGS, group_masks(model, name))
-        assert relative_error(ours[name].trace, theirs) < 1e-6, name
+        assert relative_error(ours[name].trace, theirs) < FLOAT64_AGREEMENT, name
 
 
 @pytest.mark.parametrize(
@@ -273,4 +281,5 @@ def test_a_head_ablated_to_zero_is_sampled_as_devinterp_samples_it():
     assert torch.equal(ours["L1H0"].trace, torch.zeros_like(ours["L1H0"].trace))  # the loss does not see it: λ̂ 0
     for name in groups:
         theirs = devinterp_trace(model, rows, SETTINGS, group_masks(model, name))
-        assert torch.allclose(ours[name].trace, theirs, rtol=1e-6, atol=1e-12), name
+        worst = float((ours[name].trace - theirs).abs().max())
+        assert worst <= FLOAT64_AGREEMENT * float(theirs.abs().max()), name  # L1H0's: 0 and 0

@@ -8,7 +8,6 @@ One thread (``OMP_NUM_THREADS=1``): with two, even two single runs of one seed d
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import signal
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 from records import wandb_records
-from tests.helpers import NO_FIGURES, REPO, digest, module, run_train, run_train_until, train_env
+from tests.helpers import NO_FIGURES, REPO, digest, module, require_extra, run_train, run_train_until, train_env
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +50,7 @@ LLC = [
     "stages.llc.burnin=4",
     "stages.llc.batches=2",
 ]
-EQUAL = [*FLOAT64, *INTERVENED, *(LLC if importlib.util.find_spec("devinterp") else [])]  # the llc extra: make test
+EQUAL = [*FLOAT64, *INTERVENED, *LLC]  # the LLC: the llc extra (require_extra in the fixtures)
 
 
 def ensemble(sweep_dir, *overrides: str, env=SINGLE_THREAD) -> subprocess.CompletedProcess:
@@ -106,6 +105,7 @@ def split_solved(rows: list) -> tuple[list, list[str], list[float]]:
 def float64_ensemble(tmp_path_factory):
     """The ensemble of seeds 0 and 1 with :data:`EQUAL`'s options, trained in this process (its numbers,
     files and W&B runs are what these tests read; the process's signals are tested below)."""
+    require_extra("devinterp", "llc")
     sweep = tmp_path_factory.mktemp("ensemble")
     result = run_train(["-m", "hydra/launcher=ensemble", "seed=0,1", *EQUAL], sweep, threads=1)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -115,6 +115,7 @@ def float64_ensemble(tmp_path_factory):
 @pytest.fixture(scope="module")
 def float64_singles(tmp_path_factory) -> dict[int, Path]:
     """``python train.py seed=k`` with the ensemble's options, k = 0, 1: the runs its members must equal."""
+    require_extra("devinterp", "llc")
     singles = {}
     for seed in (0, 1):
         singles[seed] = tmp_path_factory.mktemp(f"single{seed}")
@@ -140,8 +141,6 @@ def test_each_member_with_its_interventions_and_llc_equals_its_seeds_single_run_
         assert record == json.loads((single / "intervention.json").read_text())  # the heads it chose itself
         assert record["interventions"][0]["heads"] and record["interventions"][1]["heads"] == ["L1H0"]
         for key, tolerance in (("train/loss", 1e-8), ("loss/repeated", 1e-8), ("llc/mean", 1e-6)):
-            if key == "llc/mean" and LLC[0] not in EQUAL:
-                continue
             ours, theirs = logged(member, key), logged(single, key)
             assert sorted(ours) == sorted(theirs) and len(ours) >= (9 if key != "llc/mean" else 2), key
             worst = max(abs(ours[s] - theirs[s]) / abs(theirs[s]) for s in theirs)

@@ -25,6 +25,7 @@ from tests.helpers import (
     NO_FIGURES,
     REPO,
     job_field,
+    require_extra,
     run_train,
     slurm_is_up,
     start_requeued_job_now,
@@ -127,7 +128,7 @@ def test_a_sweeps_end_imports_no_lightning(failing_sweep, tmp_path):
 
 
 def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    require_extra("hydra_plugins.hydra_joblib_launcher", "sweeps")
     result = run_train(["-m", *QUICK, "hydra/launcher=joblib", "seed=0,1"], tmp_path)  # its jobs: joblib's processes
     assert result.returncode == 0, result.stderr[-3000:]
     assert "is launching 2 jobs" in result.stdout + result.stderr
@@ -154,7 +155,7 @@ def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(t
 
 
 def test_submitit_local_runs_a_two_job_sweep(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    require_extra("hydra_plugins.hydra_submitit_launcher", "sweeps")
     result = run_train(["-m", *QUICK, "hydra/launcher=submitit_local", "seed=0,1", "logger=csv"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [row["status"] for row in job_table(tmp_path)] == ["finished", "finished"]
@@ -164,7 +165,7 @@ def test_submitit_local_runs_a_two_job_sweep(tmp_path):
 def test_submitit_slurm_sweep_survives_a_pre_timeout_signal(tmp_path):
     """A 2-job sweep on a real SLURM cluster; job 0 gets SLURM's pre-timeout signal, checkpoints,
     is requeued, resumes in place and finishes with every step logged once."""
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    require_extra("hydra_plugins.hydra_submitit_launcher", "sweeps")
     if not slurm_is_up():
         if os.environ.get("REQUIRE_SLURM"):
             pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
@@ -320,7 +321,7 @@ def test_each_wandb_sweep_spec_runs_train_py_as_an_agent_would(spec_file, tmp_pa
 
 
 def test_optuna_searches_with_the_objective_each_job_returns(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    require_extra("hydra_plugins.hydra_optuna_sweeper", "sweeps")
     result = run_train(
         [
             "-m",
