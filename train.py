@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from conf.threads import bounded_spinning
 from runtime.collector import exit_uncollected, pause_for_start_up, resume_for_training
+from runtime.threads import bounded_spinning
 
 os.environ.update(bounded_spinning(os.environ))  # before torch loads (docs/operations.md, "Threads")
 if __name__ == "__main__":
@@ -42,12 +42,12 @@ def main(cfg: DictConfig) -> float:
 
 
 def fit(cfg: DictConfig, run_dir: Path) -> None:
-    from conf.wandb_run import Continuation, open_wandb_run, wandb_naming
+    from records.wandb_run import open_wandb_run
+    from runtime.continuation import Continuation
+    from runtime.naming import wandb_naming
 
     continuation = Continuation.of(cfg, run_dir)
-    if continuation.checkpoint is not None:
-        where = "in place" if continuation.in_place else f"into {run_dir}"
-        print(f"resuming {continuation.checkpoint} at step {continuation.step}, {where}")
+    continuation.announce(run_dir)
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     naming = wandb_naming(cfg, list(hydra_cfg.overrides.task), hydra_cfg.sweep.dir if multirun else None)
@@ -55,8 +55,8 @@ def fit(cfg: DictConfig, run_dir: Path) -> None:
         opening = open_wandb_run(cfg, run_dir, continuation, naming)  # W&B opens its run while Lightning loads
         import lightning as L
 
-        from conf.build import build_datamodule, build_module, build_trainer
-        from conf.threads import set_torch_threads, torch_threads
+        from runtime.build import build_datamodule, build_module, build_trainer
+        from runtime.threads import set_torch_threads, torch_threads
 
         logging.getLogger("lightning.pytorch").propagate = False  # Lightning prints itself: not twice via Hydra
         L.seed_everything(cfg.seed, workers=True, verbose=False)

@@ -283,9 +283,6 @@ def run(analysis: Analysis) -> dict:
     )
     loggers: list = []
     if analysis.run_like:
-        from conf.lightning_import import import_lightning
-
-        import_lightning()  # before the CSV logger's Lightning: without torchmetrics's optional packages
         from records.csv_log import ResumableCSVLogger
 
         replace(request.out_dir)
@@ -429,10 +426,7 @@ def wandb_loggers(request: Request) -> list:
     w = request.cfg.logger.wandb
     if not w.enabled:
         return []
-    from conf.lightning_import import import_lightning
-
-    import_lightning()  # before conf.build's Lightning: without torchmetrics's optional packages
-    from conf.build import wandb_logger
+    from records.wandb_log import analysis_logger
 
     run = Trajectory(request.run_dir).run
     trained_as = run.get("wandb_name") or request.run_dir.name
@@ -445,7 +439,7 @@ def wandb_loggers(request: Request) -> list:
         "wandb_id": run.get("wandb_id"),
     }
     return [
-        wandb_logger(
+        analysis_logger(
             request.cfg,
             request.out_dir,
             group=run.get("wandb_group") or trained_as,

@@ -59,13 +59,10 @@ class Rescore(Analysis):
         return name or cls.kind
 
     def __init__(self, request: Request) -> None:
-        from conf.lightning_import import import_lightning
-
-        import_lightning()  # before conf.build's Lightning: without torchmetrics's optional packages
-        from conf.build import build_tracker  # heavy imports only once the request is known to be good
+        from callbacks.tracker import tracker_from_config  # heavy imports only once the request is known to be good
 
         super().__init__(request)
-        self.tracker = build_tracker(request.cfg, request.out_dir).rescoring()
+        self.tracker = tracker_from_config(request.cfg, request.out_dir).rescoring()
         self.tracker.cost_report = False
 
     def describe(self) -> str:

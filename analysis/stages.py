@@ -42,7 +42,6 @@ from omegaconf import DictConfig, OmegaConf
 from analysis.protocol import Analysis, Conclusion, main
 from analysis.saved_run import Request
 from conf.objects import held_out_sequences, llc_sequences, sgld_settings, stage_settings
-from conf.threads import set_torch_threads
 from conf.validate import llc_calibration_warning, stages_problems
 from metrics.dynamics.llc import LLCUnavailable, require_devinterp
 from metrics.dynamics.stages import MIN_STEPS, Boundary, boundary_columns
@@ -114,8 +113,6 @@ class Stages(Analysis):
 
     def start(self, loggers: list) -> None:
         cfg, stages = self.cfg, self.stages
-        if cfg.tracker.num_threads:
-            set_torch_threads(int(cfg.tracker.num_threads))
         if stages.llc_enabled and (warning := llc_calibration_warning(cfg)):
             print(warning, file=sys.stderr)
         device = self.request.torch_device
@@ -130,6 +127,13 @@ class Stages(Analysis):
         """llc.csv's row (λ̂ of the model; with ``heads`` of every head ``llc_LxHy`` and layer ``llc_Lx``,
         each with ``_std`` and ``_diverged``; data-refined ``llc_on_NAME_LxHy``) and the per-token losses
         ``[sequences * (seq_len - 1)]`` on the held-out probe."""
+        from callbacks.tracker import openmp_threads
+
+        threads = self.cfg.tracker.num_threads  # torch threads while measuring, as the tracker's
+        with openmp_threads(int(threads) if threads else torch.get_num_threads()):
+            return self.measure_with_threads_set(model)
+
+    def measure_with_threads_set(self, model) -> tuple[dict, dict[str, torch.Tensor]]:
         from metrics.dynamics.llc import llc_record, per_position_losses
         from metrics.dynamics.refined_llc import refined_llcs
 

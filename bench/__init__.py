@@ -1,11 +1,11 @@
 """Reproducible benchmarks, one command each (``python -m bench.NAME --help``).
 
 Importing the package first sets how torch's idle OpenMP threads wait, as ``train.py`` does
-(:func:`conf.threads.bounded_spinning`).
+(:func:`runtime.threads.bounded_spinning`).
 """
 
 import os
 
-from conf.threads import bounded_spinning
+from runtime.threads import bounded_spinning
 
 os.environ.update(bounded_spinning(os.environ))

@@ -18,10 +18,6 @@ import time
 import numpy as np
 import torch
 
-from conf.lightning_import import import_lightning
-
-import_lightning()  # models.lit_module's Lightning as a run imports it (conf/lightning_import.py)
-
 from data.probe import make_probe_batch  # noqa: E402
 from data.tasks.repeated import Repeated  # noqa: E402
 from metrics.composition.axioms import (  # noqa: E402

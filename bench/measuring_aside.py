@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from bench.throughput import compose_config, make_tracker, quiet_lightning, run_lightning
-from conf.build import build_module
+from runtime.build import build_module
 
 WARMUP_ROUND_STEPS = 30
 SNAPSHOT_STEPS = 10  # the default tracker's period; every other snapshot also reads the strategies

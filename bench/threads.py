@@ -35,9 +35,9 @@ def step_times(overrides: list[str], setting: str, steps: int) -> tuple[float, f
     import torch
     from hydra import compose, initialize_config_dir
 
-    from conf.build import build_datamodule, build_module
     from conf.schema import register_schemas
     from models.lit_module import next_token_loss
+    from runtime.build import build_datamodule, build_module
 
     register_schemas()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

@@ -8,7 +8,7 @@ OVERRIDEs are Hydra overrides of the default experiment, e.g. the lean tracker:
 
 A  bare               AttentionOnlyTransformer, AdamW (+ the config's linear warmup), clip_grad_norm_(1.0),
                       next_token_loss, batches from the training TokenStream; timed after a few warm-up steps.
-B  lightning          conf.build's module and datamodule in an L.Trainer set up as build_trainer sets it up,
+B  lightning          runtime.build's module and datamodule in an L.Trainer set up as build_trainer sets it up,
                       but with no logger, checkpointing, progress bar or tracker; trainer.fit timed end to end.
 C  lightning+tracker  B plus CompositionTracker as configured (default: Frobenius every 10 steps, every
                       other measure and the expensive parts every 100; the snapshot's keys are built but,
@@ -38,10 +38,6 @@ import time
 import warnings
 from pathlib import Path
 
-from conf.lightning_import import import_lightning
-
-import_lightning()  # as a run imports it: without torchmetrics's optional packages (conf/lightning_import.py)
-
 import hydra  # noqa: E402
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
@@ -49,14 +45,14 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from callbacks.tracker import CompositionTracker  # noqa: E402
-from conf.build import build_datamodule, build_module, build_tracker, silence_known_warnings  # noqa: E402
+from callbacks.tracker import CompositionTracker, tracker_from_config  # noqa: E402
 from conf.objects import build_sampler, model_shape  # noqa: E402
 from conf.schema import register_schemas  # noqa: E402
 from conf.validate import ConfigError, validate  # noqa: E402
 from data.datamodule import TokenStream  # noqa: E402
 from models.lit_module import next_token_loss  # noqa: E402
 from models.transformer import AttentionOnlyTransformer  # noqa: E402
+from runtime.build import build_datamodule, build_module, silence_known_warnings  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SETUPS = ("bare", "lightning", "lightning+tracker")
@@ -116,7 +112,7 @@ def run_bare(cfg: DictConfig, steps: int, changes: dict | None = None) -> float:
 
 def make_tracker(cfg: DictConfig) -> CompositionTracker:
     """The tracker as the config sets it up, without a tensor store (no run directory) or cost report."""
-    tracker = build_tracker(cfg, run_dir=None)
+    tracker = tracker_from_config(cfg, run_dir=None)
     tracker.cost_report = False
     return tracker
 

@@ -1,5 +1,5 @@
 """How long the ensemble launcher's worker processes take to start (``hydra.launcher.n_jobs`` >= 2):
-from ``Process.start()`` to the worker having what it trains with (Lightning, ``conf.build``, the
+from ``Process.start()`` to the worker having what it trains with (Lightning, ``runtime.build``, the
 ensemble's module and callbacks), and the worker's own CPU for it, under ``spawn`` and under the fork
 server with the launcher's preload (:func:`runtime.ensemble.worker_context`).
 

@@ -3,7 +3,7 @@
 One Lightning trainer trains the stacked model (:class:`models.ensemble_module.EnsembleLM`);
 :class:`EnsembleMembers` hands every hook on to each member's own callbacks (the tracker, the weight
 trajectory, the end-of-run report, the LLC estimates: the very objects a single run uses, built by
-``conf.build.build_callbacks`` from the member's config) with a :class:`MemberTrainer` and a
+``runtime.build.build_callbacks`` from the member's config) with a :class:`MemberTrainer` and a
 :class:`MemberModule` in place of the trainer and the module, so that each sees one run: its own
 model (views of its slice of the stacked weights), its loss, its loggers and its checkpoint.
 

@@ -18,8 +18,10 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.loggers import Logger, WandbLogger
+from omegaconf import DictConfig
 
 from callbacks.divergence import largest_magnitude
+from conf.objects import build_probe, build_quantities, from_config
 from data.probe import ProbeBatch
 from metrics.composition.baseline import random_baselines
 from metrics.composition.engine import composition_flops
@@ -85,7 +87,7 @@ class CompositionTracker(L.Callback):
         options: TrackerOptions | None = None,
         run_dir: Path | None = None,
     ) -> None:
-        """``quantities``: what it measures, in the order they run (``conf.build.build_quantities``);
+        """``quantities``: what it measures, in the order they run (``conf.objects.build_quantities``);
         ``run_dir``: where the tensor store goes (None: no store)."""
         self.probe, self.quantities = probe, list(quantities)
         self.options = options = options or TrackerOptions()
@@ -265,3 +267,11 @@ class CompositionTracker(L.Callback):
         self.every_n_steps = 1
         self.cost = TrackerCost(self.quantities, 1)
         return self
+
+
+def tracker_from_config(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
+    """The tracker as ``cfg.tracker`` configures it (``run_dir`` None: no tensor store)."""
+    tracker = cfg.tracker
+    return CompositionTracker(
+        build_probe(cfg), build_quantities(tracker, cfg), from_config(TrackerOptions, tracker), run_dir
+    )

@@ -1,6 +1,6 @@
 """The objects a config describes, built from it: the task, the model's shape, the interventions, the
 probe, the tracked quantities, the LLC's and the stage finder's settings. Light (no Lightning, no
-W&B), so the checks use it before anything heavy loads; ``conf/build.py`` builds the run from these.
+W&B), so the checks use it before anything heavy loads; ``runtime/build.py`` builds the run from these.
 
 One helper, :func:`from_config`, turns a config node into the dataclass that owns its values; every
 option's default and check live in that dataclass.

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from conf.lightning_import import import_lightning
 from records.layout import CHECKPOINTS, ENSEMBLE_RESUME, LAST_CHECKPOINT, RUN_KEY, TRAIN_LOG
 from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, STOP_SIGNALS, write_status
 from runtime.console import tee_console
@@ -73,8 +72,7 @@ def fit_ensemble(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_
 
 def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str):
     """Build every member, fit them together; returns the members (``callbacks.ensemble.Member``)."""
-    import_lightning()  # Lightning and W&B load only once every config is known to be good
-    import lightning as L
+    import lightning as L  # Lightning and W&B load only once every config is known to be good
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -82,7 +80,13 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
     from callbacks.ensemble import EnsembleMembers, EnsembleStop, Member
     from callbacks.preemption import Preempted, StopOnSignal
     from callbacks.run_record import RunRecord
-    from conf.build import (
+    from conf.objects import from_config
+    from data.datamodule import EnsembleDataModule
+    from models.ensemble_module import EnsembleLM
+    from models.optimizer import OptimizerSettings
+    from records.ensemble_checkpoint import ENSEMBLE_RECORD, join_members, save_atomically
+    from records.wandb_run import new_wandb_id
+    from runtime.build import (
         build_callbacks,
         build_datamodule,
         build_loggers,
@@ -91,13 +95,9 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
         silence_known_warnings,
         trainer_loop,
     )
-    from conf.objects import from_config
-    from conf.threads import set_torch_threads, torch_threads
-    from conf.wandb_run import Continuation, new_wandb_id, wandb_naming
-    from data.datamodule import EnsembleDataModule
-    from models.ensemble_module import EnsembleLM
-    from models.optimizer import OptimizerSettings
-    from records.ensemble_checkpoint import ENSEMBLE_RECORD, join_members, save_atomically
+    from runtime.continuation import Continuation
+    from runtime.naming import wandb_naming
+    from runtime.threads import set_torch_threads, torch_threads
 
     silence_known_warnings()
     first = jobs[0].cfg
@@ -254,7 +254,7 @@ class Part:
 
 def fit_parts(parts: list[Part], sweep_dir: Path, command: str, n_jobs: int) -> list[list[float]]:
     """Train every part, ``n_jobs`` at a time, each in a process of its own with the cores shared among
-    them (as ``conf.threads.torch_threads`` shares them among joblib's jobs); 1: in this process. A stop
+    them (as ``runtime.threads.torch_threads`` shares them among joblib's jobs); 1: in this process. A stop
     signal reaches every part; a preempted part stops the launch once every running part has stopped.
     Returns each part's values (:func:`fit_ensemble`)."""
     if n_jobs <= 1:
@@ -325,7 +325,7 @@ def worker_context():
 def fit_part(part: Part, sweep_dir: Path, command: str, threads: int, send) -> None:
     """A worker of :func:`fit_parts`: train one part on ``threads`` torch threads, and send back
     ``("values", [...])``, ``("preempted", exit_code)`` or ``("failed", why)``."""
-    from conf.threads import set_torch_threads
+    from runtime.threads import set_torch_threads
 
     with startup_signals_noted():  # first: the launcher forwards a stop signal however early it comes
         os.setpgrp()  # out of the terminal's process group: a Ctrl-C reaches it once, forwarded by the launcher

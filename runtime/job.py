@@ -23,7 +23,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from conf.lightning_import import import_lightning
 from conf.validate import ConfigError, validate
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, SUMMARY_NAME, TRAIN_LOG
 from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, STOP_SIGNALS, read_status, write_status
@@ -155,7 +154,6 @@ def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[Explorer
     ``explorer.html`` (``explorer``, else None), not yet begun: the end-of-run report begins it while
     its figures are drawn (:meth:`ExplorerPage.start`); a run that finished without a report begins it
     here, while W&B finishes. Either way it is waited for, and said, after W&B has finished."""
-    import_lightning()  # a run's first Lightning import (conf/lightning_import.py)
     from callbacks.divergence import TrainingDiverged
     from callbacks.preemption import Preempted
 
@@ -244,7 +242,7 @@ class ExplorerPage:
 def finish_wandb(exit_code: int, preempting: bool = False) -> None:
     """End the run's W&B run with ``exit_code`` (marked preempting first, if so); nothing to end
     where W&B was never loaded (``logger.wandb.enabled=false``). A W&B run still opening is waited for first."""
-    from conf.wandb_run import WandbOpening
+    from records.wandb_run import WandbOpening
 
     WandbOpening.settle()
     wandb = sys.modules.get("wandb")

@@ -59,19 +59,18 @@ def write_sweep_page(sweep_dir: Path) -> None:
 
 def log_to_wandb(config: DictConfig, report) -> None:
     """The report's tables, figures and charts (:func:`reports.wandb_charts.sweep_plots`), in a W&B
-    run named ``sweep report`` in the jobs' group. Opened with ``wandb.init`` itself, not through a
-    Lightning logger: the launching process trains nothing and has not imported Lightning, which
-    would add 5 s to every sweep's end."""
+    run named ``sweep report`` in the jobs' group (:mod:`records.wandb_run`), not through a Lightning
+    logger: the launching process trains nothing and has not imported Lightning, which would add 5 s to
+    every sweep's end."""
     import wandb
 
-    from conf.wandb_run import report_run_options, wandb_naming
-    from records.wandb_lean import lean_wandb
+    from records.wandb_run import log_row, open_run, report_run_options
     from reports.sweep_report import SEED_KEYS
     from reports.wandb_charts import sweep_plots
+    from runtime.naming import wandb_naming
 
-    lean_wandb()
-    run = wandb.init(
-        **report_run_options(
+    run = open_run(
+        report_run_options(
             config,
             report.directory,
             group=wandb_naming(config, [], str(config.hydra.sweep.dir)).group,
@@ -89,7 +88,8 @@ def log_to_wandb(config: DictConfig, report) -> None:
             tables["sweep/training_validity"] = wandb.Table(
                 columns=list(rows[0]), data=[[str(row.get(c, "")) for c in rows[0]] for row in rows]
             )
-    run.log(  # one row: the report has no step
+    log_row(  # one row: the report has no step
+        run,
         {
             "sweep/jobs": wandb.Table(
                 columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]
@@ -97,6 +97,6 @@ def log_to_wandb(config: DictConfig, report) -> None:
             **{f"sweep/{key}": wandb.Image(str(report.files()[name])) for key, name in figures.items()},
             **tables,
             **sweep_plots(report.jobs, [key for key in report.swept if key not in SEED_KEYS]),
-        }
+        },
     )
     run.finish(exit_code=1 if report.failed else 0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from conf.threads import bounded_spinning
+from runtime.threads import bounded_spinning
 
 os.environ.update(bounded_spinning(os.environ))  # as train.py, before torch loads
 
@@ -27,15 +27,6 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
 os.environ.setdefault(
     "INDUCTION_TRACKER_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"induction-tracker-tests-{os.getuid()}")
 )
-
-
-def pytest_collection(session) -> None:
-    """Lightning imported as a run imports it (``conf/lightning_import.py``), before the test files load
-    it: ~3 s less in each process that runs tests. Not in pytest-xdist's controller, which collects none
-    and so imports no Lightning at all."""
-    from conf.lightning_import import import_lightning
-
-    import_lightning()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

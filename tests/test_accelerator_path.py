@@ -125,7 +125,7 @@ def trained_on_the_accelerator(tmp_path_factory):
     """A tiny run trained under the simulated accelerator: tracker, trajectory, LLC estimates,
     checkpoints and the CSV log, as ``train.py`` builds them; the host syncs of each step."""
     require_extra("devinterp", "llc")
-    from conf.build import build_datamodule, build_module, build_trainer
+    from runtime.build import build_datamodule, build_module, build_trainer
 
     run_dir = tmp_path_factory.mktemp("accelerator")
     cfg = composed(*TRAINING)
@@ -170,7 +170,7 @@ def test_interventions_during_training_keep_every_tensor_where_it_belongs(traine
     """Every kind at once (a clamp, an ablation keeping its pattern, a temperature, a chosen head's
     ablation, a frozen circuit, a graft from the run above) on the simulated accelerator: no tensor
     on the wrong side, and a step inside the windows that neither measures nor saves syncs at most once."""
-    from conf.build import build_datamodule, build_module, build_trainer
+    from runtime.build import build_datamodule, build_module, build_trainer
     from records.trajectory import Trajectory
 
     source, _, _ = trained_on_the_accelerator

@@ -118,7 +118,7 @@ EM_STEPS = 10
 def load_solver() -> None:
     """Import SciPy's optimizer (:func:`mixture_weights`'s SLSQP, 0.6-0.8 s after torch) ahead of the first
     reading. A run's tracker calls it when it is built, while W&B opens its run on a thread of its own
-    (``conf/wandb_run.py``), so that the first snapshot does not pay for it. Not at the module's top:
+    (``records/wandb_run.py``), so that the first snapshot does not pay for it. Not at the module's top:
     a process that imports this module without reading strategies (``conf.schema`` does) loads no SciPy."""
     import scipy.optimize  # noqa: F401
 

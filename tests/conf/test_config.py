@@ -204,7 +204,7 @@ def test_wandb_mode_precedence(monkeypatch):
     from omegaconf import OmegaConf
 
     from conf.schema import LoggerConfig, WandbMode
-    from conf.wandb_run import wandb_mode
+    from records.wandb_run import wandb_mode
 
     cfg = OmegaConf.create({"logger": OmegaConf.structured(LoggerConfig)})
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -152,11 +152,12 @@ def test_the_tracked_reading_equals_the_dense_kls_and_mixture_on_every_task(name
 
 BUILT_TRACKER = """
 import sys
-from conf.lightning_import import import_lightning
-import_lightning()  # as a run: torchmetrics's own SciPy left out
+from hydra import compose, initialize_config_dir
 from conf.objects import build_quantities
-from tests.helpers import composed
-cfg = composed(*sys.argv[1:])
+from conf.schema import register_schemas
+register_schemas()
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    cfg = compose("config", overrides=sys.argv[2:])
 names = [q.name for q in build_quantities(cfg.tracker, cfg)]
 print("strategies" in names, "scipy.optimize" in sys.modules)
 """
@@ -167,6 +168,7 @@ def test_a_tracker_that_reads_strategies_loads_the_solver_when_it_is_built(overr
     """SciPy's optimizer is imported with the tracker (while W&B opens), not in the first snapshot, whose
     cost the run's cost report reads (it printed "strategies 389 ms every 20 ... expected tracker overhead
     86 %" for the default run); a tracker without strategies imports none of it."""
-    result = subprocess.run([sys.executable, "-c", BUILT_TRACKER, *overrides], cwd=REPO, capture_output=True, text=True)
+    command = [sys.executable, "-c", BUILT_TRACKER, str(REPO / "conf"), *overrides]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == [str(loaded), str(loaded)]

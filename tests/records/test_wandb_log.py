@@ -1,6 +1,5 @@
-"""W&B's sections: every tracker key lands in one, the story fits a page, and the prefix undoes; W&B's
-DataFrame check imports no pandas; its start imports no W&B Launch unless a script staged an input; a
-logger built while its run opens leaves W&B to the opening thread."""
+"""W&B's sections: every tracker key lands in one, the story fits a page, and the prefix undoes; a run's
+W&B run opens on one thread while the run is built, and W&B is left as it is (nothing of it replaced)."""
 
 from __future__ import annotations
 
@@ -8,14 +7,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
-import pytest
-
-from records.wandb_lean import (
-    LAUNCH_INPUTS,
-    answer_dataframe_checks_by_type_name,
-    apply_launch_inputs_only_where_staged,
-)
 from records.wandb_sections import SECTION_NAMES, section_of, story, summary_of, tracker_key, wandb_key
 from tests.helpers import REPO, fake_snapshot, snapshot_keys
 
@@ -55,110 +46,79 @@ def test_summaries_keep_the_best_value_in_the_right_direction():
     assert summary_of("comp/K/frobenius/L0H1->L1H0") is None
 
 
-def test_wandb_tells_a_dataframe_without_importing_pandas(monkeypatch):
-    import wandb.util
-
-    monkeypatch.setattr(wandb.util, "pd_available", True)  # as where pandas is installed
-    monkeypatch.setitem(sys.modules, "pandas", None)  # importing it now raises
-    answer_dataframe_checks_by_type_name()
-    assert not wandb.util.is_pandas_data_frame(np.zeros(2))
-    frame_type = type("DataFrame", (), {"__module__": "pandas.core.frame"})
-    assert wandb.util.is_pandas_data_frame(frame_type())
-
-
-OPEN_A_RUN = """
-import sys
-import wandb
-from records.wandb_lean import lean_wandb
-if sys.argv[1] == "lean":
-    lean_wandb()
-run = wandb.init(project="lean", dir=sys.argv[2], mode="offline")
-run.finish()
-print(sorted(m for m in ("wandb.sdk.launch", "wandb.apis.public") if m in sys.modules))
-"""
-
-
-@pytest.mark.parametrize("setting, loaded", [("lean", "[]"), ("as_is", "['wandb.apis.public', 'wandb.sdk.launch']")])
-def test_a_run_opens_without_w_and_b_launch_where_no_input_is_staged(tmp_path, setting, loaded):
-    """A fresh interpreter opens an offline W&B run: with :func:`lean_wandb` neither W&B Launch nor its
-    public API is imported; as W&B is (the reference), both are."""
-    result = subprocess.run(
-        [sys.executable, "-c", OPEN_A_RUN, setting, str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_SILENT": "true"},
-    )
-    assert result.returncode == 0 and result.stdout.splitlines()[-1] == loaded, result.stdout + result.stderr
-
-
-def test_staged_launch_inputs_are_still_applied(monkeypatch):
-    """Where the Launch inputs' module has been imported (a script can have staged an input), W&B's own
-    method runs and applies them; where it has not, nothing is imported to look."""
-    from wandb.sdk import wandb_run
-
-    applied = []
-    monkeypatch.setattr(wandb_run.Run, "_detect_and_apply_job_inputs", lambda run: applied.append(run))
-    apply_launch_inputs_only_where_staged()
-    apply_launch_inputs_only_where_staged()  # a second call keeps one wrapper
-    monkeypatch.delitem(sys.modules, LAUNCH_INPUTS, raising=False)
-    wandb_run.Run._detect_and_apply_job_inputs("run without staging")
-    assert applied == [] and LAUNCH_INPUTS not in sys.modules
-    monkeypatch.setitem(sys.modules, LAUNCH_INPUTS, object())
-    wandb_run.Run._detect_and_apply_job_inputs("run with staging")
-    assert applied == ["run with staging"]
-
-
-LOG_WHILE_IT_OPENS = """
+BUILT_WHILE_IT_OPENS = """
 import json
 import sys
 import threading
 
-from conf.lightning_import import import_lightning
+from omegaconf import OmegaConf
 
-import_lightning()
-from conf.wandb_run import WandbOpening
-from records.wandb_log import SectionedWandbLogger
+from records.wandb_run import WandbOpening
+from runtime.build import build_loggers, build_callbacks
+from runtime.continuation import Continuation
+from tests.helpers import composed
 
 released = threading.Event()
 
 
 class HeldOpening(WandbOpening):
-    def _open(self):  # the opening thread, held until the logger is built
+    def _open(self):  # the opening thread, held until the run's callbacks are built
         released.wait()
         super()._open()
 
 
 before = "wandb" in sys.modules
+cfg = composed("trainer.max_steps=2")
 opening = HeldOpening(dict(project="race", name="race", id="race0001", dir=sys.argv[1], mode="offline"))
-logger = SectionedWandbLogger(opening=opening)
+callbacks = build_callbacks(cfg, __import__("pathlib").Path(sys.argv[1]), "race0001")
 while_opening = sorted(m for m in sys.modules if m == "wandb" or m.startswith("wandb."))
 released.set()
-run = logger.experiment
+(logger, *_) = build_loggers(cfg, __import__("pathlib").Path(sys.argv[1]), Continuation(), "race0001", opening=opening)
+import lightning_utilities.core.imports as lightning_asks
 import wandb.util
 from wandb.sdk import wandb_run
 
-lean = [wandb.util.pd_available, getattr(wandb_run.Run._detect_and_apply_job_inputs, "only_where_staged", False)]
+
+OURS = {"analysis", "callbacks", "conf", "data", "metrics", "models", "records", "reports", "runtime", "train"}
+
+
+def replaced(namespace):  # the names of namespace that this project's code defines: what a patch leaves
+    return [name for name, v in vars(namespace).items() if str(getattr(v, "__module__", "")).split(".")[0] in OURS]
+
+
+foreign = replaced(wandb.util) + replaced(wandb_run.Run) + replaced(lightning_asks)
+flags = {name: v for name, v in vars(wandb.util).items() if isinstance(v, bool)}
 logger.finish()
-print(json.dumps({"before": before, "while_opening": while_opening, "run": run.id, "lean": lean}))
+print(json.dumps({"before": before, "while_opening": while_opening, "run": logger.experiment.id, "foreign": foreign, "flags": flags}))
 """
 
 
-def test_a_logger_built_while_its_run_opens_leaves_w_and_b_to_the_opening_thread(tmp_path):
-    """A run's logger is built while W&B's run opens on a thread of its own (``conf.wandb_run.WandbOpening``).
-    Built then, it imports nothing of W&B: two threads importing W&B's modules at once failed 4 runs of 28
-    of ``python train.py trainer.max_steps=1 tracker=off`` (``ImportError: cannot import name
-    'load_yaml' from partially initialized module 'wandb.util'``). In a fresh interpreter, the opening
-    thread held until the logger is built: no W&B module loaded meanwhile; then the run opens, made lean
-    by the opening thread."""
+def test_a_runs_wandb_run_opens_on_its_own_thread_and_wandb_is_left_as_shipped(tmp_path):
+    """A run's W&B run opens on a thread of its own (``records.wandb_run.WandbOpening``) while the run's
+    callbacks are built; until it is open no other thread imports W&B (two threads importing W&B's
+    modules at once failed 4 runs of 28 of ``python train.py trainer.max_steps=1 tracker=off``:
+    ``ImportError: cannot import name 'load_yaml' from partially initialized module 'wandb.util'``). In a
+    fresh interpreter, the opening thread held until the callbacks are built: no W&B module loaded
+    meanwhile; then the logger takes the open run. W&B's and Lightning's own functions are the ones they
+    ship (nothing replaced to save start-up time)."""
     result = subprocess.run(
-        [sys.executable, "-c", LOG_WHILE_IT_OPENS, str(tmp_path)],
+        [sys.executable, "-c", BUILT_WHILE_IT_OPENS, str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_SILENT": "true"},
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_SILENT": "true", "WANDB_MODE": "offline"},
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.splitlines()[-1])
-    assert seen == {"before": False, "while_opening": [], "run": "race0001", "lean": [False, True]}, seen
+    fresh = subprocess.run([sys.executable, "-c", FLAGS_AS_SHIPPED], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    shipped = json.loads(fresh.stdout.splitlines()[-1])
+    assert seen == {"before": False, "while_opening": [], "run": "race0001", "foreign": [], "flags": shipped}, seen
+
+
+FLAGS_AS_SHIPPED = """
+import json
+import wandb.util
+print(json.dumps({name: v for name, v in vars(wandb.util).items() if isinstance(v, bool)}))
+"""

@@ -25,7 +25,7 @@ def test_a_time_limit_warning_outside_training_is_noted_and_the_job_goes_on(capf
 def test_under_slurm_lightning_requeues_nothing_itself(tmp_path, monkeypatch):
     """Lightning's SLURM handler requeues on SIGUSR1 whenever it is installed, a finished job too; the
     runtime requeues instead (runtime/slurm.py), so the trainer's SLURM environment has it off."""
-    from conf.build import build_trainer
+    from runtime.build import build_trainer
     from tests.helpers import composed
 
     for key, value in {"SLURM_NTASKS": "1", "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "train"}.items():

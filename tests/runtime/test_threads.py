@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conf.threads import SPIN_COUNT, bounded_spinning
+from runtime.threads import SPIN_COUNT, bounded_spinning
 
 
 def test_idle_threads_spin_a_bounded_while_by_default():

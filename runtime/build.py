@@ -1,4 +1,4 @@
-"""Turn a validated config into the datamodule, module, loggers, callbacks and trainer."""
+"""A run built from its validated config: the datamodule, the module, the loggers, the callbacks and the trainer."""
 
 from __future__ import annotations
 
@@ -20,11 +20,10 @@ from callbacks.llc_estimates import LLCEstimates
 from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines, loss_bar
 from callbacks.run_record import RunRecord
-from callbacks.tracker import CompositionTracker
+from callbacks.tracker import CompositionTracker, tracker_from_config
 from callbacks.trajectory_recorder import TRIGGER_KEYS, PhaseTrigger, TrajectoryRecorder
 from conf.objects import (
     build_probe,
-    build_quantities,
     build_sampler,
     from_config,
     intervention_plan,
@@ -34,16 +33,7 @@ from conf.objects import (
     trajectory_events,
 )
 from conf.validate import llc_calibration_warning
-from conf.wandb_run import (
-    Continuation,
-    WandbNaming,
-    WandbOpening,
-    new_wandb_id,
-    report_run_options,
-    wandb_init_options,
-)
 from data.datamodule import TokenDataModule
-from metrics.tracked.options import TrackerOptions
 from models.lit_module import InductionLM
 from models.optimizer import OptimizerSettings
 from records.csv_log import ResumableCSVLogger
@@ -53,7 +43,10 @@ from records.layout import (
     RUN_KEY,
     TRAJECTORY_DIR,
 )
-from records.wandb_log import SectionedWandbLogger
+from records.wandb_log import SectionedWandbLogger, opened_logger
+from records.wandb_run import WandbOpening, new_wandb_id, wandb_init_options
+from runtime.continuation import Continuation
+from runtime.naming import WandbNaming
 
 
 def build_datamodule(cfg: DictConfig) -> TokenDataModule:
@@ -67,12 +60,6 @@ def build_module(cfg: DictConfig) -> InductionLM:
     )
 
 
-def wandb_logger(cfg: DictConfig, save_dir: Path, **run) -> SectionedWandbLogger:
-    """An analysis's W&B run in ``save_dir`` (:func:`conf.wandb_run.report_run_options`), as its logger."""
-    options = report_run_options(cfg, save_dir, **run)
-    return SectionedWandbLogger(save_dir=options.pop("dir"), **options)
-
-
 def build_loggers(
     cfg: DictConfig,
     run_dir: Path,
@@ -83,15 +70,16 @@ def build_loggers(
     opening: WandbOpening | None = None,
 ) -> list[Logger]:
     """The run's loggers: its W&B run (a new one, or the one it continues in place; ``opening``: the
-    one already being opened, :class:`conf.wandb_run.WandbOpening`) and its CSV. ``several_runs``: this
-    process holds other runs' W&B runs at the same time (an ensemble's members)."""
+    one already being opened, :class:`records.wandb_run.WandbOpening`, else opened now) and its CSV.
+    ``several_runs``: this process holds other runs' W&B runs at the same time (an ensemble's members)."""
     loggers: list[Logger] = []
     if cfg.logger.wandb.enabled:
         if opening is not None:
-            loggers.append(SectionedWandbLogger(opening=opening))
-        else:  # opened when first used (an ensemble's members: one after another)
-            options = wandb_init_options(cfg, run_dir, continuation, wandb_id, naming, several_runs)
-            loggers.append(SectionedWandbLogger(save_dir=options.pop("dir"), **options))
+            loggers.append(SectionedWandbLogger(opening.run(), opening.options["dir"]))
+        else:  # an ensemble's members: one after another
+            loggers.append(
+                opened_logger(wandb_init_options(cfg, run_dir, wandb_id, continuation.in_place, naming, several_runs))
+            )
     if cfg.logger.csv:
         loggers.append(ResumableCSVLogger(run_dir, resume_step=continuation.step if continuation.in_place else None))
     return loggers
@@ -127,7 +115,7 @@ def build_callbacks(
     if plan := intervention_plan(cfg):  # before the tracker: it sets the changes of the step measured
         callbacks.append(Interventions(plan, build_probe(cfg), run_dir))
     tr = cfg.tracker
-    tracker = build_tracker(cfg, run_dir) if tr.enabled else None
+    tracker = tracker_from_config(cfg, run_dir) if tr.enabled else None
     if tracker is not None:
         callbacks.append(tracker)
     if cfg.trajectory.enabled:  # after the tracker: it reads the tracker's snapshot of the same step
@@ -170,14 +158,6 @@ def build_trajectory(
     )
 
 
-def build_tracker(cfg: DictConfig, run_dir: Path | None) -> CompositionTracker:
-    """The tracker as ``cfg.tracker`` configures it (``run_dir`` None: no tensor store)."""
-    tracker = cfg.tracker
-    return CompositionTracker(
-        build_probe(cfg), build_quantities(tracker, cfg), from_config(TrackerOptions, tracker), run_dir
-    )
-
-
 def silence_known_warnings() -> None:
     """Two warnings every run printed that nobody can act on, each matched by message and module
     (every other warning is shown): Lightning 2.6's pytree helper tests ``isinstance(spec, LeafSpec)``,
@@ -206,7 +186,7 @@ def build_trainer(
     while_reporting: Callable[[], None] | None = None,
 ) -> L.Trainer:
     """The trainer, its loggers and callbacks; the W&B run is the continued one or a new id, or the one
-    ``opening`` is already opening (:func:`conf.wandb_run.open_wandb_run`); ``while_reporting``: what
+    ``opening`` is already opening (:func:`records.wandb_run.open_wandb_run`); ``while_reporting``: what
     the end-of-run report begins once its figures are being drawn (the explorer page's writing)."""
     silence_known_warnings()
     trainer = cfg.trainer
@@ -216,6 +196,7 @@ def build_trainer(
     else:
         wandb_id = (continuation.wandb_id or new_wandb_id()) if cfg.logger.wandb.enabled else None
     callbacks = build_callbacks(cfg, run_dir, wandb_id, naming, while_reporting)
+    loggers = build_loggers(cfg, run_dir, continuation, wandb_id, naming, opening=opening)  # the W&B run open
     guard = next(c for c in callbacks if isinstance(c, DivergenceGuard))  # the one reader of the loss
     if trainer.enable_progress_bar:
         callbacks.append(loss_bar(guard) if interactive else ProgressLines(trainer.progress_every_n_steps, guard))
@@ -223,7 +204,7 @@ def build_trainer(
         default_root_dir=str(run_dir),
         gradient_clip_val=trainer.gradient_clip_val,
         enable_progress_bar=trainer.enable_progress_bar and interactive,
-        logger=build_loggers(cfg, run_dir, continuation, wandb_id, naming, opening=opening) or False,
+        logger=loggers or False,
         callbacks=callbacks,
         **trainer_loop(trainer),
     )
