@@ -42,8 +42,9 @@ class InductionLM(L.LightningModule):
     def is_logging_step(self) -> bool:
         """Whether Lightning will write logs after this step. ``self.log`` costs about as much as
         a tenth of a training step here, so it is called only when its value will be written."""
-        trainer = self._trainer
-        if trainer is None:
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # not attached to a Trainer (Lightning's own words)
             return True
         if trainer.log_every_n_steps < 1:
             return False  # Lightning's "never log"

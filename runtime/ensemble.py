@@ -190,16 +190,15 @@ def cost_line(dispatcher, seconds: float) -> str:
 
 
 def finish_member_wandb(member, exit_code: int, preempting: bool = False) -> None:
-    """End the member's W&B run (if it was opened) and write its CSV."""
+    """End the member's W&B run (opened with its logger) and write its CSV."""
     from lightning.pytorch.loggers import WandbLogger
 
     for logger in member.loggers:
         if isinstance(logger, WandbLogger):
-            run = logger._experiment
-            if run is not None:
-                if preempting:
-                    run.mark_preempting()
-                run.finish(exit_code=exit_code)
+            run = logger.experiment
+            if preempting:
+                run.mark_preempting()
+            run.finish(exit_code=exit_code)
         else:
             logger.finalize("success" if exit_code == 0 else "failed")
 
