@@ -1,5 +1,5 @@
 """Write a run's (or a sweep's) ``explorer.html``: one self-contained page with one step slider
-(:mod:`reports.explorer`), every head's attention pattern on one probe sequence computed from the
+(:mod:`reports.explorer_page`), every head's attention pattern on one probe sequence computed from the
 trajectory's weights (with the run's interventions on where they were, as it trained). The command;
 the writers are :mod:`analysis.explorer_pages`, imported once the path is known to hold a run.
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # torch and the report's modules (3.6 s of a refusal before) only once the request is good
     from analysis.explorer_pages import write_run_page, write_sweep_page
-    from reports.explorer import ExplorerError
+    from reports.explorer_page import ExplorerError
 
     try:
         if not sweep:

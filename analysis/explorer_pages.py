@@ -1,5 +1,5 @@
 """The explorer pages' writers (the command is :mod:`analysis.explorer`): a run's ``explorer.html``,
-one self-contained page with one step slider (:mod:`reports.explorer`) and every head's attention
+one self-contained page with one step slider (:mod:`reports.explorer_page`) and every head's attention
 pattern on one probe sequence computed here from the trajectory's weights (with the run's
 interventions on where they were, as it trained); a sweep's page over its members. A run writes its
 page at its end too (``explorer=false`` turns that off)."""
@@ -19,7 +19,7 @@ from conf.objects import build_probe
 from data.task import tasks
 from records.layout import CSV_RELATIVE_PATH, HYDRA_CONFIG, HYDRA_DIR, run_label
 from records.trajectory import Trajectory, TrajectoryError
-from reports.explorer import (
+from reports.explorer_page import (
     MAX_PATTERN_TOKENS,
     PATTERN_BUDGET,
     Patterns,
@@ -36,7 +36,7 @@ from reports.sweep_report import SEED_KEYS, keys_varying_across, read_job
 
 def probe_sequence(trajectory: Trajectory) -> tuple[torch.Tensor, int]:
     """The tracker's first probe sequence (the task's, as the run built it) cut to its first
-    :data:`~reports.explorer.MAX_PATTERN_TOKENS` tokens ``[T]``, and its whole length."""
+    :data:`~reports.explorer_page.MAX_PATTERN_TOKENS` tokens ``[T]``, and its whole length."""
     tokens = build_probe(run_config(trajectory, [], None)).tokens
     return tokens[0, :MAX_PATTERN_TOKENS].clone(), tokens.shape[1]
 

@@ -1,4 +1,4 @@
-"""Print the table of composition measures × docs/measures.md axioms (seeds 000, 001), one command:
+"""Print the table of composition measures × docs/measures.md axioms, one command:
 
     python -m bench.axiom_table              # trains the default-shaped model briefly, then checks
     python -m bench.axiom_table --steps 0    # axiom 4 on the untrained model instead
@@ -18,15 +18,15 @@ import time
 import numpy as np
 import torch
 
-from data.probe import make_probe_batch  # noqa: E402
-from data.tasks.repeated import Repeated  # noqa: E402
-from metrics.composition.axioms import (  # noqa: E402
+from bench.axioms import (  # noqa: E402
     INVARIANCE_TOLERANCE,
     LOGIT_TOLERANCE,
     AxiomTable,
     ConstructedScores,
     axiom_table,
 )
+from data.probe import make_probe_batch  # noqa: E402
+from data.tasks.repeated import Repeated  # noqa: E402
 from metrics.composition.data_shares import SHARE  # noqa: E402
 from metrics.dynamics.loss_views import repeated_loss, token_losses  # noqa: E402
 from models.lit_module import next_token_loss  # noqa: E402

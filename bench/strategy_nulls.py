@@ -9,7 +9,7 @@ Then the switch finder on timelines whose truth is known.
 
 Each case draws per-sequence KL(strategy ‖ model) timelines ``[steps, 3, sequences]`` (the tensor store's
 ``strategies/per_sequence/*``) around known means, runs
-:func:`metrics.dynamics.strategies.switches_with_intervals` and judges the answer: right when it finds
+:func:`metrics.dynamics.strategy_readings.switches_with_intervals` and judges the answer: right when it finds
 exactly the true switches, each within two snapshots of its step; covered when every true step lies in
 its switch's interval (widened by a snapshot). Cases: no switch (noise), no switch while every KL
 halves at step 1500 (a change the strategies cannot see: their order holds), one switch, two.
@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from metrics.dynamics.strategies import switches_with_intervals
+from metrics.dynamics.strategy_readings import switches_with_intervals
 
 STEPS = np.arange(0, 3000, 20)
 NAMES = ["uniform", "unigram", "bigram"]
@@ -73,7 +73,7 @@ PUBLISHED = {  # Edelman et al. 2024: KL(truth ‖ strategy) at T = 100, 4,000 c
 def monte_carlo_lines(k: int, chains: int = 4000) -> dict[str, tuple[float, float]]:
     """``{strategy: (mean, standard error)}`` of KL(truth ‖ strategy) at the last position of
     ``chains`` held-out chains of ``experiment=markov_icl``'s task with ``k`` states."""
-    from data.strategies import HELD_OUT_STRATEGY_IDS
+    from data.reference_predictors import HELD_OUT_STRATEGY_IDS
     from data.tasks.markov_icl import MarkovICL
 
     reference = MarkovICL(k=k).reference(np.arange(HELD_OUT_STRATEGY_IDS, HELD_OUT_STRATEGY_IDS + chains), k)

@@ -1,7 +1,7 @@
 """How long the ensemble launcher's worker processes take to start (``hydra.launcher.n_jobs`` >= 2):
 from ``Process.start()`` to the worker having what it trains with (Lightning, ``runtime.build``, the
 ensemble's module and callbacks), and the worker's own CPU for it, under ``spawn`` and under the fork
-server with the launcher's preload (:func:`runtime.ensemble.worker_context`).
+server with the launcher's preload (:func:`runtime.ensemble_job.worker_context`).
 
     python -m bench.worker_start [--workers 4] [--out results.json]
 
@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.ensemble import WORKER_PRELOAD, worker_context
+from runtime.ensemble_job import WORKER_PRELOAD, worker_context
 
 
 def ready(send, started: float) -> None:
-    """A worker: import what a worker of :func:`runtime.ensemble.fit_part` trains with, then report
+    """A worker: import what a worker of :func:`runtime.ensemble_job.fit_part` trains with, then report
     the seconds since ``started`` and its own CPU seconds."""
     for module in WORKER_PRELOAD:
         __import__(module)

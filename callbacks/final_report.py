@@ -8,7 +8,7 @@ from pathlib import Path
 import lightning as L
 
 
-class PhaseChangeFigure(L.Callback):
+class FinalReport(L.Callback):
     """At the end of fit: render the report, log its figures (unless ``figures`` is false), validity table
     and summary to W&B, print it. ``meanwhile``: work of the run's end to begin once the figures are
     being drawn (the explorer page), on the cores they leave."""

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from metrics.dynamics.llc import SGLDSettings, llc_record
 from metrics.dynamics.refined_llc import refined_llcs
-from models.ensemble import standalone
+from models.ensemble_transformer import standalone
 
 
 class LLCEstimates(L.Callback):
@@ -24,7 +24,7 @@ class LLCEstimates(L.Callback):
     ``llc/LxHy`` and ``llc/Lx``, the model's sampled with them in one batch
     (:func:`metrics.dynamics.refined_llc.refined_llcs`). The samplers seed the global RNGs; they are
     restored afterwards, so training draws what it would have drawn without the estimate. The first estimate prints its cost. An ensemble member's
-    model (views of the stacked weights) is sampled through a copy of its own (``models.ensemble.standalone``)."""
+    model (views of the stacked weights) is sampled through a copy of its own (``models.ensemble_transformer.standalone``)."""
 
     def __init__(
         self,

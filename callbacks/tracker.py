@@ -30,11 +30,11 @@ from metrics.snapshot import Snapshot, measure
 from metrics.tracked.base import Heatmap, TrackedQuantity, with_companions
 from metrics.tracked.composition import Heatmaps
 from metrics.tracked.options import TrackerOptions
+from records.heatmap_pixels import heatmap_image
 from records.keys import pair_key_count, snapshot_metrics
 from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, snapshot_labels, snapshot_tensors
-from reports.heatmap_pixels import heatmap_image
-from reports.tracker_cost import WITH_ALL, TrackerCost
+from records.tracker_cost import WITH_ALL, TrackerCost
 
 SMALL_SNAPSHOT_FLOPS = 1e9  # below this, a snapshot is many small ops: one thread is faster than two
 
@@ -170,7 +170,7 @@ class CompositionTracker(L.Callback):
         if not due or step == self.last_step or not trainer.is_global_zero:
             return  # gradient accumulation calls us several times per optimizer step
         self.last_step = step
-        self.training_clock = getattr(trainer, "training_clock", None)  # see callbacks.ensemble.MemberTrainer
+        self.training_clock = getattr(trainer, "training_clock", None)  # see callbacks.ensemble_members.MemberTrainer
         self.snapshot(trainer.loggers, pl_module.model, step, last)
 
     def snapshot(self, loggers: list[Logger], model, step: int, last: bool) -> None:

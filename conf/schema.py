@@ -137,7 +137,7 @@ def tracker_config() -> type:
     """The ``tracker`` section's schema, learnt from what owns each option: the tracker's own options
     (:class:`metrics.tracked.options.TrackerOptions`), the composition's at its root (``tracker.measures``,
     ...), and a node ``tracker.NAME`` of every tracked quantity and measure with options of its own
-    (``tracker.ablation``, ``tracker.share``; an extension's too: :mod:`data.extensions`)."""
+    (``tracker.ablation``, ``tracker.share``; an extension's too: :mod:`registry.extensions`)."""
     quantities = tracked_quantities()
     roots = tuple(q.Options for q in quantities.values() if q.root_options)
     own = [
@@ -401,7 +401,7 @@ def task_node(task: type[Task]) -> DictConfig:
 
 def register_schemas() -> None:
     """Make the schemas available to ``conf/config.yaml`` and each group's YAML files; every task
-    (the built-in ones and the extensions', data/extensions.py) is an option of the data group."""
+    (the built-in ones and the extensions', registry/extensions.py) is an option of the data group."""
     global TrackerConfig
     TrackerConfig = tracker_config()  # again: an extension imported since adds its options
     store = ConfigStore.instance()

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
+from data.repeated_tokens import repeated_tokens
+
 PROBE_SEED_OFFSET = 0x5EED_0F_9_0BE  # keeps probe draws apart from every training seed
 
 
@@ -53,8 +55,6 @@ class ProbeBatch:
 
 def make_probe_batch(seed: int, batch_size: int, n: int, n_random: int, bos: bool = True) -> ProbeBatch:
     """The default probe batch for a run (no gap): a pure function of its arguments."""
-    from data.tasks.repeated import repeated_tokens
-
     ids = np.arange(batch_size)
     tokens = repeated_tokens(seed + PROBE_SEED_OFFSET, ids, 2 * n + int(bos), n_random, n, n, bos)
     return ProbeBatch(tokens=tokens, n=n, first_start=int(bos))

@@ -8,7 +8,7 @@ its values, every problem at once; :meth:`Task.sampler` is its generator, a pure
 seed and the sample ids (so a stream resumes exactly and DDP ranks draw disjoint samples);
 :meth:`Task.probe` is the batch the tracker's head scores, loss views and ablation read (repeated
 random tokens, unless the task defines its own); :meth:`Task.reference` names the strategies (the
-reference predictors, :mod:`data.strategies`) the ``strategies`` quantity compares the model with, and
+reference predictors, :mod:`data.reference_predictors`) the ``strategies`` quantity compares the model with, and
 the true next-token distribution where the task knows it. Subclassing is registering: :func:`tasks` lists
 every subclass by its ``name``.
 """
@@ -17,15 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from data.probe import ProbeBatch
-    from data.strategies import ReferencePredictions
+from data import reference_predictors
+from data.probe import ProbeBatch, make_probe_batch
+from registry.extensions import registered
 
 TokenSampler = Callable[[np.ndarray], Tensor]
 """Sample ids ``(b,)`` -> token ids ``[b, seq_len]``."""
@@ -66,23 +66,21 @@ class Task:
 
     def probe(self, seed: int, batch_size: int, n: int, n_random: int) -> ProbeBatch:
         """The tracker's probe: ``[BOS], t_1 .. t_n, t_1 .. t_n`` random tokens (:func:`data.probe.make_probe_batch`)."""
-        from data.probe import make_probe_batch
-
         return make_probe_batch(seed, batch_size, n, n_random, self.bos)
 
-    def reference(self, sample_ids: np.ndarray, n_random: int) -> ReferencePredictions:
-        """The task's sequences ``sample_ids`` and its strategies on them (:mod:`data.strategies`), simplest
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> reference_predictors.ReferencePredictions:
+        """The task's sequences ``sample_ids`` and its strategies on them (:mod:`data.reference_predictors`), simplest
         first. Unless a task names its own: uniform, copy (uniform over the tokens in the context: one
         layer's strategy) and induction (the token that followed the current one's latest earlier
         occurrence), at every position that predicts a task token; no truth. Scored where most of the
         next tokens may be unpredictable, these need not show a switch to induction where the model
         learns it (:func:`names_own_strategies`)."""
-        from data import strategies
-
         tokens = self.sampler(n_random)(sample_ids)
         positions = torch.arange(tokens.shape[1] - 1, device="cpu")
-        predicted = strategies.one_and_two_layer(tokens, n_random)
-        return strategies.ReferencePredictions(tokens, positions, strategies.at_positions(predicted, positions))
+        predicted = reference_predictors.one_and_two_layer(tokens, n_random)
+        return reference_predictors.ReferencePredictions(
+            tokens, positions, reference_predictors.at_positions(predicted, positions)
+        )
 
 
 def names_own_strategies(task: type[Task]) -> bool:
@@ -98,7 +96,5 @@ BUILT_IN = "data.tasks"
 
 def tasks() -> dict[str, type[Task]]:
     """Every task by name: the built-in ones (every module of ``data/tasks/``) and the extensions'
-    (:mod:`data.extensions`)."""
-    from data.extensions import registered
-
+    (:mod:`registry.extensions`)."""
     return dict(sorted(registered(Task, BUILT_IN, "tasks").items()))

@@ -1,4 +1,4 @@
-"""LightningModule: next-token training of an :class:`~models.ensemble.EnsembleTransformer`, every member
+"""LightningModule: next-token training of an :class:`~models.ensemble_transformer.EnsembleTransformer`, every member
 on its own batch, with its own optimizer settings and gradient clipping."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from models.ensemble import EnsembleTransformer, clip_member_gradients, member_losses
 from models.ensemble_optimizer import EnsembleAdamW
+from models.ensemble_transformer import EnsembleTransformer, clip_member_gradients, member_losses
 from models.optimizer import OptimizerSettings
 from models.transformer import AttentionOnlyTransformer
 

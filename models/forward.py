@@ -2,7 +2,7 @@
 
 Every model of the project runs through these functions: the single model
 (:class:`~models.transformer.AttentionOnlyTransformer`), an ensemble's stacked members
-(:class:`~models.ensemble.EnsembleTransformer`), and the refined LLC's members, which move some weights and
+(:class:`~models.ensemble_transformer.EnsembleTransformer`), and the refined LLC's members, which move some weights and
 share the rest (:mod:`metrics.dynamics.refined_llc`). A change to attention (a position scheme, a
 normalization, an intervention) is made here and reaches all three.
 
@@ -22,7 +22,7 @@ Elhage et al. 2021's attention-only transformer, with no MLPs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +31,15 @@ from torch import Tensor
 from models.attention import fused_causal_attention
 from models.interventions import HeadChange, attend
 
-if TYPE_CHECKING:
-    from models.transformer import TransformerShape
+
+class Shape(Protocol):
+    """What the pass reads of a model's shape (:class:`models.transformer.TransformerShape`)."""
+
+    n_layers: int
+    n_ctx: int
+    normalization: str
+    positions: str
+
 
 Weights = Mapping[str, Tensor]
 """Every weight of a model by its single-model parameter name, each ``[...]`` (shared) or ``[n, ...]``."""
@@ -120,7 +127,7 @@ def positions(weights: Weights, t: int) -> Tensor:
     return W_pos if W_pos.dim() == 2 else W_pos[:, None]
 
 
-def embed(weights: Weights, tokens: Tensor, shape: TransformerShape) -> Tensor:
+def embed(weights: Weights, tokens: Tensor, shape: Shape) -> Tensor:
     """The stream entering the first layer: the token embeddings of ``tokens [..., t]`` plus the positions,
     unless ``shape.positions`` is ``shortformer`` (Press et al. 2021: the positions reach only the queries'
     and keys' inputs, :func:`attention_layer`). ``[..., t, d]`` by a shared ``W_E``; by the members' ``W_E
@@ -168,13 +175,13 @@ def attention_layer(
     return x + write(z, weights[prefix + "W_O"], weights.get(prefix + "b_O"))
 
 
-def layer_positions(weights: Weights, t: int, shape: TransformerShape) -> Tensor | None:
+def layer_positions(weights: Weights, t: int, shape: Shape) -> Tensor | None:
     """What every layer's queries and keys add to their input: the first ``t`` positions under shortformer
     positions, else None (they are in the stream already)."""
     return positions(weights, t) if shape.positions == "shortformer" else None
 
 
-def unembed(weights: Weights, x: Tensor, shape: TransformerShape) -> Tensor:
+def unembed(weights: Weights, x: Tensor, shape: Shape) -> Tensor:
     """The final stream ``x [..., t, d]`` (``[m, b, t, d]`` with the members' ``W_U``) -> logits ``[..., t, d_vocab]``
     (the final normalization, ``W_U`` and ``b_U``)."""
     x = normalize(x, shape.normalization, weights.get("final_norm.weight"))
@@ -189,9 +196,7 @@ def unembed(weights: Weights, x: Tensor, shape: TransformerShape) -> Tensor:
     return logits + (b_U if b_U.dim() == 1 else b_U.view(-1, 1, 1, b_U.shape[-1]))
 
 
-def logits(
-    weights: Weights, tokens: Tensor, shape: TransformerShape, changes: Sequence[MemberChanges] | None = None
-) -> Tensor:
+def logits(weights: Weights, tokens: Tensor, shape: Shape, changes: Sequence[MemberChanges] | None = None) -> Tensor:
     """Logits ``[m, b, t, d_vocab]`` of ``tokens [b, t]`` (every member reads them) or ``[n, b, t]`` (each its
     own); ``changes[l]``: layer ``l``'s interventions (:data:`MemberChanges`; None: none anywhere)."""
     x = embed(weights, tokens, shape)

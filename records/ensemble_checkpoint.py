@@ -54,7 +54,7 @@ def split_member(checkpoint: dict, index: int, record: dict, callbacks: dict) ->
 
 def join_members(members: list[dict], callbacks_key: str) -> dict:
     """The ensemble's Lightning checkpoint from its members' (in member order); the members' callback
-    states go under ``callbacks_key`` (the ensemble's dispatcher: ``callbacks.ensemble.EnsembleMembers``)."""
+    states go under ``callbacks_key`` (the ensemble's dispatcher: ``callbacks.ensemble_members.EnsembleMembers``)."""
     first = members[0]
     names = list(first["state_dict"])
     optimizer_keys = list(first[MEMBER_KEY]["optimizer"])

@@ -1,5 +1,5 @@
 """The end-of-run report's matplotlib figures: composition heatmaps and the score-over-training curves
-(the heatmaps logged during training are drawn without matplotlib: :mod:`reports.heatmap_pixels`)."""
+(the heatmaps logged during training are drawn without matplotlib: :mod:`records.heatmap_pixels`)."""
 
 from __future__ import annotations
 
@@ -20,22 +20,16 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from metrics.dynamics.phase_change import PhaseChange
-from reports.heatmap_pixels import symmetric_limit
+from records.heatmap_pixels import symmetric_limit
 
 Series = tuple[np.ndarray, np.ndarray]  # (steps, values)
-
-
-def composition_heatmaps(scores: dict[str, np.ndarray], title: str) -> Figure:
-    """One labelled panel per kind; ``scores[kind]`` is ``[n_layers, n_heads, n_layers, n_heads]`` with
-    NaN for masked pairs. Rows are writer heads (all but the last layer), columns reader heads."""
-    return composition_report({"": scores}, title)
 
 
 def composition_report(by_measure: dict[str, dict[str, np.ndarray]], title: str) -> Figure:
     """A row of labelled panels (one per kind) per measure, each row with its own symmetric colour
     limits and colour bar, since measures live on different scales. ``by_measure[m][kind]``:
     ``[L, H, L, H]``, NaN for masked pairs; rows writers, columns readers as in
-    :func:`~reports.heatmap_pixels.heatmap_image`.
+    :func:`~records.heatmap_pixels.heatmap_image`.
     Small grids (<= 64 cells) print their values; big ones (> 16 heads a side) label layers, not heads."""
     n_rows = len(by_measure)
     n_cols = max(len(scores) for scores in by_measure.values())
@@ -165,14 +159,6 @@ def save_figure(fig: Figure, path: Path) -> None:
     """Save ``fig`` as a report's figure (PNG, 110 dpi) and close it without drawing it again."""
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def figure_to_rgb(fig: Figure) -> np.ndarray:
-    """Render ``fig`` to an ``[height, width, 3]`` uint8 array and close it."""
-    fig.canvas.draw()
-    rgb = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
-    plt.close(fig)
-    return rgb
 
 
 def mark_phase_change(ax, change: PhaseChange | None) -> None:

@@ -21,7 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from metrics.dynamics.strategies import RISE_WEIGHT, Switch, closest, rise_steps, switches, switches_with_intervals
+from metrics.dynamics.strategy_readings import (
+    RISE_WEIGHT,
+    Switch,
+    closest,
+    rise_steps,
+    switches,
+    switches_with_intervals,
+)
 from metrics.tracked.strategies import PER_SEQUENCE, PREFIX
 from records.tensor_store import read_tensor_store
 
@@ -55,7 +62,7 @@ class Timeline:
     @property
     def reaches_cliff(self) -> bool:
         """Whether the timeline shows induction: a switch to it, or its mixture weight rising (the model
-        takes it up in part; :data:`metrics.dynamics.strategies.RISE_WEIGHT`)."""
+        takes it up in part; :data:`metrics.dynamics.strategy_readings.RISE_WEIGHT`)."""
         return self.cliff_switch is not None or CLIFF_STRATEGY in self.rises
 
     def rise_without_switch(self) -> str | None:

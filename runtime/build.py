@@ -14,7 +14,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
 from callbacks.divergence import DivergenceGuard
-from callbacks.final_report import PhaseChangeFigure
+from callbacks.final_report import FinalReport
 from callbacks.interventions import Interventions
 from callbacks.llc_estimates import LLCEstimates
 from callbacks.preemption import StopOnSignal
@@ -122,7 +122,7 @@ def build_callbacks(
         run = {"wandb_id": wandb_id, "wandb_group": naming.group, "wandb_name": naming.name}
         callbacks.append(build_trajectory(cfg, run_dir, config, run, tracker))
     if tracker is not None:
-        callbacks.append(PhaseChangeFigure(run_dir, tr.smoothing_window, cfg.figures, while_reporting))
+        callbacks.append(FinalReport(run_dir, tr.smoothing_window, cfg.figures, while_reporting))
     llc = cfg.stages.llc
     if llc.every_n_steps > 0:
         if warning := llc_calibration_warning(cfg):

@@ -48,22 +48,6 @@ def why_not_creatable(directory: Path) -> str | None:
     return None
 
 
-RENAMED_EXPERIMENTS = {"seed002": "aslvrstn_2022", "seed002_cpu": "aslvrstn_2022_cpu"}
-"""Presets renamed (their old names read like a seed, ``seed=2``): old name -> new; the old one still runs."""
-
-
-def renamed_experiment_warning(choices: list[str]) -> str | None:
-    """One warning line for an old preset name among ``choices`` (``experiment=NAME`` overrides, or
-    the experiment group's choice), else None."""
-    for choice in choices:
-        name = choice.split("=", 1)[-1]
-        if name in RENAMED_EXPERIMENTS:
-            return (
-                f"warning: experiment={name} is now experiment={RENAMED_EXPERIMENTS[name]} (the old name still works)"
-            )
-    return None
-
-
 def run_dir_overridden(config: DictConfig) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in config.hydra.overrides.hydra)
 
@@ -73,10 +57,6 @@ class RunGuard(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         release_startup_errors()  # the command line composed: from here on, stderr is the launcher's
-        chosen = [o for o in config.hydra.overrides.task if o.lstrip("+").startswith("experiment=")]
-        swept = [name for o in chosen for name in o.split("=", 1)[1].split(",")]
-        if warning := renamed_experiment_warning(swept):
-            print(warning, file=sys.stderr)
         if (requeued := requeued_slurm_sweep()) is not None:  # an ensemble's SLURM job, requeued
             with read_write(config), open_dict(config):
                 config.hydra.sweep.dir = str(requeued)
@@ -90,8 +70,6 @@ class RunGuard(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         release_startup_errors()
-        if warning := renamed_experiment_warning([str(config.hydra.runtime.choices.get("experiment", ""))]):
-            print(warning, file=sys.stderr)
         with read_write(config), open_dict(config):
             requeued = requeued_slurm_run() if config.resume is None else None
             if requeued is not None:

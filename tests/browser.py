@@ -1,5 +1,5 @@
 """Pages opened in headless Chromium (Debian's ``chromium``, ``make browser``) through
-:mod:`bench.explorer`'s driver. Where there is no Chromium the tests that need one skip, saying how to
+:mod:`bench.explorer_in_browser`'s driver. Where there is no Chromium the tests that need one skip, saying how to
 get it; CI sets ``REQUIRE_BROWSER=1`` (``.ci/run``), so there they fail instead."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import explorer
-from bench.explorer import OpenedPage, readout_mismatches
+from bench import explorer_in_browser
+from bench.explorer_in_browser import OpenedPage, readout_mismatches
 from records.layout import CSV_RELATIVE_PATH
 from reports.run_report import read_series
 
 
 def chromium() -> str:
     """Chromium's path; skips the test (fails it under ``REQUIRE_BROWSER``) where there is none."""
-    path = explorer.find_chromium()
+    path = explorer_in_browser.find_chromium()
     if path is None:
         if os.environ.get("REQUIRE_BROWSER"):
             pytest.fail("REQUIRE_BROWSER is set but there is no chromium or no playwright (make browser)")
@@ -29,7 +29,7 @@ def chromium() -> str:
 
 @contextmanager
 def opened(path: Path) -> Iterator[OpenedPage]:
-    with explorer.opened(path, chromium()) as page:
+    with explorer_in_browser.opened(path, chromium()) as page:
         yield page
 
 

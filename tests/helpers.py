@@ -613,3 +613,12 @@ def in_this_process(main, argv: list[str], threads: int | None = None) -> subpro
 def run_refused(args: list[str], run_dir: Path) -> subprocess.CompletedProcess:
     """:func:`run_train` of input that train.py must refuse before any work (no training: not a slow test)."""
     return run_train(args, run_dir)
+
+
+def random_low_rank(n: int, d_model: int, d_head: int, generator: torch.Generator):
+    """``n`` products of two i.i.d. standard Gaussian ``[d_model, d_head]`` factors, float64: the direct
+    sampler the random baselines' ``d_head``-space sampler (``metrics.composition.baseline``) is tested against."""
+    from metrics.composition.circuits import LowRank
+
+    draw = lambda: torch.randn(n, d_model, d_head, generator=generator, dtype=torch.float64)
+    return LowRank(draw(), draw())

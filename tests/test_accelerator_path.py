@@ -170,8 +170,8 @@ def test_interventions_during_training_keep_every_tensor_where_it_belongs(traine
     """Every kind at once (a clamp, an ablation keeping its pattern, a temperature, a chosen head's
     ablation, a frozen circuit, a graft from the run above) on the simulated accelerator: no tensor
     on the wrong side, and a step inside the windows that neither measures nor saves syncs at most once."""
-    from runtime.build import build_datamodule, build_module, build_trainer
     from records.trajectory import Trajectory
+    from runtime.build import build_datamodule, build_module, build_trainer
 
     source, _, _ = trained_on_the_accelerator
     also = (
@@ -282,8 +282,8 @@ def test_an_ensembles_training_step_makes_every_tensor_where_it_belongs_and_sync
     """The stacked model's step (forward, per-member losses and clipping, the per-member AdamW with
     members' own rates, members' own interventions, one member stopped) and the members' reading of
     their losses and weights."""
-    from models.ensemble import member_views
     from models.ensemble_module import EnsembleLM
+    from models.ensemble_transformer import member_views
     from models.interventions import HeadChange
     from models.optimizer import OptimizerSettings
 
@@ -310,7 +310,7 @@ def test_an_ensembles_training_step_makes_every_tensor_where_it_belongs_and_sync
             before = accelerator.syncs
             n = module.model.size
             largest = torch.stack([p.detach().reshape(n, -1).abs().amax(dim=1) for p in module.model.parameters()])
-            torch.cat([module.losses, largest.amax(dim=0)]).tolist()  # callbacks/ensemble.py's one read
+            torch.cat([module.losses, largest.amax(dim=0)]).tolist()  # callbacks/ensemble_members.py's one read
             assert accelerator.syncs - before == 1
         views = member_views(module.model)
         take_snapshot(views[0], probe_batch(), composition={"measures": ["frobenius"], "baseline_samples": 50})

@@ -1,6 +1,6 @@
 """The house open to new questions: a composition measure, a per-head score with its own schedule, a
 task with its own probe and option and a head behaviour that task adds, each one module of an installed
-package found by its entry point (data/extensions.py), none of them known to this repository; a real
+package found by its entry point (registry/extensions.py), none of them known to this repository; a real
 train.py run with all four logs them everywhere a run writes, and a bad value of each is one line of
 error before any work."""
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from data import strategies
+from data import reference_predictors
 from data.counter_rng import random_ints, random_uniform
 from data.task import Task, TokenSampler
 
@@ -86,7 +86,7 @@ class BigramTriggers(Task):
         chain = make_chain(self.seed, n_random, self.n_triggers, self.concentration)
         return lambda ids: bigram_trigger_tokens(chain, self.seed, ids, self.seq_len, self.bos)
 
-    def reference(self, sample_ids: np.ndarray, n_random: int) -> strategies.ReferencePredictions:
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> reference_predictors.ReferencePredictions:
         """Uniform; bigram (the chain's row, learnt in the weights: uniform after a trigger or BOS,
         whose next token is drawn per sequence); induction (bigram, but after a trigger seen before, its
         output): the last is the truth itself (Bietti et al.'s two stages, global bigram then induction)."""
@@ -100,10 +100,14 @@ class BigramTriggers(Task):
         bigram = torch.where(
             (is_trigger | (tokens >= n_random))[..., None], flat, rows.double()[tokens.clamp(max=n_random - 1)]
         )
-        recalled = strategies.induction(tokens, n_random, fallback=bigram)
+        recalled = reference_predictors.induction(tokens, n_random, fallback=bigram)
         induction = torch.where(is_trigger[..., None], recalled, bigram)
         positions = torch.arange(tokens.shape[1] - 1, device="cpu")
-        predicted = {"uniform": strategies.uniform(tokens, n_random), "bigram": bigram, "induction": induction}
-        return strategies.ReferencePredictions(
-            tokens, positions, strategies.at_positions(predicted, positions), truth=induction[:, positions]
+        predicted = {
+            "uniform": reference_predictors.uniform(tokens, n_random),
+            "bigram": bigram,
+            "induction": induction,
+        }
+        return reference_predictors.ReferencePredictions(
+            tokens, positions, reference_predictors.at_positions(predicted, positions), truth=induction[:, positions]
         )

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from data import strategies
+from data import reference_predictors
 from data.probe import PROBE_SEED_OFFSET, ProbeBatch
 from data.task import Task, TokenSampler
 
@@ -73,7 +73,7 @@ def sample_chains(
     transition /= transition.sum(-1, keepdims=True)
     if doubly_stochastic:
         transition = sinkhorn(transition)
-    start = strategies.stationary(context_chain(transition, k, order))  # (b, k^order)
+    start = reference_predictors.stationary(context_chain(transition, k, order))  # (b, k^order)
     first = (uniforms[:, :1] > np.cumsum(start, -1)[:, :-1]).sum(-1)  # the first context's id
     tokens = np.empty((b, seq_len), dtype=np.int64)
     for i in range(order):  # its tokens, most significant first
@@ -157,22 +157,25 @@ class MarkovICL(Task):
         )
         return ProbeBatch(tokens=tokens, n=half, first_start=int(self.bos))
 
-    def reference(self, sample_ids: np.ndarray, n_random: int) -> strategies.ReferencePredictions:
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> reference_predictors.ReferencePredictions:
         """Uniform, in-context unigram, in-context bigram (and trigram for ``order=2``), add-one counts
         as the paper, and the chain's own transition row, at the last position: the model has seen
         ``seq_len - 1`` tokens and predicts the next (the paper's ``test_last_token``)."""
         chains = self.chains(sample_ids)
         tokens = with_bos(chains.tokens, n_random, self.bos)
         body = chains.tokens[:, :-1]  # what the model has seen at the last scored position
-        predicted = {"uniform": strategies.uniform(body, self.k), "unigram": strategies.unigram(body, self.k)}
-        predicted["bigram"] = strategies.ngram(body, self.k, 1)
+        predicted = {
+            "uniform": reference_predictors.uniform(body, self.k),
+            "unigram": reference_predictors.unigram(body, self.k),
+        }
+        predicted["bigram"] = reference_predictors.ngram(body, self.k, 1)
         if self.order == 2:
-            predicted["trigram"] = strategies.ngram(body, self.k, 2)
+            predicted["trigram"] = reference_predictors.ngram(body, self.k, 2)
         last = body.shape[1] - 1
         context = sum(body[:, last - i].numpy() * self.k**i for i in range(self.order))
         truth = torch.from_numpy(chains.transition[np.arange(len(body)), context])[:, None, :]  # (b, 1, k)
         position = torch.tensor([last + int(self.bos)], device="cpu")
-        return strategies.ReferencePredictions(
+        return reference_predictors.ReferencePredictions(
             tokens=tokens,
             positions=position,
             strategies={name: q[:, [last]] for name, q in predicted.items()},

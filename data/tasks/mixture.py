@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from data import strategies
+from data import reference_predictors
 from data.counter_rng import random_bits, random_uniform
 from data.task import Task, TokenSampler, tasks
 
@@ -267,7 +267,7 @@ class Mixture(Task):
 
         return sample
 
-    def reference(self, sample_ids: np.ndarray, n_random: int) -> strategies.ReferencePredictions:
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> reference_predictors.ReferencePredictions:
         """The strategies of one component (``strategies_of``), on the mixture's sequences of it: the
         first ``len(sample_ids)`` ids from ``sample_ids[0]`` on that the mixture gives that component,
         with its reference's positions, scored mask and truth (its strategies and truth padded with 0
@@ -300,7 +300,7 @@ class Mixture(Task):
             raise ValueError(
                 f"data.strategies_of={name}: its reference draws sequences of its own, not the ids it is given"
             )
-        return strategies.ReferencePredictions(
+        return reference_predictors.ReferencePredictions(
             tokens,
             own.positions,
             {strategy: padded(q, n_random) for strategy, q in own.strategies.items()},

@@ -16,37 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from data import strategies
-from data.counter_rng import random_ints
+from data import reference_predictors
+from data.repeated_tokens import repeated_tokens
 from data.task import Task, TokenSampler
-
-TOKEN_STREAM, LENGTH_STREAM = 0, 1
-
-
-def repeated_tokens(
-    seed: int,
-    sample_ids: np.ndarray,
-    seq_len: int,
-    n_random: int,
-    n_min: int,
-    n_max: int,
-    bos: bool = True,
-) -> Tensor:
-    """Token ids ``[len(sample_ids), seq_len]``; sample k is a pure function of ``(seed, k)``."""
-    if not 1 <= n_min <= n_max:
-        raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
-    offset = int(bos)
-    body_len = seq_len - offset
-    block = torch.from_numpy(random_ints(seed, sample_ids, n_max, n_random, TOKEN_STREAM))  # (b, n_max)
-    n = torch.from_numpy(random_ints(seed, sample_ids, 1, n_max - n_min + 1, LENGTH_STREAM)) + n_min  # (b, 1)
-    period_index = torch.arange(body_len, device="cpu")[None, :] % n  # (b, body_len)
-    body = block.gather(1, period_index)  # (b, body_len)
-    if not bos:
-        return body
-    return torch.cat([torch.full((len(body), 1), n_random, dtype=body.dtype, device="cpu"), body], dim=1)
 
 
 @dataclass
@@ -72,14 +45,14 @@ class Repeated(Task):
     def sampler(self, n_random: int) -> TokenSampler:
         return lambda ids: repeated_tokens(self.seed, ids, self.seq_len, n_random, self.n_min, self.n_max, self.bos)
 
-    def reference(self, sample_ids: np.ndarray, n_random: int) -> strategies.ReferencePredictions:
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> reference_predictors.ReferencePredictions:
         """Uniform, copy and induction (:meth:`Task.reference`), scored on the repeats: the positions
         whose next token repeats one seen ``n`` back, from the repeat's second token on, for every
         ``n`` up to ``n_max`` (positions ``n_max + BOS .. seq_len - 2``; the loss views' "repeated"
         positions). Elsewhere the next token is new and no strategy but uniform can know it."""
         reference = super().reference(sample_ids, n_random)
         keep = slice(self.n_max + int(self.bos), None)  # the default scores every position from 0
-        return strategies.ReferencePredictions(
+        return reference_predictors.ReferencePredictions(
             reference.tokens,
             reference.positions[keep],
             {name: q[:, keep] for name, q in reference.strategies.items()},

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from data import strategies
+from data import reference_predictors
 from data.counter_rng import random_ints
 from data.task import Task, TokenSampler
 
@@ -148,13 +148,13 @@ class SentenceGapCopy(Task):
             self.seed, ids, self.seq_len, n_random, self.max_sentence, self.max_gap, self.min_sentence
         )
 
-    def reference(self, sample_ids: np.ndarray, n_random: int) -> strategies.ReferencePredictions:
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> reference_predictors.ReferencePredictions:
         """Uniform, copy (as :meth:`Task.reference`) and induction on the longest match
-        (:func:`data.strategies.longest_match`), scored on the repeated sentences only
+        (:func:`data.reference_predictors.longest_match`), scored on the repeated sentences only
         (:func:`repeat_positions`): elsewhere the next token is fresh and no strategy but uniform can
         know it, and the strategies would tell nothing of the phase change. Induction recalls the token
         after the earlier occurrence of the longest suffix of the context: the sentence's first copy.
-        The latest earlier occurrence of the current token alone (:func:`data.strategies.induction`) is
+        The latest earlier occurrence of the current token alone (:func:`data.reference_predictors.induction`) is
         a chance one, in the gap or the copy so far, at 39 % of these positions (64 held-out rows of
         ``experiment=aslvrstn_2022_cpu``'s data), where it names a token the data does not repeat.
         The rows are the first
@@ -191,10 +191,10 @@ class SentenceGapCopy(Task):
         tokens, scored = packed.tokens[rows], scored[rows]
         positions = torch.arange(tokens.shape[1] - 1, device="cpu")
         predicted = {
-            "uniform": strategies.uniform(tokens, n_random),
-            "copy": strategies.copy(tokens, n_random),
-            "induction": strategies.longest_match(tokens, n_random),
+            "uniform": reference_predictors.uniform(tokens, n_random),
+            "copy": reference_predictors.copy(tokens, n_random),
+            "induction": reference_predictors.longest_match(tokens, n_random),
         }
-        return strategies.ReferencePredictions(
-            tokens, positions, strategies.at_positions(predicted, positions), scored=scored
+        return reference_predictors.ReferencePredictions(
+            tokens, positions, reference_predictors.at_positions(predicted, positions), scored=scored
         )

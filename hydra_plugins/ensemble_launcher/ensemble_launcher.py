@@ -2,7 +2,7 @@
 
     python train.py -m seed=0,1,2,3,4,5,6,7 hydra/launcher=ensemble
 
-Every job is still a whole run in its own directory of the sweep (``runtime.ensemble``). Before
+Every job is still a whole run in its own directory of the sweep (``runtime.ensemble_job``). Before
 anything is written, every job's config is validated and the jobs are grouped by what must be shared
 (``runtime.ensemble_plan``); a bad job is one line of error and exit 1. Like the other launchers, a
 job that finished in an earlier launch of the same sweep is skipped and an interrupted one resumes,
@@ -53,7 +53,7 @@ class EnsembleLauncher(Launcher):
         from conf.validate import ConfigError, validate
         from records.layout import CHECKPOINTS, LAST_CHECKPOINT, resume_checkpoint
         from records.status import FINISHED, read_status
-        from runtime.ensemble import MemberJob, Part, fit_parts, sweep_command
+        from runtime.ensemble_job import MemberJob, Part, fit_parts, sweep_command
         from runtime.ensemble_plan import EnsembleError, compatibility, groups, resume_step, split_line
         from runtime.run_guard import task_config
         from runtime.slurm import remember_slurm_sweep

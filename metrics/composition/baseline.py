@@ -33,8 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from metrics.composition.circuits import LowRank
-from metrics.composition.measures import WEIGHT_MEASURES, Measure, PairStats, stats_from_cosines
+from metrics.composition.measures import WEIGHT_MEASURES, PairStats, stats_from_cosines
 from metrics.disk_cache import cache_file, read_json, write_json
 
 BASELINE_SAMPLES = 2000  # random head pairs a baseline is the mean of (tracker.baseline_samples)
@@ -95,13 +94,6 @@ def sample_pair_stats(d_model: int, d_head: int, n_samples: int, seed: int = 0) 
     return stats_from_cosines(haar_block(rng, n_samples, d_model, d_head), writer_sq, reader_sq)
 
 
-def random_low_rank(n: int, d_model: int, d_head: int, generator: torch.Generator) -> LowRank:
-    """``n`` products of two i.i.d. standard Gaussian ``[d_model, d_head]`` factors, float64: the
-    direct sampler, which :func:`sample_pair_stats` is tested against."""
-    draw = lambda: torch.randn(n, d_model, d_head, generator=generator, dtype=torch.float64)
-    return LowRank(draw(), draw())
-
-
 def _cache_file(d_model: int, d_head: int, n_samples: int, seed: int) -> Path:
     return cache_file("baselines", f"v{SAMPLER_VERSION}-d{d_model}-r{d_head}-n{n_samples}-seed{seed}")
 
@@ -142,11 +134,3 @@ def _baselines(d_model: int, d_head: int, n_samples: int, seed: int, names: tupl
 
 
 random_baselines.cache_clear = _baselines.cache_clear  # forget the in-process cache (the tests' disk-cache checks)
-
-
-def random_baseline(
-    measure: Measure | str, d_model: int, d_head: int, n_samples: int = BASELINE_SAMPLES, seed: int = 0
-) -> Baseline:
-    """The baseline of one measure (see :func:`random_baselines`)."""
-    name = measure if isinstance(measure, str) else measure.name
-    return random_baselines(d_model, d_head, n_samples, seed)[name]

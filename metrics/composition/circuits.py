@@ -25,15 +25,6 @@ from torch import Tensor
 from models.transformer import AttentionOnlyTransformer, norm_centres, norm_gain
 
 
-def triangular_factor(factor: Tensor) -> Tensor:
-    """``T`` of the reduced QR ``factor = Q T``: ``[..., d_model, r] -> [..., r, r]``.
-
-    ``Q`` has orthonormal columns, so ``factor`` and ``T`` have the same Gram matrix and the same
-    singular values: every unitarily invariant quantity can be computed from ``T``.
-    """
-    return torch.linalg.qr(factor, mode="r").R
-
-
 @dataclass(frozen=True)
 class LowRank:
     """A stack of ``d_model x d_model`` matrices ``left @ right.mT``; ``left, right [..., d_model, rank]``."""

@@ -261,13 +261,6 @@ def gram_frobenius(
     return ratio.reshape(*lead, K, n, n)
 
 
-def layer_order_pairs(n_layers: int, n_heads: int) -> tuple[Tensor, Tensor]:
-    """Flat head indices ``(writers [P], readers [P])`` of every pair with writer layer < reader layer."""
-    layer = torch.arange(n_layers).repeat_interleave(n_heads)  # (n_layers * n_heads,)
-    writers, readers = torch.nonzero(layer[:, None] < layer[None, :], as_tuple=True)
-    return writers, readers
-
-
 def composition_flops(
     n_layers: int,
     n_heads: int,

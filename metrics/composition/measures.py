@@ -222,8 +222,3 @@ def aligned_pair_stats(writer: LowRank, reader: LowRank) -> PairStats:
     """:class:`PairStats` of aligned stacks ``A = writer[p]``, ``B = reader[p]`` -> fields ``[P, ...]``."""
     a, b = writer_spectra(writer), reader_spectra(reader)
     return stats_from_cosines(a.basis.mT @ b.basis, a.sq, b.sq)
-
-
-def per_component_scores(writer: LowRank, reader: LowRank) -> tuple[Tensor, Tensor]:
-    """:func:`component_scores` of aligned stacks: ``([P, r], [P, r])``."""
-    return component_scores(aligned_pair_stats(writer, reader))

@@ -23,7 +23,7 @@ takes one ``param_masks`` for all its chains and runs the chains one after anoth
 that one chain), so G groups of C chains cost G × C serial chains, each a single model's forward and
 backward a step (on a GPU at the default shape, 2 × 2 heads and d_model 64, launch-bound). Here every
 (group, chain) is a *member*, and all members run on the same batch a step, with a member axis over
-the weights they move (as :class:`~models.ensemble.EnsembleTransformer` stacks whole models), through the
+the weights they move (as :class:`~models.ensemble_transformer.EnsembleTransformer` stacks whole models), through the
 model's one forward pass (:mod:`models.forward`). The members
 are split into *families* by the weights their group moves (layer 1's heads and layer 1 all move
 ``layers.1.W_Q, W_K, W_V, W_O``; the model moves everything): a family's moving weights are leaves

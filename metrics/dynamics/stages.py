@@ -433,7 +433,7 @@ def significant_components(outputs: Tensor, alpha: float, seed: int) -> int:
     read by its ``[steps, steps]`` Gram matrix's eigenvalues (in torch, whose thread count the
     process sets). The copies stop as soon as one matches the observed largest component: the answer
     is then 0 whatever the rest would draw (the largest only grows), so it is the same, sooner."""
-    centred = (outputs - outputs.mean(dim=0)).double().cpu()  # (steps, features)
+    centred = (outputs - outputs.mean(dim=0)).cpu().double()  # (steps, features): float64 off the device (MPS has none)
     observed = torch.linalg.eigvalsh(centred @ centred.T).flip(0)
     generator = np.random.default_rng(seed)
     largest = 0.0

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from metrics.disk_cache import cache_file, read_json, write_json
-from metrics.dynamics.strategies import PERSIST, SWITCH_RESAMPLES, Switch, switches
+from metrics.dynamics.strategy_readings import PERSIST, SWITCH_RESAMPLES, Switch, switches
 from metrics.heads.behaviours.base import TokenRelations, behaviour_kinds
 from models.attention import random_patterns
 
@@ -313,11 +313,11 @@ def type_switches(
     names: Sequence[str] | None = None,
 ) -> list[list[Switch]]:
     """For each head, the steps where its type changes and then holds for ``persist`` snapshots
-    (:func:`metrics.dynamics.strategies.switches` on :func:`head_types` of each snapshot's scores, as
+    (:func:`metrics.dynamics.strategy_readings.switches` on :func:`head_types` of each snapshot's scores, as
     they are: a moving average would date a sharp change early), each with the 2.5-97.5 % range of
     its step over ``resamples`` bootstrap resamples of the batch's sequences and the share of
     resamples that have it (the k-th ``A -> B`` of a resample matched with the k-th of the run, as
-    :func:`metrics.dynamics.strategies.switches_with_intervals`). ``steps [n_steps]``, ``per_sequence
+    :func:`metrics.dynamics.strategy_readings.switches_with_intervals`). ``steps [n_steps]``, ``per_sequence
     [n_steps, batch, heads, behaviours]`` (:func:`per_sequence_scores` of each snapshot), ``null``
     broadcastable to ``[n_steps, heads, behaviours]`` and held fixed over the resamples; ``names`` the
     scores' last axis (default every registered behaviour)."""

@@ -2,7 +2,7 @@
 options, and what it gives the records.
 
 A subclass of :class:`TrackedQuantity` (in a module of ``metrics/tracked/``, or of an extension,
-:mod:`data.extensions`) is registered by being defined. It declares
+:mod:`registry.extensions`) is registered by being defined. It declares
 
 - ``name``: the key of its result in a snapshot (``snapshot[name]``) and of its options in the config
   (``tracker.NAME.OPTION``);
@@ -248,8 +248,8 @@ then what reads the weights' circuits); any other module of the package after th
 
 def tracked_quantities() -> dict[str, type[TrackedQuantity]]:
     """Every tracked quantity by name, in the order they run (each after those it reads): the
-    built-in ones (every module of ``metrics/tracked/``) and the extensions' (:mod:`data.extensions`)."""
-    from data.extensions import registered
+    built-in ones (every module of ``metrics/tracked/``) and the extensions' (:mod:`registry.extensions`)."""
+    from registry.extensions import registered
 
     found = registered(TrackedQuantity, BUILT_IN, "tracked quantities", BUILT_IN_FIRST)
     return {name: found[name] for name in run_order(found)}

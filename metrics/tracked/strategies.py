@@ -1,4 +1,4 @@
-"""Which strategy the model is using (:mod:`metrics.dynamics.strategies`), on fresh held-out sequences
+"""Which strategy the model is using (:mod:`metrics.dynamics.strategy_readings`), on fresh held-out sequences
 of the run's task: its KL to each of the task's reference predictors (:meth:`data.task.Task.reference`),
 its KL to the truth where the task knows it, the closest strategy and the mixture reading."""
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data.strategies import HELD_OUT_STRATEGY_IDS, ReferencePredictions
-from metrics.dynamics.strategies import (
+from data.reference_predictors import HELD_OUT_STRATEGY_IDS, ReferencePredictions
+from metrics.dynamics.strategy_readings import (
     TokenGroups,
     grouped_kls,
     kl_rows,
@@ -78,7 +78,7 @@ class Strategies(TrackedQuantity):
 
     def for_task(self, task, n_random: int) -> Strategies:
         """Draw the held-out sequences of ``task`` and its strategies on them (once), and load the
-        mixture's solver (:func:`~metrics.dynamics.strategies.load_solver`)."""
+        mixture's solver (:func:`~metrics.dynamics.strategy_readings.load_solver`)."""
         if self.enabled:
             load_solver()
             ids = np.arange(HELD_OUT_STRATEGY_IDS, HELD_OUT_STRATEGY_IDS + self.options.sequences)

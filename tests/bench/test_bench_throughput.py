@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench.throughput import main
-from reports.tracker_cost import WITH_ALL
+from records.tracker_cost import WITH_ALL
 
 pytestmark = pytest.mark.slow
 

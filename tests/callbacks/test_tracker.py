@@ -10,8 +10,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from data.probe import make_probe_batch
+from records.tracker_cost import HEATMAPS, WITH_ALL, TrackerCost
 from reports.run_report import read_series
-from reports.tracker_cost import HEATMAPS, WITH_ALL, TrackerCost
 from tests.helpers import SMALL, LossRecorder, fit_repeated, quiet_trainer, tracker_of, tracker_settings
 
 SHAPE = SMALL

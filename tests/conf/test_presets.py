@@ -10,15 +10,12 @@ from hydra import compose, initialize_config_dir
 
 from conf.schema import register_schemas
 from conf.validate import config_problems
-from runtime.run_guard import RENAMED_EXPERIMENTS, renamed_experiment_warning
 from tests.helpers import REPO, run_train
 
 register_schemas()
 
-PRESETS = sorted(
-    path.stem for path in (REPO / "conf" / "experiment").glob("*.yaml") if path.stem not in RENAMED_EXPERIMENTS
-)
-"""The presets, without the old names kept as aliases of renamed ones."""
+PRESETS = sorted(path.stem for path in (REPO / "conf" / "experiment").glob("*.yaml"))
+"""Every preset of conf/experiment/."""
 SHRUNK = [
     "trainer.max_steps=4",
     "data.batch_size=4",
@@ -104,15 +101,3 @@ def test_a_preset_states_only_what_differs_from_the_schema_and_its_parent(preset
     value = lambda cfg, key: OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}), resolve=True)
     restated = [f"{key}={value(ours, key)['v']}" for key in keys if value(ours, key) == value(theirs, key)]
     assert not restated, f"conf/experiment/{preset}.yaml restates: {restated}"
-
-
-@pytest.mark.parametrize("old, new", sorted(RENAMED_EXPERIMENTS.items()))
-def test_a_renamed_preset_still_composes_under_its_old_name_and_says_so(old, new):
-    from tests.helpers import composed
-
-    assert composed(f"experiment={old}") == composed(f"experiment={new}")
-    assert (
-        renamed_experiment_warning([old])
-        == f"warning: experiment={old} is now experiment={new} (the old name still works)"
-    )
-    assert renamed_experiment_warning([f"experiment={new}", "seed=2"]) is None

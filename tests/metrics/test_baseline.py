@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from metrics.composition import baseline as baseline_module
-from metrics.composition.baseline import random_baselines, random_low_rank, sample_pair_stats
+from metrics.composition.baseline import random_baselines, sample_pair_stats
 from metrics.composition.measures import WEIGHT_MEASURES, aligned_pair_stats
 from metrics.disk_cache import CACHE_ENV
+from tests.helpers import random_low_rank
 
 SHAPES = [(64, 16), (24, 16), (16, 16), (12, 3)]  # d - r >= r, 0 < d - r < r, d = r, rank 3 in 12
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.reparametrize import ones_shift
 from data.probe import make_probe_batch
 from metrics.composition.circuits import HeadCircuits, LowRank, centre_writing, head_circuits
 from metrics.composition.engine import composition_scores
 from metrics.composition.measures import WEIGHT_MEASURES, frobenius_ratio
-from metrics.composition.reparametrize import ones_shift
 from metrics.composition.scores import composition_of
 from metrics.composition.whitening import Whitening, embedding_covariance, residual_covariance, token_gram
 from metrics.heads.circuit_scores import folded_unembedding

@@ -5,17 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrics.composition.baseline import random_baseline, random_low_rank
+from metrics.composition.baseline import random_baselines
 from metrics.composition.circuits import LowRank, head_circuits
 from metrics.composition.engine import composition_scores
 from metrics.composition.measures import (
+    aligned_pair_stats,
     best_component_ratio,
     best_component_share,
-    per_component_scores,
+    component_scores,
     singular_value_bound_ratio,
     subspace_overlap,
 )
-from tests.helpers import dense_reader_factors, hand_centre, hand_fold, random_model
+from tests.helpers import dense_reader_factors, hand_centre, hand_fold, random_low_rank, random_model
 
 
 def pairs(n=6, d=12, r=4, seed=0):
@@ -63,7 +64,7 @@ def test_subspace_overlap_matches_dense():
 
 def test_per_component_matches_dense():
     writers, readers = pairs(seed=2)
-    scores, shares = per_component_scores(writers, readers)
+    scores, shares = component_scores(aligned_pair_stats(writers, readers))
     for i, (a, b) in enumerate(zip(writers.dense(), readers.dense())):
         want_scores, want_shares = dense_components(a, b, 4)
         torch.testing.assert_close(scores[i], want_scores, rtol=1e-5, atol=0)
@@ -107,7 +108,7 @@ def test_sv_bound_penalises_misordered_alignment():
 
 
 def test_random_subspace_baseline_is_r_over_d():
-    baseline = random_baseline(subspace_overlap, 64, 16, 2000, 0)
+    baseline = random_baselines(64, 16, 2000, 0)[subspace_overlap.name]
     assert baseline.mean == pytest.approx(16 / 64, rel=0.02)  # E[tr(P_w P_r)] / r = r / d
 
 

@@ -14,7 +14,7 @@ import torch
 from bench.strategy_nulls import CASES, NAMES, STEPS, judge
 from data.task import tasks
 from data.tasks.markov_icl import MarkovICL
-from metrics.dynamics.strategies import mixture_weights, rise_steps, token_groups
+from metrics.dynamics.strategy_readings import mixture_weights, rise_steps, token_groups
 from tests.helpers import REPO
 
 MIXTURES = [
@@ -122,8 +122,8 @@ def test_the_tracked_reading_equals_the_dense_kls_and_mixture_on_every_task(name
     from types import SimpleNamespace
 
     from conf.objects import n_random, task_of
-    from data.strategies import scored_mean
-    from metrics.dynamics.strategies import kl_rows, safe_log, strategy_kls
+    from data.reference_predictors import scored_mean
+    from metrics.dynamics.strategy_readings import kl_rows, safe_log, strategy_kls
     from metrics.tracked.strategies import Strategies
     from tests.helpers import composed
 

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
+from bench.reparametrize import residual_transform
 from metrics.composition.measures import WEIGHT_MEASURES
-from metrics.composition.reparametrize import residual_transform
 from metrics.composition.scores import basis_whitening, composition_of
 from metrics.composition.whitening import embedding_covariance, symmetric_powers, token_gram
 from models.transformer import AttentionOnlyTransformer, TransformerShape

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.reparametrize import residual_transform
 from data.probe import ProbeBatch
 from metrics.composition.circuits import head_circuits
 from metrics.composition.engine import composition_scores
 from metrics.composition.measures import frobenius_ratio
-from metrics.composition.reparametrize import residual_transform
 from metrics.composition.scores import composition_of
 from metrics.composition.whitening import embedding_covariance
 from metrics.snapshot import take_snapshot

@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.ensemble import EnsembleTransformer, clip_member_gradients, member_losses, member_views, standalone
 from models.ensemble_optimizer import EnsembleAdamW
+from models.ensemble_transformer import (
+    EnsembleTransformer,
+    clip_member_gradients,
+    member_losses,
+    member_views,
+    standalone,
+)
 from models.interventions import HeadChange
 from models.lit_module import next_token_loss
 from models.optimizer import OptimizerSettings

@@ -197,8 +197,8 @@ def test_a_real_snapshot_flows_through_keys_store_and_heatmap(tmp_path):
     right entries in both modes, the store keeps them, the heatmap draws them."""
     from data.probe import make_probe_batch
     from metrics.snapshot import take_snapshot
+    from records.heatmap_pixels import heatmap_image
     from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors
-    from reports.heatmap_pixels import heatmap_image
     from tests.helpers import random_model
 
     measures = ("frobenius", "subspace")

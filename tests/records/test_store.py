@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW
+from records.heatmap_pixels import BACKGROUND, LOOKUP_TABLE, MASKED, SEPARATOR, heatmap_image, symmetric_limit
 from records.layout import TENSORS_DIR
 from records.tensor_store import TensorStore, read_tensor_store, snapshot_tensors, tensor_labels
 from reports import run_report as figure
-from reports.heatmap_pixels import BACKGROUND, LOOKUP_TABLE, MASKED, SEPARATOR, heatmap_image, symmetric_limit
 from tests.helpers import fake_snapshot
 
 # --- the store -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from bench.explorer import pattern_error, readout_mismatches
+from bench.explorer_in_browser import pattern_error, readout_mismatches
 from records.layout import CSV_RELATIVE_PATH
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory

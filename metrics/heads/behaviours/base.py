@@ -3,7 +3,7 @@
 
 A behaviour is a subclass of :class:`Behaviour` with a ``name`` and :meth:`Behaviour.targets`; one
 module each in ``metrics/heads/behaviours/``, or in an installed package's module named under the
-``induction_composition_tracker`` entry points (:mod:`data.extensions`). Subclassing is registering:
+``induction_composition_tracker`` entry points (:mod:`registry.extensions`). Subclassing is registering:
 :func:`behaviour_kinds` lists them, the built-in ones first in the order runs have always stored them.
 A behaviour that only makes sense on some tasks names them (``tasks``); it is read on those runs only.
 """
@@ -76,7 +76,7 @@ def behaviour_kinds() -> dict[str, type[Behaviour]]:
     """Every behaviour by name: the built-in ones first, by module (:data:`BUILT_IN_FIRST`, then the
     others by name) and within a module as defined, then the extensions' as they were imported. Found
     once a process (the registries' first use loads every extension)."""
-    from data.extensions import registered
+    from registry.extensions import registered
 
     found = registered(Behaviour, BUILT_IN, "head behaviours", ("base", *BUILT_IN_FIRST))
 

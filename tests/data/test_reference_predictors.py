@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from bench.strategy_nulls import PUBLISHED, monte_carlo_lines
-from data import strategies
+from data import reference_predictors
 from data.task import tasks
 from data.tasks.markov_icl import MarkovICL, context_chain, sample_chains
 
 
 def test_add_one_unigram_and_bigram_equal_hand_counts():
     tokens = torch.tensor([[0, 1, 1, 0, 1]])  # k = 2
-    unigram = strategies.unigram(tokens, 2)[0]
-    bigram = strategies.ngram(tokens, 2, 1)[0]
+    unigram = reference_predictors.unigram(tokens, 2)[0]
+    bigram = reference_predictors.ngram(tokens, 2, 1)[0]
     # after 0 1 1 0 1: counts 0:2, 1:3 -> (2+1, 3+1) / 7
     assert unigram[4].tolist() == pytest.approx([3 / 7, 4 / 7])
     # the current token is 1; earlier 1s were followed by 1 (at 1->2) and 0 (at 2->3): (1+1, 1+1) / 4
@@ -32,32 +32,32 @@ def test_add_one_unigram_and_bigram_equal_hand_counts():
 
 def test_trigram_counts_the_two_token_context():
     tokens = torch.tensor([[2, 0, 1, 2, 0, 2, 0]])  # k = 3; last context (2, 0) was followed by 1 and by 2
-    trigram = strategies.ngram(tokens, 3, 2)[0]
+    trigram = reference_predictors.ngram(tokens, 3, 2)[0]
     assert trigram[6].tolist() == pytest.approx([1 / 5, 2 / 5, 2 / 5])
     assert trigram[0].tolist() == pytest.approx([1 / 3] * 3)  # fewer than two tokens: no context
 
 
 def test_copy_and_induction_by_hand():
     tokens = torch.tensor([[9, 3, 5, 3, 7]])  # n_random = 9: id 9 is BOS
-    copy = strategies.copy(tokens, 9)[0]
+    copy = reference_predictors.copy(tokens, 9)[0]
     assert copy[0].tolist() == pytest.approx([1 / 9] * 9)  # only BOS so far: uniform
     assert copy[3, 3] == pytest.approx(0.5) and copy[3, 5] == pytest.approx(0.5) and copy[3].sum() == pytest.approx(1)
-    induction = strategies.induction(tokens, 9)[0]
+    induction = reference_predictors.induction(tokens, 9)[0]
     assert induction[3].tolist() == pytest.approx([0, 0, 0, 0, 0, 1, 0, 0, 0])  # 3 was followed by 5
     assert induction[2].tolist() == pytest.approx([1 / 9] * 9)  # 5 not seen before: the fallback
 
 
 def test_longest_match_induction_by_hand():
     tokens = torch.tensor([[9, 1, 2, 3, 5, 2, 7, 1, 2, 4, 1]])  # n_random = 9: id 9 is BOS
-    longest = strategies.longest_match(tokens, 9)[0]
-    latest = strategies.induction(tokens, 9)[0]
+    longest = reference_predictors.longest_match(tokens, 9)[0]
+    latest = reference_predictors.induction(tokens, 9)[0]
     # at 8 the context ends 1 2, as at 2 (followed by 3); the latest 2 alone, at 5, was followed by 7
     assert longest[8].tolist() == pytest.approx([0, 0, 0, 1, 0, 0, 0, 0, 0])
     assert latest[8].tolist() == pytest.approx([0, 0, 0, 0, 0, 0, 0, 1, 0])
     assert longest[5].tolist() == pytest.approx([0, 0, 0, 1, 0, 0, 0, 0, 0])  # one earlier 2: as induction
     # at 10 the 1s at 1 and 7 agree for one token each (BOS 1, 7 1 against 4 1): uniform over their followers
     assert longest[10].tolist() == pytest.approx([0, 0, 1, 0, 0, 0, 0, 0, 0])
-    mixed = strategies.longest_match(torch.tensor([[1, 2, 5, 1, 3, 0, 1]]), 9)[0]
+    mixed = reference_predictors.longest_match(torch.tensor([[1, 2, 5, 1, 3, 0, 1]]), 9)[0]
     assert mixed[6].tolist() == pytest.approx([0, 0, 0.5, 0.5, 0, 0, 0, 0, 0])  # 1 followed by 2, then by 3
     assert longest[4].tolist() == pytest.approx([1 / 9] * 9)  # 5 not seen before: the fallback
 
@@ -90,7 +90,7 @@ def test_truth_is_the_chains_transition_row():
 def test_chains_follow_their_transition_matrix_and_start_stationary():
     chains = sample_chains(0, np.arange(4000), 3, 2, 1.0, 1, False)
     tokens, transition = chains.tokens.numpy(), chains.transition
-    start = strategies.stationary(transition)
+    start = reference_predictors.stationary(transition)
     assert abs(tokens[:, 0].mean() - start[:, 1].mean()) < 0.02  # P(first = 1) = E[π_1]
     switch = transition[np.arange(4000), tokens[:, 0], 1]  # P(second = 1 | first)
     assert abs(tokens[:, 1].mean() - switch.mean()) < 0.02
@@ -107,7 +107,7 @@ def test_doubly_stochastic_chains_have_uniform_columns():
 
 
 def test_a_model_that_outputs_a_strategy_has_kl_zero_to_it():
-    from metrics.dynamics.strategies import strategy_kls
+    from metrics.dynamics.strategy_readings import strategy_kls
 
     reference = MarkovICL(k=3).reference(np.arange(64), 3)
     for name, q in reference.strategies.items():
@@ -208,7 +208,7 @@ def test_sentence_gap_copy_strategies_by_hand_on_the_repeats():
             expected /= expected.sum()
             assert torch.allclose(reference.strategies["induction"][row, j], expected, rtol=0, atol=1e-15)
             right += expected[line[j + 1]].item() == 1.0
-            latest += strategies.induction(tokens[row : row + 1], n_random)[0, j, line[j + 1]].item() == 1.0
+            latest += reference_predictors.induction(tokens[row : row + 1], n_random)[0, j, line[j + 1]].item() == 1.0
             seen = sorted({t for t in line[: j + 1] if t < n_random})
             copy = reference.strategies["copy"][row, j]
             assert copy[seen].tolist() == pytest.approx([1 / len(seen)] * len(seen)) and copy.sum() == pytest.approx(1)
@@ -232,13 +232,13 @@ def test_sentence_gap_copy_refuses_options_with_nothing_to_score():
 
 
 def test_scored_positions_must_be_booleans_of_the_strategies_shape_with_one_per_sequence():
-    q = {"uniform": strategies.uniform(torch.zeros(2, 3, dtype=torch.long), 4)}
+    q = {"uniform": reference_predictors.uniform(torch.zeros(2, 3, dtype=torch.long), 4)}
     tokens, positions = torch.zeros(2, 3, dtype=torch.long), torch.arange(3)
     with pytest.raises(ValueError, match="booleans"):
-        strategies.ReferencePredictions(tokens, positions, q, scored=torch.ones(2, 2, dtype=torch.bool))
+        reference_predictors.ReferencePredictions(tokens, positions, q, scored=torch.ones(2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="every sequence"):
-        strategies.ReferencePredictions(tokens, positions, q, scored=torch.tensor([[True] * 3, [False] * 3]))
+        reference_predictors.ReferencePredictions(tokens, positions, q, scored=torch.tensor([[True] * 3, [False] * 3]))
     values = torch.tensor([[1.0, 2.0, 4.0], [3.0, 5.0, 7.0]])
     scored = torch.tensor([[True, False, True], [False, True, False]])
-    assert strategies.scored_mean(values, scored).tolist() == [2.5, 5.0]
-    assert strategies.scored_mean(values, None).tolist() == pytest.approx([7 / 3, 5.0])
+    assert reference_predictors.scored_mean(values, scored).tolist() == [2.5, 5.0]
+    assert reference_predictors.scored_mean(values, None).tolist() == pytest.approx([7 / 3, 5.0])

@@ -5,7 +5,7 @@ slider positions the repeated-token loss, the top induction score, the circuit p
 K-composition and the closest strategy equal to the run's ``metrics.csv`` at that step; the attention
 pattern of L1H0 at the last step against the model's own from the trajectory's weights.
 
-    python -m bench.explorer RUN_DIR [RUN_DIR ...]      # a sweep directory: its page and its runs'
+    python -m bench.explorer_in_browser RUN_DIR [RUN_DIR ...]      # a sweep directory: its page and its runs'
 
 The page is written again here (``--out`` beside the run's, ``.bench-explorer.html``, removed after),
 best of ``--repeat``; the run's own time is from Hydra's start to its ``status.json``.
@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     executable = find_chromium()
     if executable is None:
         print(
-            "bench.explorer: no chromium or playwright: the browser checks are left out (make browser)", file=sys.stderr
+            "bench.explorer_in_browser: no chromium or playwright: the browser checks are left out (make browser)",
+            file=sys.stderr,
         )
     failed = False
     for path in args.paths:

@@ -25,10 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from metrics.composition.circuits import LowRank, head_circuits
-from metrics.composition.data_shares import SHARE, data_shares
-from metrics.composition.measures import WEIGHT_MEASURES, Measure
-from metrics.composition.reparametrize import (
+from bench.reparametrize import (
     embedding_shift,
     ones_shift,
     query_key_transform,
@@ -36,6 +33,9 @@ from metrics.composition.reparametrize import (
     rotation_fixing_ones,
     value_output_transform,
 )
+from metrics.composition.circuits import LowRank, head_circuits
+from metrics.composition.data_shares import SHARE, data_shares
+from metrics.composition.measures import WEIGHT_MEASURES, Measure
 from metrics.composition.scores import composition_of
 from metrics.heads.circuit_scores import MATCHING, copying_scores, matching_scores
 from models.transformer import AttentionOnlyTransformer, norm_centres

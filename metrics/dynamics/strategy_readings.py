@@ -1,4 +1,4 @@
-"""Which strategy a model is using: its KL to each reference predictor (:mod:`data.strategies`), the
+"""Which strategy a model is using: its KL to each reference predictor (:mod:`data.reference_predictors`), the
 mixture of them closest to it, and the steps where the closest one changes (Edelman et al. 2024, "The
 Evolution of Statistical Induction Heads": the stage is the strategy closest to the model).
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from data.strategies import scored_mean
+from data.reference_predictors import scored_mean
 
 RISE_WEIGHT = 0.1
 """A strategy's mixture weight has started to rise at the first snapshot it reaches this and stays."""

@@ -12,7 +12,7 @@ each member its own head changes, and a layer where any member has some runs tho
 single model's explicit patterns (:func:`~models.interventions.attend`), the others through SDPA.
 
 Its parameters have the single model's names and order, so member ``k``'s weights are
-``{name: p[k]}`` (:meth:`EnsembleTransformer.member_state`), and :func:`member_views` gives each member
+``{name: p[k]}``, and :func:`member_views` gives each member
 as a plain ``AttentionOnlyTransformer`` whose weights are views of the stacked ones (no copy; every
 metric, the trajectory and the reports read a member exactly as they read a single run).
 """
@@ -91,10 +91,6 @@ class EnsembleTransformer(nn.Module):
         for index, layer in enumerate(self.layers):
             changes = [tuple(member[index]) for member in members]
             layer.changes = changes if any(changes) else []
-
-    def member_state(self, index: int) -> dict[str, Tensor]:
-        """Member ``index``'s weights under the single model's names (views, not copies)."""
-        return {name: tensor[index] for name, tensor in self.state_dict().items()}
 
 
 def member_views(ensemble: EnsembleTransformer) -> list[AttentionOnlyTransformer]:

@@ -71,13 +71,13 @@ def fit_ensemble(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_
 
 
 def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str):
-    """Build every member, fit them together; returns the members (``callbacks.ensemble.Member``)."""
+    """Build every member, fit them together; returns the members (``callbacks.ensemble_members.Member``)."""
     import lightning as L  # Lightning and W&B load only once every config is known to be good
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from callbacks.divergence import DivergenceGuard
-    from callbacks.ensemble import EnsembleMembers, EnsembleStop, Member
+    from callbacks.ensemble_members import EnsembleMembers, EnsembleStop, Member
     from callbacks.preemption import Preempted, StopOnSignal
     from callbacks.run_record import RunRecord
     from conf.objects import from_config
@@ -145,7 +145,7 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
         f"ensemble of {len(jobs)} members (jobs {', '.join(str(j.job_num) for j in jobs)}) set up in"
         f" {time.perf_counter() - started:.1f} s"
     )
-    trainer = L.Trainer(  # clipping, loggers and progress are the members' own (callbacks.ensemble)
+    trainer = L.Trainer(  # clipping, loggers and progress are the members' own (callbacks.ensemble_members)
         default_root_dir=str(sweep_dir),
         enable_progress_bar=False,
         logger=False,
@@ -345,7 +345,7 @@ def fit_part(part: Part, sweep_dir: Path, command: str, threads: int, send) -> N
 @contextmanager
 def forwarded_signals(processes) -> Iterator[None]:
     """While the workers run, a stop signal to this process (SLURM's, a user's Ctrl-C) is passed on to
-    each of them, which checkpoints its members and stops (``callbacks.ensemble.EnsembleStop``)."""
+    each of them, which checkpoints its members and stops (``callbacks.ensemble_members.EnsembleStop``)."""
 
     def forward(signum: int, frame) -> None:
         for process in processes:

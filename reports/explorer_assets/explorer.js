@@ -1,4 +1,4 @@
-// The explorer page (reports/explorer.py): one step slider moves every view. The data is the JSON in
+// The explorer page (reports/explorer_page.py): one step slider moves every view. The data is the JSON in
 // #explorer-data; arrays come as base64 little-endian float32. No request leaves the file.
 (function () {
   "use strict";

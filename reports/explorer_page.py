@@ -46,7 +46,7 @@ from reports.head_types import read_head_history
 from reports.run_report import intervention_windows, plotted_measure, read_series
 from reports.strategy_timeline import strategy_names
 
-ASSETS = Path(__file__).with_name("explorer_page")  # the page's HTML, style and script
+ASSETS = Path(__file__).with_name("explorer_assets")  # the page's HTML, style and script
 PATTERN_BUDGET = 2_400_000  # bytes of float32 for the attention patterns (base64: 4/3 of it in the file)
 PAIR_BUDGET = 1_200_000  # ... for the composition and the other per-pair tensors
 HEAD_BUDGET = 400_000  # ... for the per-head scores

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bench.axiom_table import train_small_model
+from bench.axioms import PATH_POINTS, axiom_table, constructed_scores
 from data.probe import make_probe_batch
-from metrics.composition.axioms import PATH_POINTS, axiom_table, constructed_scores
 from metrics.composition.measures import WEIGHT_MEASURES
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests.helpers import module, random_model

@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch.loggers import Logger
 
 from callbacks.preemption import Preempted, StopOnSignal
-from models.ensemble import member_views
+from models.ensemble_transformer import member_views
 from records.ensemble_checkpoint import save_atomically, split_member
 
 
@@ -235,7 +235,7 @@ class EnsembleMembers(L.Callback):
 
     def stop(self, member: Member, trainer: L.Trainer, pl_module: L.LightningModule, why: str) -> None:
         """Stop ``member`` (the others train on): its callbacks are not called again, its last finite
-        checkpoint stays, and ``member.ended`` says why (its status and W&B run record it: ``runtime.ensemble``)."""
+        checkpoint stays, and ``member.ended`` says why (its status and W&B run record it: ``runtime.ensemble_job``)."""
         member.active = False
         pl_module.stop(member.index)
         kept = (
