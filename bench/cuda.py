@@ -1,5 +1,5 @@
 """The tracker on a CUDA GPU against the CPU: one snapshot of a trained model with every tracked
-quantity on (every measure, the exact ablation and the attribution, copying, matching), on the GPU
+quantity on (every measure, the exact ablation and the attribution, every head behaviour, matching), on the GPU
 in float32 and in float64, each against the CPU's float64 snapshot, beside the CPU's own float32
 error as the yardstick; and what a snapshot takes on each, at the default shape and at paper scale.
 
@@ -35,11 +35,12 @@ PAPER = TransformerShape(n_layers=2, n_heads=12, d_model=768, d_head=64, n_ctx=3
 def results_of(snap) -> dict[str, torch.Tensor]:
     """Every tensor a snapshot holds, by name, on the CPU in float64."""
     out = {f"{m}/{k}": s for m, by_kind in snap["composition"].scores.items() for k, s in by_kind.items()}
-    out |= {name: snap[name] for name in ("previous_token", "induction", "duplicate_token", "matching")}
-    out |= {"copying": snap["copying"].weight, "copying_empirical": snap["copying"].empirical}
+    out |= {name: snap["behaviour"].score(name) for name in snap["behaviour"].behaviours}
+    out |= {name: snap["writes"].score(name) for name in snap["writes"].names}
+    out["matching"] = snap["matching"]
     out |= {f"ablation/{e}": v for e, v in snap["ablation"].effects.effects().items()}
     out["loss/repeated"] = torch.tensor(snap["loss_views"].repeated)
-    return {name: value.detach().double().cpu() for name, value in out.items()}
+    return {name: value.detach().cpu().double() for name, value in out.items()}
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -57,7 +58,7 @@ def snapshot(model, probe, method: str, dtype=None):
         probe,
         composition={"measures": [*WEIGHT_MEASURES, "share"], "baseline_samples": 200},
         ablation={"method": method},
-        copying=True,
+        writes=True,
         matching=True,
         dtype=dtype,
     )

@@ -20,7 +20,7 @@ median over repeats. Targets: lightning / bare >= 0.9, tracker overhead 1 - C / 
 shape; ``--max-overhead 0.10`` for 4 layers x 8 heads x d_model 256 x d_head 32). The tracker's own
 ledger says what each part cost (ms per run of the part, and its share of a tracker-free run), and
 from it the steady-state overhead of a long run: each part at its own period, without the full
-snapshots (ablation, copying, matching) that a run takes at its first and last step, which a run of
+snapshots (ablation, what heads write, matching) that a run takes at its first and last step, which a run of
 a few hundred steps pays in full; against the median Lightning run and against the fastest (a host
 that steals time only lengthens a run, and a longer denominator flatters the tracker).
 """

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from data.probe import ProbeBatch
-from metrics.heads.attention_scores import induction_score, previous_token_score
+from metrics.heads.behaviour import behaviour_scores, behaviour_targets
 from models.interventions import CHOSEN, Intervention, describe, head_name, named_heads
 from models.transformer import AttentionOnlyTransformer
 from records.layout import INTERVENTION_RECORD
@@ -46,8 +46,9 @@ def head_weights(model: AttentionOnlyTransformer, layer: int, circuit: str) -> l
 
 
 def choose_head(model: AttentionOnlyTransformer, probe: ProbeBatch, score: str) -> tuple[int, int]:
-    """The head with the highest ``score`` (prev_token, induction) on ``probe`` now (layer 0 is
-    excluded for induction when the model has more than one layer: no head of it can do induction)."""
+    """The head with the highest ``score`` (prev_token, induction: the behaviours previous_token and
+    induction, :mod:`metrics.heads.behaviour`) on ``probe`` now (layer 0 is excluded for induction when the
+    model has more than one layer: no head of it can do induction)."""
     was_training = model.training
     model.eval()
     try:
@@ -55,13 +56,12 @@ def choose_head(model: AttentionOnlyTransformer, probe: ProbeBatch, score: str) 
             _, cache = model.run_with_cache(probe.tokens.to(model.W_E.device), head_out=False)
     finally:
         model.train(was_training)
-    patterns = torch.stack(cache["pattern"])  # (L, b, h, t, t)
-    if score == "prev_token":
-        scores = previous_token_score(patterns)
-    else:
-        scores = induction_score(patterns, probe)
-        if scores.shape[0] > 1:
-            scores[0] = float("-inf")
+    patterns = torch.stack(cache["pattern"]).float().cpu()  # (L, b, h, t, t)
+    behaviour = "previous_token" if score == "prev_token" else "induction"
+    bos_id = int(probe.tokens[0, 0]) if probe.first_start else None
+    scores = behaviour_scores(patterns, behaviour_targets(probe.tokens.cpu(), bos_id, [behaviour]))[..., 0]
+    if behaviour == "induction" and scores.shape[0] > 1:
+        scores[0] = float("-inf")
     flat = int(scores.flatten().argmax())
     return divmod(flat, scores.shape[1])
 

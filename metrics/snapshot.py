@@ -30,7 +30,8 @@ HALF_PRECISION = (torch.float16, torch.bfloat16)
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One measurement: each tracked quantity's result by name (``snapshot["induction"]``, ``[L, H]``;
+    """One measurement: each tracked quantity's result by name (``snapshot["behaviour"].score("induction")``,
+    ``[L, H]``;
     ``snapshot["composition"].scores["frobenius"]["K"]``, ``[L, H, L, H]``), the typed outputs the
     records write of them (:mod:`metrics.tracked.base`), and the seconds each part took."""
 
@@ -161,7 +162,7 @@ def take_snapshot(
 ) -> Snapshot:
     """Measure ``model`` on ``probe`` at once: every quantity that runs at every snapshot (loss views,
     head scores, the circuit pair, composition), and each scheduled one named in ``options`` (e.g.
-    ``ablation=True``, ``copying=True``, ``matching={"every_n_steps": 1}``), every one due. Options by
+    ``ablation=True``, ``writes=True``, ``matching={"every_n_steps": 1}``), every one due. Options by
     quantity name: ``composition={"measures": ["frobenius", "subspace"]}``, ``share={"rows": "all"}``
     (:func:`quantities_with`). ``dtype``: float64 for the exact path."""
     return measure(model, probe, quantities_with(options), dtype=dtype, max_chunk_bytes=max_chunk_bytes)

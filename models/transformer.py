@@ -92,13 +92,13 @@ def init_problems(init: str, init_std: float | None) -> list[str]:
     return []
 
 
-def make_norm(kind: Normalization, d_model: int) -> nn.Module:
+def make_norm(kind: Normalization, d_model: int, device=None) -> nn.Module:
     """Pre-attention normalization with a gain and no bias, so the gain (and LayerNorm's centring)
     folds into reading weights."""
     if kind == "layernorm":
-        return nn.LayerNorm(d_model, bias=False)
+        return nn.LayerNorm(d_model, bias=False, device=device)
     if kind == "rmsnorm":
-        return nn.RMSNorm(d_model)
+        return nn.RMSNorm(d_model, device=device)
     return nn.Identity()
 
 
@@ -128,17 +128,17 @@ class AttentionLayer(nn.Module):
     Its methods are the explicit path the metrics read (queries, keys, patterns, each head's write).
     """
 
-    def __init__(self, shape: TransformerShape) -> None:
+    def __init__(self, shape: TransformerShape, device=None) -> None:
         super().__init__()
         h, d, e = shape.n_heads, shape.d_model, shape.d_head
         self.normalization = shape.normalization
-        self.norm = make_norm(shape.normalization, d)
-        self.W_Q = nn.Parameter(torch.randn(h, d, e) / math.sqrt(d))
-        self.W_K = nn.Parameter(torch.randn(h, d, e) / math.sqrt(d))
-        self.W_V = nn.Parameter(torch.randn(h, d, e) / math.sqrt(d))
-        self.W_O = nn.Parameter(torch.randn(h, e, d) / math.sqrt(e * h))
+        self.norm = make_norm(shape.normalization, d, device)
+        self.W_Q = nn.Parameter(torch.randn(h, d, e, device=device) / math.sqrt(d))
+        self.W_K = nn.Parameter(torch.randn(h, d, e, device=device) / math.sqrt(d))
+        self.W_V = nn.Parameter(torch.randn(h, d, e, device=device) / math.sqrt(d))
+        self.W_O = nn.Parameter(torch.randn(h, e, d, device=device) / math.sqrt(e * h))
         for name, size in (("b_Q", (h, e)), ("b_K", (h, e)), ("b_V", (h, e)), ("b_O", (d,))):
-            self.register_parameter(name, nn.Parameter(torch.zeros(size)) if shape.biases else None)
+            self.register_parameter(name, nn.Parameter(torch.zeros(size, device=device)) if shape.biases else None)
         self.changes: tuple[HeadChange, ...] = ()
 
     @property
@@ -257,21 +257,25 @@ class AttentionOnlyTransformer(nn.Module):
     stream holds the tokens alone and ``W_pos`` reaches only the queries' and keys' inputs.
     """
 
-    def __init__(self, shape: TransformerShape, init: InitScheme = "fan_in", init_std: float | None = None) -> None:
+    def __init__(
+        self, shape: TransformerShape, init: InitScheme = "fan_in", init_std: float | None = None, device=None
+    ) -> None:
         """``init`` (:data:`INITS`): ``normal`` draws every weight matrix from N(0, init_std²) (the
         old library default of 0.02 that aslvrstn 2022's script documents), ``gpt2`` from
-        N(0, (0.8/sqrt(d_model))²), EasyTransformer's ``init_mode="gpt2"``; biases stay 0, gains 1."""
+        N(0, (0.8/sqrt(d_model))²), EasyTransformer's ``init_mode="gpt2"``; biases stay 0, gains 1.
+        ``device``: where the weights are made (None: torch's default device)."""
         super().__init__()
         if problems := init_problems(init, init_std):
             raise ValueError("; ".join(problems))
         self.shape = shape
         d = shape.d_model
-        self.W_E = nn.Parameter(torch.randn(shape.d_vocab, d) / math.sqrt(d))
-        self.W_pos = nn.Parameter(torch.randn(shape.n_ctx, d) / math.sqrt(d))
-        self.layers = nn.ModuleList(AttentionLayer(shape) for _ in range(shape.n_layers))
-        self.final_norm = make_norm(shape.normalization, d)
-        self.W_U = nn.Parameter(torch.randn(d, shape.d_vocab) / math.sqrt(d))
-        self.register_parameter("b_U", nn.Parameter(torch.zeros(shape.d_vocab)) if shape.biases else None)
+        self.W_E = nn.Parameter(torch.randn(shape.d_vocab, d, device=device) / math.sqrt(d))
+        self.W_pos = nn.Parameter(torch.randn(shape.n_ctx, d, device=device) / math.sqrt(d))
+        self.layers = nn.ModuleList(AttentionLayer(shape, device) for _ in range(shape.n_layers))
+        self.final_norm = make_norm(shape.normalization, d, device)
+        self.W_U = nn.Parameter(torch.randn(d, shape.d_vocab, device=device) / math.sqrt(d))
+        biases = shape.biases
+        self.register_parameter("b_U", nn.Parameter(torch.zeros(shape.d_vocab, device=device)) if biases else None)
         std = {"fan_in": None, "normal": init_std, "gpt2": 0.8 / math.sqrt(d)}[init]
         if std is not None:  # drawn after the fan-in weights, as before: a run's random stream does not move
             with torch.no_grad():

@@ -188,18 +188,17 @@ def closest_strategies(series: dict) -> dict | None:
 
 
 def head_maps(store: dict, store_dir: Path, reader: str, budget: int) -> tuple[dict | None, list[str], str | None]:
-    """Every head's scores over the snapshots: the store's ``[L, H]`` tensors and the behaviour scores
-    and types (:func:`reports.head_types.read_head_history`). Returns ``(view, notes, why none)``."""
+    """Every head's scores over the snapshots: the store's ``[L, H]`` tensor of each behaviour (``heads/KEY``,
+    one a score) and the types (:func:`reports.head_types.read_head_history`). Returns ``(view, notes, why none)``."""
     maps = {
         name: value
         for name, value in store.items()
-        if value[1].ndim == 3 and name.startswith("heads/") and not name.startswith("heads/behaviour/")
+        if value[1].ndim == 3
+        and name.startswith("heads/")
+        and not name.startswith(("heads/behaviour/", "heads/writes/"))
     }
     history = read_head_history(store_dir, reader) if store_dir.is_dir() else None
     views: dict[str, tuple[np.ndarray, np.ndarray]] = {n.removeprefix("heads/"): v for n, v in maps.items()}
-    if history is not None:
-        for behaviour in history.behaviours:  # the behaviours read on this task (scores hold every one)
-            views[f"behaviour/{behaviour}"] = (history.steps, history.scores[..., history.names.index(behaviour)])
     if not views:
         return None, [], "the run stored no per-head scores (tracker off, or no tensor store)"
     notes, out = [], {}

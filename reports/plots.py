@@ -204,6 +204,7 @@ def training_curves(
     shares: dict[str, Series] | None = None,
     interventions: list[Window] | None = None,
     intervention_off: dict[str, Series] | None = None,
+    reader: str = "induction",
 ) -> Figure:
     """Stacked panels sharing the step axis, the phase change shaded on each: the losses, the head
     scores, the circuit pair's K-composition and, with ``shares``, what the circuit's reader's keys
@@ -213,7 +214,8 @@ def training_curves(
     ``other_pairs_band``: ``(steps, low, high)`` shaded behind them, e.g. the range over every pair
     when only some are drawn. ``interventions``: ``(from_step, until_step or None, label)`` windows,
     shaded on every panel; ``intervention_off``: the loss and top head scores measured with them off
-    (keys ``loss/repeated``, ``heads/prev_token/top``, ``heads/induction/top``), drawn dotted."""
+    (keys ``loss/repeated``, ``heads/prev_token/top``, ``heads/induction/top``), drawn dotted. ``reader``:
+    the task's prefix-matching behaviour, whose top score ``top_induction`` is (``statistical_induction`` on chains)."""
     panels = 4 if shares else 3
     fig, axes = plt.subplots(panels, 1, figsize=(8, 3 * panels), sharex=True)
     ax_loss, ax_heads, ax_comp = axes[:3]
@@ -221,7 +223,7 @@ def training_curves(
     ax_loss.plot(*loss_repeated, label="repeated tokens", color="tab:blue")
     ax_loss.set_ylabel("loss (nats)")
     ax_loss.legend(loc="upper right")
-    ax_heads.plot(*top_induction, label="top induction score", color="tab:red")
+    ax_heads.plot(*top_induction, label=f"top {reader.replace('_', ' ')} score", color="tab:red")
     ax_heads.plot(*top_prev_token, label="top previous-token score", color="tab:green")
     off = intervention_off or {}
     for key, ax, colour, label in (

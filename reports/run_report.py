@@ -308,12 +308,13 @@ def phase_change_figure(run_dir: Path, series, measure: str, change: PhaseChange
     from reports.plots import training_curves
 
     others = other_pairs(series, run_dir / TENSORS_DIR, measure)
+    reader = "induction" if "heads/induction/top" in series else "statistical_induction"  # the task's prefix matching
     circuit = series.get(f"circuit/K/{measure}")
     baseline = series.get(f"comp/baseline/{measure}")
     return training_curves(
         loss_first=series["loss/first_occurrence"],
         loss_repeated=series["loss/repeated"],
-        top_induction=series["heads/induction/top"],
+        top_induction=series[f"heads/{reader}/top"],
         top_prev_token=series["heads/prev_token/top"],
         circuit_raw=circuit,
         circuit_minus_baseline=series.get(f"circuit/K/{measure}_minus_baseline"),
@@ -324,6 +325,7 @@ def phase_change_figure(run_dir: Path, series, measure: str, change: PhaseChange
         measure=measure,
         other_pairs_label=others.label,
         other_pairs_band=others.band,
+        reader=reader,
         shares={
             part: series[key]
             for part, key in (

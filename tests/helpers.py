@@ -27,7 +27,6 @@ from metrics.ground_truth.ablation import KeyAblation
 from metrics.ground_truth.validity import Agreement
 from metrics.heads.circuit_scores import MATCHING
 from metrics.snapshot import Snapshot
-from metrics.tracked.circuit_scores import CopyingScores
 from metrics.tracked.composition import CompositionOptions, CompositionScores
 from metrics.tracked.ground_truth import AblationResult
 from metrics.tracked.probe_views import LossViewValues
@@ -194,12 +193,9 @@ def fake_results(n_layers: int, n_heads: int, measures=None, seed: int = 0) -> d
     }
     results = {
         "loss_views": LossViewValues(first_occurrence=5.0, repeated=2.0, icl_score=-1.0),
-        "previous_token": heads(),
-        "induction": heads(),
-        "duplicate_token": heads(),
         "circuit": ((0, min(1, n_heads - 1)), (1, 0)) if n_layers > 1 else None,
         "composition": CompositionScores(scores, baselines, extras),
-        "copying": CopyingScores(heads(), heads(), heads()),
+        "writes": fake_write_reading(n_layers, n_heads, g),
         "matching": pair_tensor(n_layers, n_heads, g),
         "strategies": fake_strategy_reading(g),
         "behaviour": fake_behaviour_reading(n_layers, n_heads, g),
@@ -234,6 +230,18 @@ def fake_behaviour_reading(n_layers: int, n_heads: int, g: torch.Generator):
     )
     types = head_types(scores, null, behaviours, names=BEHAVIOURS)
     return BehaviourReading(scores, per_sequence, types, behaviours, null, BEHAVIOURS)
+
+
+def fake_write_reading(n_layers: int, n_heads: int, g: torch.Generator):
+    """A random reading of what every head writes (the writes quantity's result)."""
+    from metrics.heads.behaviour import Null
+    from metrics.heads.behaviours.base import behaviours_reading
+    from metrics.tracked.head_behaviour import WriteReading
+
+    names = tuple(behaviours_reading("writes"))
+    scores = torch.rand(n_layers, n_heads, len(names), generator=g, dtype=torch.float64)
+    null = Null(torch.zeros(len(names), dtype=torch.float64), torch.full((len(names),), 0.1, dtype=torch.float64))
+    return WriteReading(scores, names, null)
 
 
 def fake_strategy_reading(g: torch.Generator):
@@ -496,7 +504,7 @@ TINY = [  # a 60-step run that keeps its weights at 0, 1, 4, 15, 30, 60: for ana
     "tracker.every_n_steps=10",
     "tracker.all_measures.every_n_steps=30",
     "tracker.ablation.every_n_steps=30",
-    "tracker.copying.every_n_steps=30",
+    "tracker.writes.every_n_steps=30",
     "tracker.matching.every_n_steps=30",
     "tracker.whitening.every_n_steps=30",
     "tracker.images.every_n_steps=0",

@@ -43,7 +43,7 @@ def test_a_snapshot_makes_every_tensor_where_it_belongs_and_no_float64_on_the_de
     model, probe = trained_model(), probe_batch()
     with SimulatedAccelerator() as accelerator:
         accelerator.keep_on_host(probe.tokens)
-        every = dict(ablation=True, copying=True, matching=True)  # every part: ablation, copying, matching, validity
+        every = dict(ablation=True, writes=True, matching=True)  # every part: ablation, writes, matching, validity
         take_snapshot(model, probe, composition={"measures": list(ALL_MEASURES), "baseline_samples": 50}, **every)
         take_snapshot(model, probe, composition={"measures": list(GRAM_PATH), "baseline_samples": 50})
         take_snapshot(
@@ -232,7 +232,7 @@ def test_half_precision_weights_are_measured_as_their_float32_copy():
     options = dict(
         composition={"measures": list(ALL_MEASURES), "baseline_samples": 50},
         ablation={"method": "exact"},
-        copying=True,
+        writes=True,
         matching=True,
     )
     got, want = take_snapshot(half, probe, **options), take_snapshot(as_float, probe, **options)
@@ -240,10 +240,9 @@ def test_half_precision_weights_are_measured_as_their_float32_copy():
     for measure in ALL_MEASURES:
         for kind in ("Q", "K", "V"):
             close(got["composition"].scores[measure][kind], want["composition"].scores[measure][kind])
-    for part in ("previous_token", "induction", "matching"):
-        close(got[part], want[part])
-    close(got["copying"].weight, want["copying"].weight)
-    close(got["copying"].empirical, want["copying"].empirical)
+    close(got["matching"], want["matching"])
+    close(got["behaviour"].scores, want["behaviour"].scores)
+    close(got["writes"].scores, want["writes"].scores)
     for effect, values in got["ablation"].effects.effects().items():
         close(values, want["ablation"].effects.effects()[effect])
     assert got["loss_views"].repeated == pytest.approx(want["loss_views"].repeated, rel=1e-6)

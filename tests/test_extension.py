@@ -39,8 +39,7 @@ SCORE = '''
 """Mean attention to the first position (BOS), every 20 steps unless told."""
 from dataclasses import dataclass
 
-from metrics.tracked.base import Every
-from metrics.tracked.probe_views import HeadScore
+from metrics.tracked.base import Every, PerHead, TrackedQuantity
 
 
 @dataclass
@@ -48,13 +47,16 @@ class BosOptions(Every):
     every_n_steps: int = 20
 
 
-class BosAttention(HeadScore):
+class BosAttention(TrackedQuantity):
     name = "bos_attention"
     Options = BosOptions
     summary = ("heads/bos_attention/top",)
 
-    def score(self, run):
-        return run.patterns[..., 1:, 0].mean(dim=(-1, -3))  # (L, H): over queries >= 1 and sequences
+    def measure(self, run):
+        return run.patterns[..., 1:, 0].mean(dim=(-1, -3)).cpu()  # (L, H): over queries >= 1 and sequences
+
+    def outputs(self, result, run):
+        return [PerHead("heads/bos_attention", result)]
 '''
 
 TASK = '''
@@ -238,7 +240,7 @@ def test_the_tasks_behaviour_is_scored_typed_and_drawn_on_its_task_only(trained,
     the labelled axis; on another task (the repeated tokens', in a process that has the extension) it is
     neither scored nor stored, so no report can type a head by it."""
     series = read_series(trained / "csv" / "metrics.csv")
-    assert series["heads/behaviour/two_back/top"][0].tolist() == [0, 10, 20, 30, 40]
+    assert series["heads/two_back/top"][0].tolist() == [0, 10, 20, 30, 40]
     assert series["heads/behaviour/count/two_back"][0].tolist() == [0, 10, 20, 30, 40]
     summary = json.loads((trained / "summary.json").read_text())
     assert {summary[f"heads/type/L{l}H{h}"] for l in (0, 1) for h in (0, 1)} <= {

@@ -1,5 +1,6 @@
-"""What every head does: token-based behaviour scores from attention patterns, their nulls, a head's
-type and the steps where its type changes over training (docs/measures.md, "Head behaviours").
+"""What every head does by where it attends: token-based behaviour scores from attention patterns, their
+nulls, a head's type and the steps where its type changes over training (docs/measures.md, "Head
+behaviours"). The behaviours read from what a head writes are :mod:`metrics.heads.writes`'.
 
 A behaviour is a set of *target keys* for each query, read from the sequence's tokens alone, so the
 scores apply to any task, not only the repeated probe. Per sequence ``b`` and query ``q`` with a
@@ -43,7 +44,7 @@ from torch import Tensor
 
 from metrics.disk_cache import cache_file, read_json, write_json
 from metrics.dynamics.strategy_readings import PERSIST, SWITCH_RESAMPLES, Switch, switches
-from metrics.heads.behaviours.base import TokenRelations, behaviour_kinds
+from metrics.heads.behaviours.base import TokenRelations, behaviour_kinds, behaviours_reading
 from models.attention import random_patterns
 
 BUILT_IN_BEHAVIOURS = (
@@ -61,9 +62,9 @@ UNSPECIALISED = "unspecialised"
 
 
 def behaviour_names() -> tuple[str, ...]:
-    """Every registered behaviour's name (:func:`~metrics.heads.behaviours.base.behaviour_kinds`): the
-    built-in ones (:data:`BUILT_IN_BEHAVIOURS`), then those of other modules and extensions."""
-    return tuple(behaviour_kinds())
+    """Every registered attention-side behaviour's name (:func:`~metrics.heads.behaviours.base.behaviours_reading`):
+    the built-in ones (:data:`BUILT_IN_BEHAVIOURS`), then those of other modules and extensions."""
+    return tuple(behaviours_reading("attention"))
 
 
 def type_names_of(behaviours: Sequence[str]) -> tuple[str, ...]:

@@ -1,8 +1,15 @@
-"""What every head does at each snapshot: its behaviour scores on the probe (:mod:`metrics.heads.behaviour`:
-previous-token, current-token, first-token, duplicate-token, the task's prefix matching and any
-behaviour another module adds, :mod:`metrics.heads.behaviours`), each against the null of random
-attention on the same tokens, and the head's type (the behaviour that clears its null by the widest
-margin, else unspecialised)."""
+"""What every head does: its score on every registered behaviour (:mod:`metrics.heads.behaviours`), one key
+family a behaviour, ``heads/KEY/LxHy`` and ``heads/KEY/top``.
+
+- :class:`HeadBehaviour` (``behaviour``), at every snapshot: where each head attends on the probe
+  (:mod:`metrics.heads.behaviour`: previous-token, current-token, first-token, duplicate-token, the task's
+  prefix matching and any behaviour another module adds), each against the null of random attention on
+  the same tokens, and the head's type (the behaviour that clears its null by the widest margin, else
+  unspecialised);
+- :class:`HeadWrites` (``writes``), every ``tracker.writes.every_n_steps``: what each head writes
+  (:mod:`metrics.heads.writes`: Olsson et al.'s copying evaluator, the OV circuit's copying score, the
+  successor score and any behaviour another module adds), against the null of randomly initialised
+  models' heads."""
 
 from __future__ import annotations
 
@@ -20,10 +27,13 @@ from metrics.heads.behaviour import (
     per_sequence_scores,
     type_names_of,
 )
-from metrics.heads.behaviours.base import behaviour_kinds
-from metrics.tracked.base import Output, ProbeRun, Scalar, Stored, TrackedQuantity
+from metrics.heads.behaviours.base import HeadWrites as Writes
+from metrics.heads.behaviours.base import behaviour_kinds, behaviours_reading
+from metrics.heads.writes import cached_random_model_null, write_scores
+from metrics.tracked.base import Every, Output, PerHead, ProbeRun, Scalar, Stored, TrackedQuantity
 
-PREFIX = "heads/behaviour/"  # under heads/: W&B's 4_heads section (records/wandb_sections.py)
+HEADS = "heads/"  # every behaviour's scores: heads/KEY/LxHy, heads/KEY/top (W&B's 4_heads section)
+PREFIX = "heads/behaviour/"  # the attention side's types and stored readings, under heads/
 TYPE_KEY = f"{PREFIX}type"  # TYPE_KEY/LxHy: the head's type code: 0 unspecialised, i + 1 the i-th behaviour scored
 SCORES = f"{PREFIX}scores"  # [L, H, behaviours] per snapshot in the tensor store (NaN: nowhere defined; labelled)
 PER_SEQUENCE = f"{PREFIX}per_sequence"  # [L, b, H, behaviours] per snapshot in the tensor store
@@ -45,19 +55,25 @@ class BehaviourReading:
     null: Null
     names: tuple[str, ...]
 
+    def score(self, name: str) -> Tensor:
+        """Every head's score on behaviour ``name``, ``[L, H]`` (NaN where it is nowhere defined)."""
+        return self.scores[..., self.names.index(name)]
+
 
 class HeadBehaviour(TrackedQuantity):
-    """``heads/behaviour/NAME/top`` (the best head's score) for each behaviour that applies to the
-    probe's tokens (every head's in the tensor store), ``heads/behaviour/type/LxHy`` (each head's type
-    code: 0 unspecialised, then the scored behaviours' index + 1; up to
-    :data:`MAX_TYPE_KEYS` heads), ``heads/behaviour/count/TYPE`` (heads of each type it can have), and
-    in the tensor store the types, the per-sequence scores and the null, from which the end-of-run
-    report dates every head's type switches with bootstrap intervals. Prefix matching is read under the
-    task's own name for it (``Task.reader_behaviour``: ``induction`` on repeated tokens,
-    ``statistical_induction`` on chains). Read with the run's interventions on, from the probe pass the
-    other scores read."""
+    """``heads/KEY/LxHy`` and ``heads/KEY/top`` for each attention-side behaviour that applies to the
+    probe's tokens, ``heads/behaviour/type/LxHy`` (each head's type code: 0 unspecialised, then the scored
+    behaviours' index + 1; up to :data:`MAX_TYPE_KEYS` heads), ``heads/behaviour/count/TYPE`` (heads of each
+    type it can have), and in the tensor store the scores, the types, the per-sequence scores and the null,
+    from which the end-of-run report dates every head's type switches with bootstrap intervals. Prefix
+    matching is read under the task's own name for it (``Task.reader_behaviour``: ``induction`` on repeated
+    tokens, ``statistical_induction`` on chains). Read with the run's interventions on, from the probe pass
+    the other scores read."""
 
     name = "behaviour"
+    story = ("heads/prev_token/top", "heads/induction/top", "heads/statistical_induction/top")
+    summary = story
+    phase_changes = {"induction": ("heads/induction/top", False)}
 
     def __init__(self, options=None) -> None:
         super().__init__(options)
@@ -81,8 +97,7 @@ class HeadBehaviour(TrackedQuantity):
         snapshot). Only the behaviours read on this run's task are scored and stored (one that names other
         tasks is left out of the stored axis too)."""
         if self.prepared is None or not torch.equal(self.prepared[0], tokens) or self.prepared[4].device != device:
-            kinds = behaviour_kinds()
-            names = [name for name, kind in kinds.items() if not kind.tasks or self.task in kind.tasks]
+            names = list(behaviours_reading("attention", self.task))
             targets = behaviour_targets(tokens, self.bos_id, names)
             behaviours = applicable_behaviours(targets, self.prefix_matching, task=self.task)
             weights = targets.weights(torch.float32, device)
@@ -102,10 +117,9 @@ class HeadBehaviour(TrackedQuantity):
         return BehaviourReading(scores, per_sequence, types, behaviours, null, names)
 
     def outputs(self, result: BehaviourReading, run: ProbeRun) -> list[Output]:
-        names = result.names
+        names, kinds = result.names, behaviour_kinds()
         outputs: list[Output] = [
-            Scalar(f"{PREFIX}{name}/top", float(result.scores[..., names.index(name)].max()))
-            for name in result.behaviours
+            PerHead(HEADS + kinds[name].key_name(), result.score(name)) for name in result.behaviours
         ]
         outputs.append(Stored(SCORES, result.scores.float().numpy(), names))
         L, H = result.types.shape
@@ -119,4 +133,77 @@ class HeadBehaviour(TrackedQuantity):
         outputs.append(Stored(PER_SEQUENCE, result.per_sequence.float().numpy(), names))
         outputs.append(Stored(NULL_MEAN, result.null.mean.float().numpy(), names))
         outputs.append(Stored(NULL_STD, result.null.std.float().numpy(), names))
+        return outputs
+
+
+WRITE_SCORES = f"{HEADS}writes/scores"  # [L, H, behaviours] per snapshot in the tensor store (labelled)
+WRITE_NULL_MEAN, WRITE_NULL_STD = f"{HEADS}writes/null_mean", f"{HEADS}writes/null_std"  # [behaviours]
+
+
+@dataclass(frozen=True)
+class WriteReading:
+    """One snapshot's write-side reading: ``scores [L, H, behaviours]`` over ``names``, and their ``null``."""
+
+    scores: Tensor
+    names: tuple[str, ...]
+    null: Null
+
+    def score(self, name: str) -> Tensor:
+        """Every head's score on behaviour ``name``, ``[L, H]``."""
+        return self.scores[..., self.names.index(name)]
+
+
+class HeadWrites(TrackedQuantity):
+    """``heads/KEY/LxHy`` and ``heads/KEY/top`` for each write-side behaviour read on the run's task (the
+    copying evaluator ``heads/copying``, the OV circuit's ``heads/ov_copying``, ``heads/successor``, ...),
+    every ``every_n_steps``; in the tensor store the scores and, once a run, their null (randomly initialised
+    models' heads on the same probe, :func:`metrics.heads.writes.random_model_null`)."""
+
+    name, label = "writes", "what heads write"
+    Options = Every
+    reads_head_writes = True
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.task: str | None = None
+        self.n_random = 0
+        self.null: tuple | None = None  # (shape, tokens, names, Null): the probe's, once
+
+    def for_task(self, task, n_random: int) -> HeadWrites:
+        self.task, self.n_random = task.name, n_random
+        return self
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(behaviours_reading("writes", self.task))
+
+    def null_of(self, model, probe) -> Null:
+        """The write-side null of ``model``'s shape on ``probe`` (made once a run, kept in the disk cache)."""
+        tokens = probe.tokens.cpu()
+        if self.null is None or self.null[0] != model.shape or not torch.equal(self.null[1], tokens):
+            n_random = self.n_random or model.shape.d_vocab - probe.first_start
+            null = cached_random_model_null(model.shape, tokens, probe.first_start, n_random, self.names)
+            self.null = (model.shape, tokens, null)
+        return self.null[2]
+
+    def measure(self, run: ProbeRun) -> WriteReading:
+        model, probe = run.model, run.probe
+        writes = Writes(
+            model,
+            run.tokens,
+            run.patterns,
+            torch.stack(run.cache["head_out"]),
+            probe.first_start,
+            self.n_random or model.shape.d_vocab - probe.first_start,  # without a task: all but BOS
+            run.circuits,
+        )
+        names = self.names
+        return WriteReading(write_scores(writes, names), names, self.null_of(model, probe))
+
+    def outputs(self, result: WriteReading, run: ProbeRun) -> list[Output]:
+        kinds = behaviour_kinds()
+        outputs: list[Output] = [PerHead(HEADS + kinds[name].key_name(), result.score(name)) for name in result.names]
+        outputs.append(Stored(WRITE_SCORES, result.scores.float().numpy(), result.names))
+        outputs.append(Stored(WRITE_NULL_MEAN, result.null.mean.float().numpy(), result.names))
+        outputs.append(Stored(WRITE_NULL_STD, result.null.std.float().numpy(), result.names))
         return outputs

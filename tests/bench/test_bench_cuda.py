@@ -20,7 +20,11 @@ def test_the_dry_run_compares_every_quantity_and_times_each_snapshot(tmp_path):
     assert {"frobenius/K", "share/K", "induction", "ablation/loss_change (attribution)"} <= set(errors)
     for name, by_run in errors.items():
         assert by_run["cpu float32"] == by_run["cuda float32"], name  # the same CPU run twice
-        if name.startswith(("frobenius", "subspace")) or name in ("matching", "copying"):  # the weight side
+        if name.startswith(("frobenius", "subspace")) or name in (
+            "matching",
+            "ov_copying",
+            "successor",
+        ):  # the weight side
             assert by_run["cuda float64"] == 0.0, name
     assert (
         max(errors["frobenius/K"].values()) < 1e-5

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_benchmark_runs_and_its_steady_state_charges_each_part_at_its_period(tmp_path, capsys):
     out = tmp_path / "results.json"
-    results = main(["--steps", "20", "--repeats", "1", "--out", str(out), "tracker.copying.every_n_steps=20"])
+    results = main(["--steps", "20", "--repeats", "1", "--out", str(out), "tracker.writes.every_n_steps=20"])
     printed = capsys.readouterr().out
     assert "tracker overhead" in printed and "steady state" in printed
     assert json.loads(out.read_text())["tracker_overhead_steady_state"] == pytest.approx(
@@ -25,9 +25,6 @@ def test_the_benchmark_runs_and_its_steady_state_charges_each_part_at_its_period
     every_snapshot = (
         "probe",
         "loss_views",
-        "previous_token",
-        "induction",
-        "duplicate_token",
         "behaviour",
         "circuit",
         "logging",
@@ -37,7 +34,7 @@ def test_the_benchmark_runs_and_its_steady_state_charges_each_part_at_its_period
     per_step = (
         per_10_steps / 10
         + (others + ms["matching"] + ms["ablation"] + ms["validity"]) / 100
-        + (ms["copying"] + ms["strategies"]) / 20
+        + (ms["writes"] + ms["strategies"]) / 20
     )
     step_ms = 1000 * results["median_seconds"]["lightning"] / 20
     assert results["tracker_overhead_steady_state"] == pytest.approx(per_step / step_ms, rel=1e-9)

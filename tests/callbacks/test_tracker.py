@@ -26,7 +26,7 @@ def fit(tmp_path, tracker: bool, steps: int = 30, accumulate: int = 1, ablation_
         settings = tracker_settings(
             "every_n_steps=5",
             f"ablation.every_n_steps={ablation_every}",
-            "copying.every_n_steps=5",
+            "writes.every_n_steps=5",
             "matching.every_n_steps=5",
             "images.every_n_steps=0",
             "baseline_samples=100",
@@ -141,14 +141,14 @@ def test_ablation_and_validity_are_logged_at_every_ablation_step(tmp_path):
 def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_path):
     """The dense measures are scored at every snapshot; every other tracked measure at the
     ``all_measures`` steps, at every ablation step (the ground truth judges every measure) and at
-    the last step. The copying scores (weight and empirical) run on their own steps. The ledger
+    the last step. What the heads write (copying, OV copying, successor) runs on its own steps. The ledger
     books the two kinds of composition apart, and the cost model charges the other measures' extra
     seconds at their own period."""
     L.seed_everything(0, verbose=False)
     settings = tracker_settings(
         "every_n_steps=5",
         "ablation.every_n_steps=15",
-        "copying.every_n_steps=10",
+        "writes.every_n_steps=10",
         "matching.every_n_steps=0",
         "images.every_n_steps=0",
         "all_measures.every_n_steps=10",
@@ -174,7 +174,7 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
         assert series[f"comp/K/{measure}/max"][0].tolist() == [0, 10, 15, 20, 27], measure
         assert series[f"validity/loss_change/{measure}/rank_of_truth"][0].tolist() == [0, 15, 27], measure
     assert not any(key.startswith("comp/") and "subspace" in key for key in series)
-    for key in ("heads/copying/L0H0", "heads/copying_empirical/L0H0"):
+    for key in ("heads/copying/L0H0", "heads/ov_copying/L0H0", "heads/successor/L0H0"):
         assert series[key][0].tolist() == [0, 10, 20, 27], key
     # the run's four measures decide the mode at every step, also where frobenius alone would fit per pair
     assert not any("->" in key for key in series if key.startswith("comp/"))
@@ -182,15 +182,15 @@ def test_dense_measures_at_every_snapshot_the_others_on_their_own_schedule(tmp_p
     assert ledger.runs["composition"] == 2 and ledger.runs[WITH_ALL] == 5  # steps 5, 25; 0, 10, 15, 20, 27
     seconds = {
         "probe": 0.004,
-        "induction": 0.001,
+        "behaviour": 0.001,
         "logging": 0.001,
         "composition": 0.002,
         WITH_ALL: 0.007,
-        "copying": 0.003,
+        "writes": 0.003,
     }
     per_step = tracker.cost.amortised_seconds_per_step(seconds)
     assert per_step["snapshot"] == pytest.approx(0.008 / 5) and per_step["other measures"] == pytest.approx(0.005 / 10)
-    assert per_step["copying"] == pytest.approx(0.003 / 10)
+    assert per_step["writes"] == pytest.approx(0.003 / 10)
     tracker.quantity("composition").options.all_measures.every_n_steps = 0  # every snapshot: all charged to each
     assert tracker.cost.amortised_seconds_per_step(seconds)["snapshot"] == pytest.approx(0.013 / 5)
     assert "other measures" not in tracker.cost.amortised_seconds_per_step(seconds)
@@ -203,7 +203,7 @@ def test_cost_report_estimates_the_training_step_time(tmp_path, capsys):
     settings = tracker_settings(
         "every_n_steps=5",
         "ablation.every_n_steps=0",
-        "copying.every_n_steps=0",
+        "writes.every_n_steps=0",
         "matching.every_n_steps=0",
         "images.every_n_steps=0",
         "baseline_samples=100",
@@ -252,7 +252,7 @@ def test_cost_report_leaves_out_the_first_heatmaps_until_drawn_again():
     settings = tracker_settings(
         "every_n_steps=10",
         "ablation.every_n_steps=0",
-        "copying.every_n_steps=0",
+        "writes.every_n_steps=0",
         "matching.every_n_steps=0",
         "images.every_n_steps=200",
         "all_measures.every_n_steps=0",
@@ -293,7 +293,7 @@ def test_non_finite_weights_are_logged_as_nan_with_the_reason_not_a_crash(tmp_pa
     settings = tracker_settings(
         "every_n_steps=5",
         "ablation.every_n_steps=5",
-        "copying.every_n_steps=5",
+        "writes.every_n_steps=5",
         "matching.every_n_steps=5",
         "images.every_n_steps=0",
         "baseline_samples=100",

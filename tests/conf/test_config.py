@@ -58,7 +58,7 @@ def test_multirun_with_several_devices_is_refused():
         (["trainer.precision=fp8"], "precision"),
         (["tracker.ablation.every_n_steps=15"], "ablation.every_n_steps=15 must be a multiple"),
         (["tracker.ablation.every_n_steps=-1"], "ablation.every_n_steps=-1 must be >= 0"),
-        (["tracker.copying.every_n_steps=7"], "copying.every_n_steps=7 must be a multiple"),
+        (["tracker.writes.every_n_steps=7"], "writes.every_n_steps=7 must be a multiple"),
         (["tracker.whitening.every_n_steps=-5"], "must be >= 0 (0 at every snapshot)"),
         (
             ["tracker.all_measures.every_n_steps=15"],

@@ -14,7 +14,6 @@ from data.probe import ProbeBatch, make_probe_batch
 from data.tasks.markov_icl import sample_chains
 from metrics.disk_cache import CACHE_ENV
 from metrics.heads import behaviour as behaviour_module
-from metrics.heads.attention_scores import induction_score
 from metrics.heads.behaviour import (
     BUILT_IN_BEHAVIOURS,
     MIN_EXCESS,
@@ -124,7 +123,9 @@ def test_token_induction_equals_offset_induction_on_the_repeated_probe():
     b, s = probe.tokens.shape
     pattern = causal_softmax(2 * torch.randn(2, b, 3, s, s, generator=generator, dtype=torch.float64))  # layers
     scores = behaviour_scores(pattern, behaviour_targets(probe.tokens, bos_id=256))
-    torch.testing.assert_close(scores[..., index("induction")], induction_score(pattern, probe), rtol=0, atol=1e-12)
+    queries = torch.arange(probe.repeat_start, probe.repeat_start + probe.n)  # the repeat: each token's first
+    offset = pattern[..., queries, queries - (probe.period - 1)].mean(-1).mean(-2)  # occurrence's follower, by hand
+    torch.testing.assert_close(scores[..., index("induction")], offset, rtol=0, atol=1e-12)
 
 
 def test_per_sequence_scores_and_their_mean():

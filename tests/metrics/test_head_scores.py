@@ -1,4 +1,5 @@
-"""Head scores on hand-made attention patterns, and on the hand-built induction circuit run for real."""
+"""The familiar head scores (previous-token, induction, duplicate-token), read through the behaviour registry,
+on hand-made attention patterns with known values, and on the hand-built induction circuit run for real."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from data.probe import ProbeBatch
-from metrics.heads.attention_scores import duplicate_token_score, induction_score, previous_token_score
+from metrics.heads.behaviour import behaviour_scores, behaviour_targets
 from metrics.heads.circuit_pair import circuit_pair
 from metrics.snapshot import take_snapshot
 from tests.helpers import induction_circuit_model
@@ -14,7 +15,19 @@ from tests.helpers import induction_circuit_model
 N, START = 4, 1  # BOS, t1..t4, t1..t4
 T = START + 2 * N
 REPEAT = START + N
-PROBE = ProbeBatch(torch.zeros(1, T, dtype=torch.long), N, START)
+TOKENS = torch.tensor([[8, 0, 1, 2, 3, 0, 1, 2, 3]])  # distinct t1..t4: every target is the probe's own
+BOS = 8
+
+
+def score(pattern: torch.Tensor, behaviour: str) -> torch.Tensor:
+    """Every head's score on ``behaviour``, ``[heads]``, of ``pattern [b, heads, T, T]`` on ``TOKENS``."""
+    tokens = TOKENS.expand(pattern.shape[0], -1)
+    return behaviour_scores(pattern.double(), behaviour_targets(tokens, BOS, [behaviour]))[..., 0]
+
+
+previous_token_score = lambda pattern: score(pattern, "previous_token")
+induction_score = lambda pattern: score(pattern, "induction")
+duplicate_token_score = lambda pattern: score(pattern, "duplicate_token")
 
 
 def one_hot_pattern(target_of_query) -> torch.Tensor:
@@ -28,27 +41,27 @@ def one_hot_pattern(target_of_query) -> torch.Tensor:
 def test_perfect_previous_token_head():
     pattern = one_hot_pattern(lambda q: max(q - 1, 0))
     assert previous_token_score(pattern).item() == 1.0
-    assert induction_score(pattern, PROBE).item() == 0.0
+    assert induction_score(pattern).item() == 0.0
 
 
 def test_perfect_induction_head():
     pattern = one_hot_pattern(lambda q: q - N + 1 if q >= REPEAT else 0)
-    assert induction_score(pattern, PROBE).item() == 1.0
-    assert duplicate_token_score(pattern, PROBE).item() == 0.0
+    assert induction_score(pattern).item() == 1.0
+    assert duplicate_token_score(pattern).item() == 0.0
     assert previous_token_score(pattern).item() == pytest.approx(1 / (T - 1))  # only q = 1 -> 0 counts
 
 
 def test_perfect_duplicate_token_head():
     pattern = one_hot_pattern(lambda q: q - N if q >= REPEAT else 0)
-    assert duplicate_token_score(pattern, PROBE).item() == 1.0
-    assert induction_score(pattern, PROBE).item() == 0.0
+    assert duplicate_token_score(pattern).item() == 1.0
+    assert induction_score(pattern).item() == 0.0
 
 
 def test_uniform_causal_attention_has_known_scores():
     pattern = torch.tril(torch.ones(T, T))
     pattern = (pattern / pattern.sum(-1, keepdim=True))[None, None]
     expected = sum(1 / (q + 1) for q in range(REPEAT, REPEAT + N)) / N
-    assert induction_score(pattern, PROBE).item() == pytest.approx(expected)
+    assert induction_score(pattern).item() == pytest.approx(expected)
     assert previous_token_score(pattern).item() == pytest.approx(sum(1 / (q + 1) for q in range(1, T)) / (T - 1))
 
 
@@ -57,7 +70,7 @@ def test_scores_average_over_batch_and_keep_heads_apart():
     b = one_hot_pattern(lambda q: q)
     two_heads = torch.cat([a, b], dim=1)  # (1, 2, T, T)
     batch = torch.cat([two_heads, torch.cat([b, b], dim=1)], dim=0)  # (2, 2, T, T)
-    torch.testing.assert_close(previous_token_score(batch), torch.tensor([0.5, 0.0]))
+    torch.testing.assert_close(previous_token_score(batch), torch.tensor([0.5, 0.0], dtype=torch.float64))
 
 
 def test_hand_built_circuit_runs_as_induction():
@@ -67,9 +80,10 @@ def test_hand_built_circuit_runs_as_induction():
     snap = take_snapshot(
         model, ProbeBatch(tokens=tokens, n=N, first_start=START), composition={"baseline_samples": 200}
     )
-    assert snap["previous_token"][0, 0] > 0.95
-    assert snap["induction"][1, 0] > 0.95
-    assert snap["induction"][1, 1] < 0.5
+    behaviour = snap["behaviour"]
+    assert behaviour.score("previous_token")[0, 0] > 0.95
+    assert behaviour.score("induction")[1, 0] > 0.95
+    assert behaviour.score("induction")[1, 1] < 0.5
     assert snap["loss_views"].repeated < 0.01
     assert snap["loss_views"].first_occurrence > 1.0
     assert snap.circuit == ((0, 0), (1, 0))

@@ -240,11 +240,15 @@ def snapshot_scores(model, probe) -> dict[str, torch.Tensor]:
     scored pair, kinds Q, K, V), the matching score of every pair, the weight and empirical copying
     scores of every head."""
     composition = {"measures": list(WEIGHT_MEASURES), "baseline_samples": 50}
-    snap = take_snapshot(model, probe, composition=composition, matching=True, copying=True, dtype=torch.float64)
+    snap = take_snapshot(model, probe, composition=composition, matching=True, writes=True, dtype=torch.float64)
     flat = lambda t: t[~t.isnan()]
     scores = {m: torch.cat([flat(v) for v in by_kind.values()]) for m, by_kind in snap["composition"].scores.items()}
-    scores |= {"match": flat(snap["matching"]), "copying": snap["copying"].weight.flatten()}
-    return scores | {"empirical copying": snap["copying"].empirical.flatten()}
+    writes = snap["writes"]
+    scores |= {"match": flat(snap["matching"]), "copying": writes.score("ov_copying").flatten()}
+    return scores | {
+        "empirical copying": writes.score("copying").flatten(),
+        "successor": writes.score("successor").flatten(),
+    }
 
 
 def shifts(model, writer: str, generator) -> dict[str, torch.Tensor]:

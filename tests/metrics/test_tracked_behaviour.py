@@ -17,7 +17,7 @@ from tests.helpers import PROBE, induction_circuit_model
 
 TYPES = type_names_of(BEHAVIOURS)
 
-QUANTITIES = ("previous_token", "induction", "behaviour", "circuit")
+QUANTITIES = ("behaviour", "circuit")
 
 
 @dataclass
@@ -50,9 +50,8 @@ def test_the_hand_built_heads_are_typed_as_built_and_the_noise_heads_unspecialis
 
 
 def test_on_chains_the_reader_is_the_top_statistical_induction_head():
-    """Sequences of three states with repeats at no fixed offset: the probe's offset-based induction
-    score means nothing there; the pair's reader is the head with the top statistical-induction score,
-    and the hand-built induction head is typed as one."""
+    """Sequences of three states with repeats at no fixed offset: the pair's reader is the head with the
+    top statistical-induction score, and the hand-built induction head is typed as one."""
     generator = torch.Generator().manual_seed(0)
     states = torch.randint(0, 3, (6, 8), generator=generator)
     tokens = torch.cat([torch.full((6, 1), 8), states], dim=1)  # [BOS] + 8 chain tokens

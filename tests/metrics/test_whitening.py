@@ -128,7 +128,7 @@ def test_a_snapshot_of_a_model_with_seed_002s_options_has_every_part():
     model = easytransformer_like("shortformer", True, "layernorm")
     composition = {"measures": list(WEIGHT_MEASURES), "baseline_samples": 200}
     snap = take_snapshot(
-        model, make_probe_batch(0, 4, 4, 10), composition=composition, ablation=True, copying=True, dtype=torch.float64
+        model, make_probe_batch(0, 4, 4, 10), composition=composition, ablation=True, writes=True, dtype=torch.float64
     )
-    assert all(snap.get(name) is not None for name in ("ablation", "validity", "copying"))
+    assert all(snap.get(name) is not None for name in ("ablation", "validity", "writes"))
     assert all(torch.isfinite(snap["composition"].scores[m]["K"][0, :, 1]).all() for m in WEIGHT_MEASURES)

@@ -57,8 +57,12 @@ def test_the_default_shape_logs_every_pair_and_big_shapes_only_summaries():
     big = snapshot_keys(fake_snapshot(12, 12))
     assert not [k for k in big if "->" in k or PER_HEAD_KEY.search(k)]
     most = max(len(snapshot_keys(fake_snapshot(*shape))) for shape in ((3, 5), (4, 8), (6, 6), (8, 16), (16, 4)))
-    # 32 heads: the last shape with keys per head (605: each head's scores and its behaviour type)
-    assert most <= len(snapshot_keys(fake_snapshot(4, 8))) < 650
+    # 32 heads: the last shape with keys per head. 666 keys: every behaviour's scores per head (8 families
+    # of 32 at the repeated task: 5 where a head attends, 3 what it writes), each head's type, and the rest;
+    # 605 before every behaviour had its per-head keys (current- and first-token and successor added 96,
+    # copying's top rate left 32). The bound is the shape's own count plus room for one more family.
+    per_head_families = 8 + 1  # the behaviours and the type
+    assert most <= len(snapshot_keys(fake_snapshot(4, 8))) <= 666 + 32 and per_head_families * 32 < 666
 
 
 def test_per_pair_keys_read_the_right_entries():
@@ -79,8 +83,10 @@ def test_per_pair_keys_read_the_right_entries():
     )
     assert metrics["match/L0H1->L1H1"] == snap["matching"][0, 1, 1, 1].item()
     assert metrics["ablation/loss_change/L0H0->L1H0"] == snap["ablation"].effects.loss_change[0, 0, 1, 0].item()
-    assert metrics["heads/induction/L1H1"] == snap["induction"][1, 1].item()
-    assert metrics["heads/induction/top"] == snap["induction"].max().item()
+    induction = snap["behaviour"].score("induction")
+    assert metrics["heads/induction/L1H1"] == induction[1, 1].item()
+    assert metrics["heads/induction/top"] == induction.max().item()
+    assert metrics["heads/successor/L1H0"] == snap["writes"].score("successor")[1, 0].item()
     assert "comp/K/frobenius/L1H0->L0H0" not in metrics  # masked pairs never emitted
 
 
@@ -146,7 +152,8 @@ def test_fewer_pairs_than_top_pairs_and_nan_pairs():
 
 def test_many_heads_log_only_the_best_head():
     results = fake_results(12, 12, ("frobenius",))
-    results["induction"][7, 3] = 2.0
+    reading = results["behaviour"]
+    reading.scores[7, 3, reading.names.index("induction")] = 2.0
     metrics = snapshot_keys(snapshot_of(results, ("frobenius",)), ("frobenius",))
     assert metrics["heads/induction/top"] == 2.0 and metrics["heads/induction/top_head"] == 7 * 12 + 3
     assert "heads/induction/L7H3" not in metrics
@@ -155,9 +162,19 @@ def test_many_heads_log_only_the_best_head():
 
 @pytest.mark.parametrize("max_pair_keys", [300, 0])
 def test_quantities_not_measured_emit_no_keys(max_pair_keys):
-    snap = fake_snapshot(2, 2, ("frobenius",), copying=None, matching=None, ablation=None, validity=None)
+    snap = fake_snapshot(2, 2, ("frobenius",), writes=None, matching=None, ablation=None, validity=None)
     metrics = snapshot_keys(snap, ("frobenius",), max_pair_keys=max_pair_keys)
-    unmeasured = ("heads/copying", "match", "ablation", "validity", "top/match", "circuit/match", "circuit/ablation")
+    unmeasured = (
+        "heads/copying",
+        "heads/ov_copying",
+        "heads/successor",
+        "match",
+        "ablation",
+        "validity",
+        "top/match",
+        "circuit/match",
+        "circuit/ablation",
+    )
     assert not [k for k in metrics if k.startswith(unmeasured)]
     assert "heads/induction/top" in metrics and "circuit/K/frobenius" in metrics and "loss/repeated" in metrics
     bare = fake_snapshot(2, 2, ("frobenius",), composition=None, matching=None, ablation=None)
@@ -223,7 +240,8 @@ def test_a_real_snapshot_flows_through_keys_store_and_heatmap(tmp_path):
         store.append(0, snapshot_tensors(snap.outputs))
     stored = read_tensor_store(tmp_path)
     np.testing.assert_allclose(stored["comp/K/subspace"][1][0], k.numpy(), rtol=1e-6)  # float32 on disk, NaN kept
-    np.testing.assert_allclose(stored["heads/induction"][1][0], snap["induction"].numpy(), rtol=1e-6)
+    induction = snap["behaviour"].score("induction").numpy()
+    np.testing.assert_allclose(stored["heads/induction"][1][0], induction, rtol=1e-6)
     image = heatmap_image({kind: composition.minus_baseline("subspace", kind).numpy() for kind in "QKV"})
     assert image.shape == (6 * 33 + 1, 3 * 199 + 16, 3)  # 6 writers x 6 readers, 33-pixel cells, one line
 
@@ -231,4 +249,4 @@ def test_a_real_snapshot_flows_through_keys_store_and_heatmap(tmp_path):
 def test_the_default_measures_are_registered_ones():
     assert MEASURES == tuple(fake_quantities()["composition"].options.measures)
     assert set(MEASURES) <= set(registered_measures())
-    assert torch.is_tensor(fake_results(2, 2)["induction"])
+    assert torch.is_tensor(fake_results(2, 2)["behaviour"].score("induction"))

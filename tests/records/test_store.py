@@ -141,10 +141,9 @@ def test_snapshot_tensors_names_shapes_and_values(tmp_path):
             "ablation/loss_change",
             "ablation/pattern_change",
         ]
-        + [
-            f"heads/{s}"
-            for s in ("induction", "prev_token", "duplicate", "copying", "copying_empirical", "copying_top_rate")
-        ]
+        + [f"heads/{s}" for s in ("prev_token", "current_token", "first_token", "duplicate", "induction")]
+        + [f"heads/{s}" for s in ("copying", "ov_copying", "successor")]
+        + [f"heads/writes/{s}" for s in ("scores", "null_mean", "null_std")]
         + [f"strategies/per_sequence/{s}" for s in ("uniform", "copy", "induction")]
         + [f"heads/behaviour/{s}" for s in ("scores", "type", "per_sequence", "null_mean", "null_std")]
     )
@@ -162,8 +161,8 @@ def test_snapshot_tensors_names_shapes_and_values(tmp_path):
         values[0], snap["composition"].scores["subspace"]["K"].float().numpy()
     )  # NaN where masked
     assert np.isnan(values[0, 2, 0, 1, 1]) and steps.tolist() == [30]
-    partial = snapshot_tensors(fake_snapshot(2, 2, ("frobenius",), ablation=None, copying=None, matching=None).outputs)
-    assert not [name for name in partial if name.startswith(("ablation", "match", "heads/copying"))]
+    partial = snapshot_tensors(fake_snapshot(2, 2, ("frobenius",), ablation=None, writes=None, matching=None).outputs)
+    assert not [name for name in partial if name.startswith(("ablation", "match", "heads/copying", "heads/writes"))]
 
 
 # --- heatmap images ------------------------------------------------------------------------------

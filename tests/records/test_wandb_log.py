@@ -17,7 +17,7 @@ def test_every_tracker_key_has_a_section_and_round_trips():
         assert all(section_of(key) is not None for key in keys), [k for k in keys if section_of(k) is None]
         assert all(tracker_key(wandb_key(key)) == key for key in keys)
         missing = [e for e in story() if not any(k == e or (e.endswith("/") and k.startswith(e)) for k in keys)]
-        assert not missing  # the story is there in either mode
+        assert missing == ["heads/statistical_induction/top"]  # the story is there in either mode (chains': not here)
 
 
 def test_sections_in_reading_order():
@@ -34,9 +34,10 @@ def test_sections_in_reading_order():
         "trainer/global_step",
     ]
     assert tracker_key("loss/repeated") == "loss/repeated"  # a run logged before the sections
-    assert (
-        list(SECTION_NAMES) == sorted(SECTION_NAMES) and len(story()) <= 12
-    )  # nine keys and the strategies' kl/, closest, weight/
+    # nine keys a run shows and the strategies' kl/, closest, weight/: the story names both prefix-matching
+    # scores (induction on repeated tokens, statistical induction on chains), of which a run logs one
+    told = story() - {"heads/statistical_induction/top"}
+    assert list(SECTION_NAMES) == sorted(SECTION_NAMES) and len(told) <= 12
 
 
 def test_summaries_keep_the_best_value_in_the_right_direction():

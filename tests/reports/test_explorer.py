@@ -17,7 +17,6 @@ from bench.explorer_in_browser import pattern_error, readout_mismatches
 from records.layout import CSV_RELATIVE_PATH
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory
-from reports.head_types import read_head_history
 from reports.run_report import read_series
 from tests.browser import opened
 from tests.helpers import REPO, module
@@ -35,7 +34,9 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
     assert page_path.stat().st_size < 10e6  # the acceptance's budget for the default run
     series = read_series(run_dir / CSV_RELATIVE_PATH)
     steps = series["loss/repeated"][0].astype(int)
-    store = read_tensor_store(run_dir / "tensors", ["heads/induction", "comp/K/frobenius"])
+    store = read_tensor_store(
+        run_dir / "tensors", ["heads/induction", "heads/prev_token", "heads/behaviour/type", "comp/K/frobenius"]
+    )
     trajectory = Trajectory(run_dir)
     with opened(page_path) as page:
         assert page.page.eval_on_selector("#step-label", "e => e.dataset.step") == str(steps[-1])  # opens at the end
@@ -51,16 +52,16 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
         # every head's induction score and every pair's K-composition at the last step, from the store
         heads = np.array(page.chart("chart-heads")[0]["z"], dtype=float)
         assert np.allclose(heads, store["heads/induction"][1][-1], atol=1e-6, rtol=0)
-        # each head's behaviour type and a behaviour's score, as the run's head history has them
-        history = read_head_history(run_dir / "tensors")
+        # each head's type at the last step as the tracker stored it, named as summary.json names it, and the
+        # previous-token score as stored (both read here without the page's own reader)
         page.page.select_option("#view-heads select", "type")
         (types,) = page.chart("chart-heads")
-        assert np.array_equal(np.array(types["z"]), history.types[-1])
-        assert types["text"][1][0].startswith(f"L1H0<br>type: {history.final_type(1, 0)}<br>")
-        page.page.select_option("#view-heads select", "behaviour/previous_token")
+        assert np.array_equal(np.array(types["z"]), store["heads/behaviour/type"][1][-1])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert types["text"][1][0].startswith(f"L1H0<br>type: {summary['heads/type/L1H0']}<br>")
+        page.page.select_option("#view-heads select", "prev_token")
         previous = np.array(page.chart("chart-heads")[0]["z"], dtype=float)
-        expected = history.scores[-1][..., history.names.index("previous_token")]
-        assert np.allclose(previous, expected, atol=1e-6, rtol=0)
+        assert np.allclose(previous, store["heads/prev_token"][1][-1], atol=1e-6, rtol=0)
         pairs = np.array(page.chart("chart-pairs")[0]["z"], dtype=float)  # readers L1H0, L1H1 x writers L0H0, L0H1
         assert np.allclose(pairs, store["comp/K/frobenius"][1][-1][0, :, 1, :].T, atol=1e-6, rtol=0)
         hover = page.chart("chart-pairs")[0]["text"][0][1]

@@ -40,7 +40,7 @@ QUICK = [
     "trainer.max_steps=30",
     "tracker.every_n_steps=10",
     "tracker.ablation.every_n_steps=0",
-    "tracker.copying.every_n_steps=0",
+    "tracker.writes.every_n_steps=0",
     "tracker.images.every_n_steps=0",
     "trainer.log_every_n_steps=1",
 ]

@@ -8,6 +8,7 @@ class DuplicateToken(Behaviour):
     """``{j < q : x_j = x_q}``."""
 
     name = "duplicate_token"
+    key = "duplicate"  # heads/duplicate/LxHy
     colour = "tab:olive"
 
     @staticmethod

@@ -7,6 +7,7 @@ class PreviousToken(Behaviour):
     """``{q - 1}`` for ``q >= 1``."""
 
     name = "previous_token"
+    key = "prev_token"  # heads/prev_token/LxHy
     colour = "tab:blue"
 
     @staticmethod

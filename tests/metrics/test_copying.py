@@ -1,6 +1,6 @@
-"""Empirical copying scores: Olsson et al. 2022's copying evaluator against an independent
-per-position loop on hand-built copying, anti-copying and random heads; both scores against a loop
-over the model's own forward pass through the tracker's snapshot; the hand-built induction head."""
+"""The copying behaviour (``heads/copying``): Olsson et al. 2022's copying evaluator against an independent
+per-position loop on hand-built copying, anti-copying and random heads; against a loop over the model's
+own forward pass through the tracker's snapshot; the hand-built induction head."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from data.probe import ProbeBatch, make_probe_batch
+from metrics.heads.behaviours.copying import copying_evaluator
 from metrics.heads.circuit_scores import folded_unembedding
-from metrics.heads.empirical_copying import empirical_copying
 from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from tests.helpers import SHARP, induction_circuit_model, random_model
@@ -85,7 +85,7 @@ def paper_copying_reference(model: AttentionOnlyTransformer, tokens: torch.Tenso
 def model_copying(model: AttentionOnlyTransformer, tokens: torch.Tensor, first_query: int):
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
-    return empirical_copying(
+    return copying_evaluator(
         torch.stack(cache["head_out"]), torch.stack(cache["pattern"]), tokens, folded_unembedding(model), first_query
     )
 
@@ -95,15 +95,14 @@ def test_paper_copying_score_on_hand_built_copying_anti_copying_and_random_heads
     probe = make_probe_batch(0, 16, N, N_RANDOM)
     got = model_copying(model, probe.tokens, probe.first_start)
     reference = paper_copying_reference(model, probe.tokens, probe.first_start)
-    torch.testing.assert_close(got.score, reference, rtol=1e-6, atol=1e-9)
-    copying, anti, random_heads = got.score[0, 0].item(), got.score[0, 1].item(), got.score[0, 2:]
+    torch.testing.assert_close(got, reference, rtol=1e-6, atol=1e-9)
+    copying, anti, random_heads = got[0, 0].item(), got[0, 1].item(), got[0, 2:]
     assert copying > 0.999  # raises the attended token and, up to 1e-13 attention leakage, nothing else
     assert anti == pytest.approx(-1.0)  # lowers the attended token: after centring every other token is raised
     # a random head raises the attended token like any of the sequence's |S| tokens: r ~ 1/|S|
     chance = torch.tensor([2 / len(set(row.tolist())) - 1 for row in probe.tokens]).mean().item()
     assert (random_heads > -1).all() and (random_heads < 0.5).all()
     assert random_heads.mean().item() == pytest.approx(chance, abs=0.1)
-    assert got.top_rate[0, 0].item() == 1.0 and got.top_rate[0, 1].item() == 0.0
 
 
 def test_tokens_outside_the_sample_do_not_count():
@@ -121,29 +120,28 @@ def test_tokens_outside_the_sample_do_not_count():
     for q in range(t):
         head_out[0, 0, 0, q, absent] = 0.5
         head_out[0, 0, 0, q, tokens[0, max(q - 1, 0)]] = 1.0
-    got = empirical_copying(head_out, pattern, tokens, torch.eye(d_vocab, dtype=torch.float64))
-    assert got.score.item() == pytest.approx(1.0)
-    assert got.top_rate.item() == 1.0
+    got = copying_evaluator(head_out, pattern, tokens, torch.eye(d_vocab, dtype=torch.float64))
+    assert got.item() == pytest.approx(1.0)
 
 
 def loop_reference(model, tokens, first_query):
     """Per head, batch row and query: the head's write from ``layer.head_outputs``, unembedded by
     hand through the final norm's linear part (centred over ``d_model`` under LayerNorm, times the
     gain); the paper's ratio (raise of the top-attended token over the raise of
-    the sequence's distinct tokens, as 2 r - 1), and whether that token is raised most."""
+    the sequence's distinct tokens, as 2 r - 1)."""
     L, H = model.shape.n_layers, model.shape.n_heads
     gain = getattr(model.final_norm, "weight", None)
     centres = isinstance(model.final_norm, torch.nn.LayerNorm)
     W_U = model.W_U.detach().double()
     W_U = W_U if gain is None else gain.detach().double()[:, None] * W_U
-    scores, rates = torch.zeros(L, H, dtype=torch.float64), torch.zeros(L, H, dtype=torch.float64)
+    scores = torch.zeros(L, H, dtype=torch.float64)
     with torch.no_grad():
         x = model.embed(tokens)
         for l, layer in enumerate(model.layers):
             pattern = layer.pattern(x)
             outputs = layer.head_outputs(x, pattern)  # (b, h, t, d)
             for h in range(H):
-                ratios, tops = [], []
+                ratios = []
                 for b in range(tokens.shape[0]):
                     sample = sorted(set(tokens[b].tolist()))
                     for q in range(first_query, tokens.shape[1]):
@@ -153,23 +151,19 @@ def loop_reference(model, tokens, first_query):
                         token = tokens[b, int(pattern[b, h, q].argmax())]
                         on_sample = raised[sample].sum()
                         ratios.append(2 * (raised[token] / on_sample if on_sample > 0 else 0.0) - 1)
-                        tops.append(float(raised[token] > 0 and int(raised.argmax()) == int(token)))
                 scores[l, h] = torch.tensor(ratios).mean()
-                rates[l, h] = torch.tensor(tops).mean()
             x = x + outputs.sum(1)
-    return scores, rates
+    return scores
 
 
 @pytest.mark.parametrize("normalization", ["none", "layernorm", "rmsnorm"])
-def test_empirical_copying_matches_a_per_position_loop(normalization):
+def test_the_copying_behaviour_matches_a_per_position_loop(normalization):
     model = random_model(normalization, n_layers=2, n_heads=3)
     probe = make_probe_batch(0, 3, 8, 10)  # d_vocab 11: 10 random tokens + BOS
-    snap = take_snapshot(model, probe, composition={"baseline_samples": 20}, copying=True)
-    scores, rates = loop_reference(model, probe.tokens, 1)
-    torch.testing.assert_close(snap["copying"].empirical, scores, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(snap["copying"].top_rate, rates)
-    assert 0 < rates.mean() < 1  # neither reading is vacuous on random heads
-    assert (-1 < scores).all() and (scores < 1).all()
+    snap = take_snapshot(model, probe, composition={"baseline_samples": 20}, writes=True)
+    scores = loop_reference(model, probe.tokens, 1)
+    torch.testing.assert_close(snap["writes"].score("copying"), scores, rtol=1e-5, atol=1e-6)
+    assert (-1 < scores).all() and (scores < 1).all()  # not vacuous on random heads
 
 
 def test_hand_built_induction_head_copies_what_it_attends_to():
@@ -179,12 +173,10 @@ def test_hand_built_induction_head_copies_what_it_attends_to():
         _, cache = model.run_with_cache(tokens)
     head_out, pattern = torch.stack(cache["head_out"]), torch.stack(cache["pattern"])
     W_U = folded_unembedding(model)
-    on_repeats = empirical_copying(head_out, pattern, tokens, W_U, first_query=5)
-    assert on_repeats.score[1, 0].item() > 0.99  # one-hot attention, writes TOKEN -> OUT, read by W_U as that token
-    assert on_repeats.top_rate[1, 0].item() == 1.0
-    everywhere = empirical_copying(head_out, pattern, tokens, W_U)
-    assert everywhere.score[0, 0].item() == pytest.approx(-1.0)  # writes PREV, which W_U never reads: raises nothing
-    assert everywhere.top_rate[0, 0].item() == 0.0
+    on_repeats = copying_evaluator(head_out, pattern, tokens, W_U, first_query=5)
+    assert on_repeats[1, 0].item() > 0.99  # one-hot attention, writes TOKEN -> OUT, read by W_U as that token
+    everywhere = copying_evaluator(head_out, pattern, tokens, W_U)
+    assert everywhere[0, 0].item() == pytest.approx(-1.0)  # writes PREV, which W_U never reads: raises nothing
     probe = ProbeBatch(tokens=tokens, n=4, first_start=1)
-    snap = take_snapshot(model, probe, composition={"baseline_samples": 20}, copying=True)
-    torch.testing.assert_close(snap["copying"].empirical, everywhere.score.double())
+    snap = take_snapshot(model, probe, composition={"baseline_samples": 20}, writes=True)
+    torch.testing.assert_close(snap["writes"].score("copying"), everywhere.double())

@@ -1,5 +1,5 @@
-"""Empirical copying scores of each head on a batch of token sequences (docs/measures.md
-"Copying score, empirical"; notes on Elhage et al. 2021).
+"""Copying heads, read from what a head writes: Olsson et al. 2022's copying evaluator on the probe, the
+head's direct effect on the logits (docs/measures.md, "Copying score, empirical").
 
 ``score``: Olsson et al. 2022's copying evaluator ("In-context Learning and Induction Heads",
 Transformer Circuits Thread, section "Head activation evaluators",
@@ -32,11 +32,10 @@ Per head, sequence ``b`` and query position ``q >= first_query``, with ``o`` the
 Readings of the paper's text, stated because it leaves them open:
 
 - The denominator sums the raise over the token ids present in the sequence (each id once,
-  BOS included), not over the vocabulary. Summing over the whole vocabulary (this module's earlier
-  ``score``, retired) counts the small raises of ~half of all tokens and scores a working
-  induction head near -1 over 256 tokens.
+  BOS included), not over the vocabulary. Summing over the whole vocabulary counts the small raises
+  of ~half of all tokens and scores a working induction head near -1 over 256 tokens.
 - "The token being attended to" is the token at the key with the largest attention weight (first
-  such key on ties), as for ``top_rate``.
+  such key on ties).
 - The ratio as defined reaches 1, not 0.5, when only the attended token is raised (the attended
   token is one of the sample's tokens); the paper's two end points, "only raises other tokens" and
   "only raises the present token", are mapped to -1 and +1 by ``2 r - 1``.
@@ -45,55 +44,52 @@ Readings of the paper's text, stated because it leaves them open:
   uniform random tokens, the same ``n`` again) and scores every query after BOS: the first copy is
   the paper's setting, the repeat adds the positions where an induction head attends to the token
   it should copy.
-
-``top_rate`` (notes on Elhage et al. 2021, "how often a token increases its own probability more than any other
-token"): the fraction of query positions where the attended token gets the head's largest raise
-over the whole vocabulary, in [0, 1].
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class EmpiricalCopying:
-    """Per head ``[n_layers, n_heads]``, means over the batch and the scored query positions."""
-
-    score: Tensor  # Olsson et al. 2022's copying evaluator, 2 r - 1, in [-1, 1]
-    top_rate: Tensor  # in [0, 1]
+from metrics.heads.behaviours.base import Behaviour, HeadWrites
+from metrics.heads.circuit_scores import folded_unembedding
 
 
-def empirical_copying(
+def copying_evaluator(
     head_out: Tensor, pattern: Tensor, tokens: Tensor, unembedding: Tensor, first_query: int = 1
-) -> EmpiricalCopying:
-    """Both scores over the query positions ``>= first_query``.
-
-    ``head_out [L, b, h, t, d_model]`` (each head's write), ``pattern [L, b, h, t, t]``,
-    ``tokens [b, t]``, ``unembedding [d_model, d_vocab]``. Computed in ``head_out``'s dtype: the
-    largest product the tracker makes, and a ratio needs no float64.
-    """
+) -> Tensor:
+    """The module docstring's score of every head, over the query positions ``>= first_query``:
+    ``head_out [L, b, h, t, d_model]`` (each head's write), ``pattern [L, b, h, t, t]``, ``tokens [b, t]``,
+    ``unembedding [d_model, d_vocab]`` -> ``[L, h]``, the mean over the batch and the scored queries.
+    Computed in ``head_out``'s dtype: the largest product the tracker makes, and a ratio needs no float64."""
     unembedding = unembedding.to(head_out)
     centred = unembedding - unembedding.mean(-1, keepdim=True)  # o W_U - mean_v(o W_U) = o (W_U - mean_v W_U)
     logits = head_out[..., first_query:, :] @ centred  # (L, b, h, t', v): the raise before its ReLU
     L, b, h, queries = logits.shape[:4]
     tokens = tokens.to(pattern.device)
     keys = tokens.shape[-1]
-    # the raise is only read on the sample's own ids (and its largest over the vocabulary, for top_rate)
+    # the raise is only read on the sample's own ids
     on_keys = logits.gather(
         -1, tokens[None, :, None, None, :].expand(L, b, h, queries, keys)
     ).relu_()  # (L, b, h, t', t)
     repeats = (tokens[:, :, None] == tokens[:, None, :]).tril(-1).any(-1)  # (b, t): the id already occurs earlier
-    on_sample = on_keys.masked_fill(repeats[None, :, None, None, :], 0.0).sum(
-        -1
-    )  # (L, b, h, t'): summed over distinct ids
+    on_sample = on_keys.masked_fill(repeats[None, :, None, None, :], 0.0).sum(-1)  # (L, b, h, t'): over distinct ids
     top_key = pattern[..., first_query:, :].argmax(-1)  # (L, b, h, t'): the key attended to most
-    on_attended = on_keys.gather(-1, top_key[..., None]).squeeze(-1)  # (L, b, h, t'): the raise of the attended token
-    ratio = torch.where(on_sample > 0, on_attended / on_sample.clamp_min(torch.finfo(logits.dtype).tiny), 0.0).clamp(
-        max=1.0
-    )
-    top = (on_attended > 0) & (on_attended >= logits.amax(-1))  # max of the ReLU = ReLU of the max
-    return EmpiricalCopying(score=(2 * ratio - 1).mean(dim=(1, 3)), top_rate=top.to(logits.dtype).mean(dim=(1, 3)))
+    on_attended = on_keys.gather(-1, top_key[..., None]).squeeze(-1)  # (L, b, h, t'): the attended token's raise
+    tiny = torch.finfo(logits.dtype).tiny
+    ratio = torch.where(on_sample > 0, on_attended / on_sample.clamp_min(tiny), 0.0).clamp(max=1.0)
+    return (2 * ratio - 1).mean(dim=(1, 3))
+
+
+class Copying(Behaviour):
+    """Olsson et al. 2022's copying evaluator (the module docstring): +1 where a head's write raises the token
+    it attends to and no other token of the sequence."""
+
+    name = "copying"
+    colour = "tab:cyan"
+    reads = "writes"
+
+    @staticmethod
+    def score(writes: HeadWrites) -> Tensor:
+        unembedding = folded_unembedding(writes.model)
+        return copying_evaluator(writes.head_out, writes.patterns, writes.tokens, unembedding, writes.first_query)
