@@ -12,9 +12,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from records import wandb_records
-from tests.helpers import REPO, digest, module, require_extra, train_env
+from tests.helpers import NO_FIGURES, REPO, TINY, digest, module, require_extra, run_train, train_env
 
 pytestmark = pytest.mark.slow
 
@@ -230,3 +231,63 @@ def test_an_empty_wandb_mode_is_one_line_before_any_measuring(trained, monkeypat
     assert main(Stages, [str(trained), "stages.llc_enabled=false", "--name", "empty_mode"]) == 2
     assert capsys.readouterr().err.startswith("error: WANDB_MODE='' in the environment is not a W&B mode")
     assert not (trained / "analysis" / "empty_mode").exists()
+
+
+def test_a_heads_and_a_layers_llc_are_devinterps_on_their_masks(trained):
+    """Each head's and layer's weight-refined λ̂ in ``llc.csv`` (one batched SGLD run for all of them) against an
+    independent estimate: devinterp's own ``sample`` with that group's mask (``llc_record``), on the weights the
+    analysis read at its last step, the same sequences and SGLD settings. float32: they agree to the trace's
+    own resolution, nβ · eps32 · L(w*), as in ``tests/metrics/test_refined_llc.py``."""
+    from analysis.saved_run import run_config
+    from conf.objects import llc_sequences, sgld_settings
+    from metrics.dynamics.llc import llc_record
+    from metrics.dynamics.refined_llc import group_masks
+    from records.trajectory import Trajectory
+
+    out = trained / "analysis" / "stages"
+    if not (out / "llc.csv").is_file():  # the first test of this module writes it; alone, make it here
+        assert module("analysis.stages", trained, *QUICK).returncode == 0
+    with open(out / "llc.csv") as handle:
+        last = list(csv.DictReader(handle))[-1]
+    trajectory = Trajectory(trained)
+    cfg = run_config(trajectory, QUICK, "stages")
+    model = trajectory.model(int(float(last["step"])))
+    settings = sgld_settings(cfg.stages.llc)
+    for group in ("L1H0", "L0H1", "L1"):
+        theirs = llc_record(
+            model, llc_sequences(cfg), settings, cfg.stages.llc.settle_tolerance, group_masks(model, group)
+        )
+        resolution = settings.n_beta * torch.finfo(torch.float32).eps * theirs["init_loss"]
+        assert float(last[f"llc_{group}"]) == pytest.approx(theirs["mean"], rel=1e-5, abs=resolution), group
+    assert float(last["llc_L1H0"]) != float(last["llc_L0H1"])  # not one number logged for every head
+
+
+def test_the_data_refined_llc_of_a_mixture_run_is_devinterps_on_the_components_sequences(tmp_path):
+    """Wang et al.'s data-refined λ̂ (``stages.llc.data_refined``) of a run on a mixture of repeated tokens and
+    chains: a head's λ̂ on the chains' held-out sequences against devinterp's ``sample`` with that head's mask
+    on the same sequences (float32, to the trace's resolution), and not the one on the training mixture."""
+    require_extra("devinterp", "llc")
+    from analysis.saved_run import run_config
+    from analysis.stages import component_sequences
+    from conf.objects import sgld_settings
+    from metrics.dynamics.llc import llc_record
+    from metrics.dynamics.refined_llc import group_masks
+    from records.trajectory import Trajectory
+
+    run = tmp_path / "mixture"
+    trained = run_train([*TINY, "data=mixture", "trainer.max_steps=30", NO_FIGURES], run)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    refined = [*QUICK, "stages.llc.data_refined=[markov_icl]"]
+    result = module("analysis.stages", run, *refined)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(run / "analysis" / "stages" / "llc.csv") as handle:
+        row = list(csv.DictReader(handle))[-1]  # step 30
+    trajectory = Trajectory(run)
+    cfg = run_config(trajectory, refined, "stages")
+    settings, llc = sgld_settings(cfg.stages.llc), cfg.stages.llc
+    rows = component_sequences(cfg, "markov_icl", llc.batches * llc.batch_size)
+    model = trajectory.model(30)
+    theirs = llc_record(model, rows, settings, llc.settle_tolerance, group_masks(model, "L1H0"))
+    resolution = settings.n_beta * torch.finfo(torch.float32).eps * theirs["init_loss"]
+    assert float(row["llc_on_markov_icl_L1H0"]) == pytest.approx(theirs["mean"], rel=1e-5, abs=resolution)
+    assert float(row["llc_on_markov_icl_L1H0"]) != pytest.approx(float(row["llc_L1H0"]), rel=1e-3)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -102,27 +104,35 @@ def test_a_failing_job_does_not_stop_the_others_and_is_marked(failing_sweep):
 SWEEP_END = """
 import sys
 from pathlib import Path
-from omegaconf import OmegaConf
-from reports.sweep_report import sweep_report
-from runtime.sweep_callback import log_to_wandb
-sweep, out = Path(sys.argv[1]), Path(sys.argv[2])
-config = OmegaConf.load(sweep / "0" / ".hydra" / "config.yaml")
-config.hydra = OmegaConf.load(sweep / "0" / ".hydra" / "hydra.yaml").hydra
-log_to_wandb(config, sweep_report([sweep], out_dir=out))
+from omegaconf import OmegaConf, open_dict
+from runtime.sweep_callback import SweepEndReport
+sweep = Path(sys.argv[1])
+config = OmegaConf.load(sweep / "multirun.yaml")  # what Hydra hands the callback at the multirun's end
+with open_dict(config):
+    config.hydra.sweep.dir = str(sweep)
+try:
+    SweepEndReport().on_multirun_end(config)
+except SystemExit as end:
+    print(f"exit: {end.code}")
 print("lightning" in sys.modules)
 """
 
 
 def test_a_sweeps_end_imports_no_lightning(failing_sweep, tmp_path):
-    """The sweep report and its W&B run are made in the launching process, which trains nothing (the
-    jobs run in joblib's, submitit's or the ensemble's processes): making them imports no Lightning,
-    which with torchmetrics's optional packages took 5 s at every sweep's end. In a fresh interpreter
-    (this one has Lightning loaded), on the sweep above, its report written apart."""
+    """The sweep's end (the callback Hydra calls, ``SweepEndReport.on_multirun_end``: the report, the
+    sweep's explorer page, its W&B run, the exit) runs in the launching process, which trains nothing (the
+    jobs run in joblib's, submitit's or the ensemble's processes): it imports no Lightning, which with
+    torchmetrics's optional packages took 5 s at every sweep's end. In a fresh interpreter (this one has
+    Lightning loaded), on a copy of the sweep above."""
     sweep, _ = failing_sweep
-    command = [sys.executable, "-c", SWEEP_END, str(sweep), str(tmp_path)]
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy, ignore=lambda folder, names: ["wandb"] if Path(folder) == sweep else [])
+    command = [sys.executable, "-c", SWEEP_END, str(copy)]
     result = subprocess.run(command, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and result.stdout.split()[-1:] == ["False"], result.stderr[-2000:]
-    (report_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1:] == ["False"], result.stdout[-2000:]
+    assert "exit: error: 3 of 4 jobs did not finish" in result.stdout and (copy / "explorer.html").is_file()
+    (report_file,) = copy.glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_records.run(report_file)["display_name"] == "sweep report"
     assert wandb_records.exit_code(report_file) == 1  # three of its jobs failed
 
