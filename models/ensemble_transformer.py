@@ -96,7 +96,9 @@ class EnsembleTransformer(nn.Module):
 def member_views(ensemble: EnsembleTransformer) -> list[AttentionOnlyTransformer]:
     """Each member as an ``AttentionOnlyTransformer`` whose weights are detached views of the
     ensemble's: always current (the optimizer updates in place), never copied, never trained through.
-    Make them after the ensemble has its final device and dtype (a move replaces the storage)."""
+    Make them after the ensemble has its final device and dtype (a move replaces the storage). Each weight
+    is registered as a parameter that shares the view's storage (``nn.Parameter`` wraps, it does not
+    copy); ``member_index`` marks the model as a view (:func:`standalone`)."""
     views = []
     for index in range(ensemble.size):
         with torch.device("meta"):
@@ -104,8 +106,9 @@ def member_views(ensemble: EnsembleTransformer) -> list[AttentionOnlyTransformer
         for name, stacked in ensemble.named_parameters():
             module_name, _, attribute = name.rpartition(".")
             module = view.get_submodule(module_name) if module_name else view
-            module._parameters[attribute] = stacked.detach()[index]  # a view: not an nn.Parameter
-        views.append(view.requires_grad_(False).eval())
+            module.register_parameter(attribute, nn.Parameter(stacked.detach()[index], requires_grad=False))
+        view.member_index = index  # a plain attribute: the view is of member `index` of an ensemble
+        views.append(view.eval())
     return views
 
 
@@ -113,7 +116,7 @@ def standalone(model: AttentionOnlyTransformer) -> AttentionOnlyTransformer:
     """``model`` itself when its weights are its own parameters; a member view (:func:`member_views`)
     copied into a model of its own: trainable parameters, the view's device, dtype and interventions, no
     random draw. What needs a member's gradients (the LLC's SGLD chains) works on this copy."""
-    if all(isinstance(p, nn.Parameter) for p in model.parameters()):
+    if getattr(model, "member_index", None) is None:
         return model
     with torch.device("meta"):
         copy = AttentionOnlyTransformer(model.shape)

@@ -1,45 +1,49 @@
-"""A CSV logger that continues a resumed run's ``metrics.csv`` instead of deleting it (every other
-table is written by :mod:`records.tables`)."""
+"""A CSV logger that continues a resumed run's ``metrics.csv`` (every other table is written by
+:mod:`records.tables`)."""
 
 from __future__ import annotations
 
 import csv
-import os
+import warnings
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from records.layout import CSV_DIR
-from records.tables import truncate_rows
-
-
-class _ContinuingWriter(ExperimentWriter):
-    """Lightning's writer, minus the deletion of an existing ``metrics.csv``: new rows are appended
-    under its header (the header grows, as Lightning's does, when new keys appear)."""
-
-    def _check_log_dir_exists(self) -> None:
-        if os.path.isfile(self.metrics_file_path):
-            with open(self.metrics_file_path, newline="") as file:
-                self.metrics_keys = sorted(next(csv.reader(file), []))
+from records.layout import CSV_DIR, CSV_RELATIVE_PATH
 
 
 class ResumableCSVLogger(CSVLogger):
-    """``CSVLogger(save_dir, name="csv", version="")`` that, when ``resume_step`` is given, keeps the
-    run's existing ``csv/metrics.csv`` up to (not including) ``resume_step`` and appends to it, so each
-    step is in the file exactly once (the resumed run logs ``resume_step`` itself again)."""
+    """``CSVLogger(save_dir, name="csv", version="")`` that, when ``resume_step`` is given, keeps the run's
+    existing ``csv/metrics.csv`` up to (not including) ``resume_step``, so each step is in the file exactly
+    once (the resumed run logs ``resume_step`` itself again).
+
+    Lightning's writer starts every file afresh (it removes an existing ``metrics.csv`` when it is made) and
+    offers no switch to continue one: the kept rows are read first, then handed back to the new writer
+    through its public ``log_metrics`` and written at once (``save``), as they were, string for string.
+    Between the removal and that write (one call) the rows are in memory only."""
 
     def __init__(self, save_dir: str | Path, resume_step: int | None = None) -> None:
         super().__init__(save_dir=str(save_dir), name=CSV_DIR, version="")
         self.resume_step = resume_step
         self.dropped_rows = 0
+        self.kept: list[dict[str, str]] | None = None
+        metrics = Path(self.log_dir) / CSV_RELATIVE_PATH.name
+        if resume_step is not None and metrics.is_file():
+            with open(metrics, newline="") as file:
+                rows = list(csv.DictReader(file))
+            self.kept = [row for row in rows if row.get("step", "") == "" or int(float(row["step"])) < resume_step]
+            self.dropped_rows = len(rows) - len(self.kept)
 
     @property
-    def experiment(self) -> ExperimentWriter:
-        if self._experiment is None and self.resume_step is not None:
-            metrics = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
-            if metrics.is_file():
-                _, self.dropped_rows = truncate_rows(metrics, self.resume_step)
-            os.makedirs(self.log_dir, exist_ok=True)
-            self._experiment = _ContinuingWriter(log_dir=self.log_dir)
-        return super().experiment
+    def experiment(self):
+        if self.kept is None:
+            return super().experiment
+        kept, self.kept = self.kept, None
+        with warnings.catch_warnings():  # "... will be deleted when the new ones are saved": they are written back
+            warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+            writer = super().experiment
+        for row in kept:
+            step = row.pop("step", "")
+            writer.log_metrics(row, int(float(step)) if step != "" else None)
+        writer.save()
+        return writer

@@ -17,15 +17,3 @@ def write_rows(path: Path, rows: list[dict], columns: list[str] | None = None) -
         writer.writeheader()
         writer.writerows(rows)
     os.replace(temporary, path)
-
-
-def truncate_rows(path: Path, first_dropped_step: int) -> tuple[list[str], int]:
-    """Drop the rows of the CSV at ``path`` whose ``step`` is ``>= first_dropped_step``, in place
-    (written to a temporary file, then renamed over it). Returns (the header, rows dropped)."""
-    with open(path, newline="") as file:
-        reader = csv.DictReader(file)
-        header = list(reader.fieldnames or [])
-        rows = list(reader)
-    kept = [row for row in rows if row.get("step", "") == "" or int(float(row["step"])) < first_dropped_step]
-    write_rows(path, kept, header)
-    return header, len(rows) - len(kept)
