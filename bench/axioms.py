@@ -40,7 +40,7 @@ from metrics.composition.scores import composition_of
 from metrics.heads.circuit_scores import MATCHING, copying_scores, matching_scores
 from models.transformer import AttentionOnlyTransformer, norm_centres
 
-COPYING = "copying"
+COPYING = "ov_copying"  # the OV circuit's copying score (heads/ov_copying)
 """The weight copying score's name beside the composition measures and ``match`` in axiom 4."""
 
 LOGIT_TOLERANCE = 1e-5  # a reparametrisation must move no logit by more (float64)

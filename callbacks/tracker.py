@@ -144,7 +144,7 @@ class CompositionTracker(L.Callback):
         if composition is not None:
             random_baselines(model.shape.d_model, model.shape.d_head, composition.options.baseline_samples)
         for quantity in self.quantities:
-            quantity.prepare(self.probe, model.W_E.device)
+            quantity.prepare(self.probe, model)
         if (seconds := time.perf_counter() - started) > 1.0:
             print(
                 f"random baselines for d_model {model.shape.d_model}, d_head {model.shape.d_head}: sampled once in {seconds:.1f} s"

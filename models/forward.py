@@ -92,6 +92,8 @@ def mix(q: Tensor, k: Tensor, v: Tensor, changes: MemberChanges = NO_CHANGES, to
     _, b, h, t, e = q.shape
     if not any(changes):
         return fused_causal_attention(*(a.reshape(m * b, h, t, e) for a in (q, k, v))).view(m, b, h, t, e)
+    if len(changes) not in (1, m):
+        raise ValueError(f"{len(changes)} members' interventions for {m} members")
     each = changes if len(changes) == m else [changes[0]] * m
     z = []
     for i, member_changes in enumerate(each):
@@ -159,9 +161,9 @@ def attention_layer(
     ``pos``, shortformer positions from :func:`positions`, for the queries and keys alone) read by every head,
     causal attention (:func:`mix`, with ``changes``), every head's write added to the stream.
 
-    Each of the three reads normalizes the stream itself: the backward pass then sums three norm gradients into
-    the stream, in the order the single model has always trained with (one shared norm would sum the reads'
-    gradients first, the same to rounding); without a normalization the reads are one and the same."""
+    Each of the three reads normalizes the stream itself, so the backward pass sums three norm gradients into
+    the stream (one shared norm would sum the reads' gradients first: the same to rounding, not to the bit);
+    without a normalization the reads are one and the same."""
     gain = weights.get(prefix + "norm.weight")
 
     def read(with_positions: bool) -> Tensor:

@@ -59,8 +59,7 @@ def heatmap_image(
     """The composition heatmaps as one ``[height, width, 3]`` uint8 image: a panel per kind, left to
     right in ``scores`` order, ``PANEL_GAP`` white pixels apart.
 
-    ``scores[kind]``: ``[L, H, L, H]`` with NaN for masked pairs (``L >= 2``). As in
-    :func:`reports.plots.composition_heatmaps`, rows are writer heads (layers 0 .. L-2), columns reader heads
+    ``scores[kind]``: ``[L, H, L, H]`` with NaN for masked pairs (``L >= 2``). Rows are writer heads (layers 0 .. L-2), columns reader heads
     (layers 1 .. L-1), row-major by (layer, head). Colours: a diverging map over ``[-limit, limit]``
     (default :func:`symmetric_limit`; values beyond it saturate), masked pairs grey, a 1-pixel dark
     line between layers. Each panel is ``(L-1)H`` cells of ``cell_pixels`` (default

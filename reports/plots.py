@@ -164,7 +164,7 @@ def save_figure(fig: Figure, path: Path) -> None:
 def mark_phase_change(ax, change: PhaseChange | None) -> None:
     if change is None:
         return
-    ax.axvspan(change.onset_step, change.end_step, color="tab:orange", alpha=0.15, lw=0)
+    ax.axvspan(change.onset_step, change.span_end, color="tab:orange", alpha=0.15, lw=0)
     ax.axvline(change.midpoint_step, color="tab:orange", ls="--", lw=1)
 
 
@@ -288,7 +288,10 @@ def training_curves(
     else:
         ax_loss.set_title(
             f"phase change in the repeated-token loss: onset {change.onset_step:.0f}, "
-            f"midpoint {change.midpoint_step:.0f}, end {change.end_step:.0f}",
+            f"midpoint {change.midpoint_step:.0f}, "
+            + (
+                f"end {change.end_step:.0f}" if change.finished else f"end beyond the run (step {change.last_step:.0f})"
+            ),
             fontsize=9,
         )
     fig.suptitle(title)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from metrics.dynamics.phase_change import SMOOTHING_WINDOW, PhaseChange, detect_phase_change
+from metrics.dynamics.phase_change import SMOOTHING_WINDOW, NoPhaseChange, PhaseChange, find_phase_change
 from metrics.tracked.base import registered_measures, tracked_quantities
 from metrics.tracked.probe_views import INTERVENTION_OFF
 from records.keys import scored_flat_indices
@@ -88,10 +88,17 @@ def plotted_measure(series) -> str:
 
 
 def phase_change_of(series, key: str, falling: bool, window: int) -> PhaseChange | None:
+    """The phase change of ``series[key]`` (None: none, or the run did not log the key)."""
+    found = phase_change_or_why(series, key, falling, window)
+    return found if isinstance(found, PhaseChange) else None
+
+
+def phase_change_or_why(series, key: str, falling: bool, window: int) -> PhaseChange | NoPhaseChange:
+    """The phase change of ``series[key]``, or why there is none (:func:`metrics.dynamics.phase_change.find_phase_change`)."""
     if key not in series:
-        return None
+        return NoPhaseChange(f"the run logged no {key}")
     steps, values = series[key]
-    return detect_phase_change(
+    return find_phase_change(
         torch.from_numpy(steps),
         torch.from_numpy(values),
         falling=falling,
@@ -110,13 +117,23 @@ def summarize(series, window: int) -> dict[str, float]:
             if key in series:
                 summary[f"final/{key}"] = float(series[key][1][-1])
     for name, (key, falling) in ((n, change) for q in quantities for n, change in q.phase_changes.items()):
-        change = phase_change_of(series, key, falling, window)
-        if change is not None:
-            summary[f"phase_change/{name}_onset_step"] = change.onset_step
-            summary[f"phase_change/{name}_midpoint_step"] = change.midpoint_step
+        if key not in series:
+            continue  # a key this task does not log (induction on chains)
+        change = phase_change_or_why(series, key, falling, window)
+        if isinstance(change, NoPhaseChange):
+            summary[f"phase_change/{name}_why"] = f"no phase change of {key}: {change.reason}"
+            continue
+        summary[f"phase_change/{name}_onset_step"] = change.onset_step
+        summary[f"phase_change/{name}_midpoint_step"] = change.midpoint_step
+        if change.finished:
             summary[f"phase_change/{name}_end_step"] = change.end_step
-            summary[f"phase_change/{name}_from_value"] = change.start_value
-            summary[f"phase_change/{name}_to_value"] = change.end_value
+        else:
+            summary[f"phase_change/{name}_why"] = (
+                f"{key} was still changing at the last step, {change.last_step:.0f}: the phase change's end is"
+                " beyond the run (onset and midpoint are those of the change so far)"
+            )
+        summary[f"phase_change/{name}_from_value"] = change.start_value
+        summary[f"phase_change/{name}_to_value"] = change.end_value
     return summary
 
 
@@ -377,7 +394,7 @@ def trajectory_summary(run_dir: Path, series, change: PhaseChange | None) -> dic
     }
     if change is not None:
         tracked = series["loss/repeated"][0]
-        inside = [int(s) for s in tracked if change.onset_step <= s <= change.end_step]
+        inside = [int(s) for s in tracked if change.onset_step <= s <= change.span_end]
         summary["trajectory/phase_change_covered"] = float(all(s in entries for s in inside))
     return summary
 

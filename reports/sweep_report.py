@@ -134,6 +134,9 @@ def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]]
     job.values["seed"] = seed
     for part in ("onset", "midpoint", "end"):
         job.values[f"phase_change_{part}"] = summary.get(f"phase_change/loss_{part}_step", math.nan)
+    why = summary.get("phase_change/loss_why") or summary.get("phase_change/left_out")
+    if why:  # no phase change, or no end within the run: the run's own sentence
+        job.values["phase_change_why"] = why
     job.values["top_induction_score"] = summary.get("final/heads/induction/top", math.nan)
     job.values["intervention"] = summary.get("intervention", "none")
     if "loss/repeated" in series:
@@ -262,6 +265,7 @@ def _column_order(column: str) -> tuple[int, str]:
         "phase_change_onset",
         "phase_change_midpoint",
         "phase_change_end",
+        "phase_change_why",
         "repeated_loss_start",
         "repeated_loss_end",
         "top_induction_score",

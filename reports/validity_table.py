@@ -100,7 +100,7 @@ def _mean_after(series, key: str, change: PhaseChange | None) -> float:
     values = series.get(key)
     if values is None or change is None:
         return math.nan
-    later = values[1][values[0] >= change.end_step]
+    later = values[1][values[0] >= change.span_end]
     return float(later.mean()) if len(later) else math.nan
 
 

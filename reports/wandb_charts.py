@@ -61,7 +61,7 @@ def normalised_composition(values: np.ndarray, baseline: float) -> np.ndarray:
 def phase_change_line(change: PhaseChange | None) -> dict[str, tuple[list[float], list[float]]]:
     if change is None:
         return {}
-    return {PHASE_CHANGE_LINE: ([change.onset_step, change.end_step], [1.0, 1.0])}
+    return {PHASE_CHANGE_LINE: ([change.onset_step, change.span_end], [1.0, 1.0])}
 
 
 def circuit_composition_chart(series, change: PhaseChange | None) -> LineChart | None:

@@ -2,9 +2,9 @@
 logits, its OV circuit: ``reads = "writes"`` in :mod:`metrics.heads.behaviours`) and their null.
 
 The null is what these scores read where nothing is learnt: the heads of randomly initialised models of
-the same shape (the fan-in initialisation every run starts from), scored on the same probe. The write-side
-scores are ratios or argmax counts, so the initial weights' scale does not enter them, and a head that has
-learnt nothing reads as one of these. The null depends on the shape and the probe alone: a run computes it
+the same shape (Gaussian weights, the project's fan-in initialisation), scored on the same probe. The
+write-side scores are ratios or argmax counts, so the weights' scale does not enter them, and a head that
+has learnt nothing reads as one of these. The null depends on the shape and the probe alone: a run computes it
 once, and keeps it in the disk cache (:mod:`metrics.disk_cache`).
 """
 
@@ -62,8 +62,8 @@ def random_model_null(
     from a generator of their own: the process's random stream is left as it was."""
     draws = math.ceil(NULL_HEADS / (shape.n_layers * shape.n_heads))
     scores = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # the CPU's generator saved and given back; no device's touched
+        torch.default_generator.manual_seed(seed)
         for _ in range(draws):
             model = AttentionOnlyTransformer(shape, device="cpu").double().eval()
             writes = probe_writes(model, tokens.cpu(), first_query, n_random, torch.float64)

@@ -222,9 +222,9 @@ class TrackedQuantity:
         """This quantity for a run on ``task`` (:class:`data.task.Task`) with ``n_random`` task tokens."""
         return self
 
-    def prepare(self, probe: ProbeBatch, device: torch.device) -> None:
-        """One-time work on the tracker's ``probe`` before the first snapshot of a model on ``device``
-        (left out of the cost report, as the random baselines are); nothing by default."""
+    def prepare(self, probe: ProbeBatch, model) -> None:
+        """One-time work on the tracker's ``probe`` before the first snapshot of ``model`` (its shape, its
+        device; left out of the cost report, as the random baselines are); nothing by default."""
 
     def measure(self, run: ProbeRun) -> Any:
         raise NotImplementedError
@@ -241,7 +241,7 @@ class TrackedQuantity:
 
 
 BUILT_IN = "metrics.tracked"
-BUILT_IN_FIRST = ("probe_views", "composition", "circuit_scores", "ground_truth")
+BUILT_IN_FIRST = ("probe_views", "composition", "matching", "ground_truth")
 """The built-in modules whose quantities run first, in this order (what every snapshot reads first,
 then what reads the weights' circuits); any other module of the package after them, by name."""
 

@@ -6,7 +6,7 @@ family a behaviour, ``heads/KEY/LxHy`` and ``heads/KEY/top``.
   prefix matching and any behaviour another module adds), each against the null of random attention on
   the same tokens, and the head's type (the behaviour that clears its null by the widest margin, else
   unspecialised);
-- :class:`HeadWrites` (``writes``), every ``tracker.writes.every_n_steps``: what each head writes
+- :class:`WriteBehaviours` (``writes``), every ``tracker.writes.every_n_steps``: what each head writes
   (:mod:`metrics.heads.writes`: Olsson et al.'s copying evaluator, the OV circuit's copying score, the
   successor score and any behaviour another module adds), against the null of randomly initialised
   models' heads."""
@@ -27,8 +27,7 @@ from metrics.heads.behaviour import (
     per_sequence_scores,
     type_names_of,
 )
-from metrics.heads.behaviours.base import HeadWrites as Writes
-from metrics.heads.behaviours.base import behaviour_kinds, behaviours_reading
+from metrics.heads.behaviours.base import HeadWrites, behaviour_kinds, behaviours_reading
 from metrics.heads.writes import cached_random_model_null, write_scores
 from metrics.tracked.base import Every, Output, PerHead, ProbeRun, Scalar, Stored, TrackedQuantity
 
@@ -87,9 +86,9 @@ class HeadBehaviour(TrackedQuantity):
         self.bos_id = n_random if task.bos else None
         return self
 
-    def prepare(self, probe, device: torch.device) -> None:
+    def prepare(self, probe, model) -> None:
         """The probe's targets and null before the first snapshot (200 random heads: a one-time cost)."""
-        self.targets_of(probe.tokens.cpu(), device)
+        self.targets_of(probe.tokens.cpu(), model.W_E.device)
 
     def targets_of(self, tokens: Tensor, device: torch.device):
         """The probe's target masks, applicable behaviours, random-attention null and the masks' weights
@@ -153,11 +152,12 @@ class WriteReading:
         return self.scores[..., self.names.index(name)]
 
 
-class HeadWrites(TrackedQuantity):
+class WriteBehaviours(TrackedQuantity):
     """``heads/KEY/LxHy`` and ``heads/KEY/top`` for each write-side behaviour read on the run's task (the
     copying evaluator ``heads/copying``, the OV circuit's ``heads/ov_copying``, ``heads/successor``, ...),
-    every ``every_n_steps``; in the tensor store the scores and, once a run, their null (randomly initialised
-    models' heads on the same probe, :func:`metrics.heads.writes.random_model_null`)."""
+    every ``every_n_steps``; in the tensor store the scores and their null (randomly initialised models'
+    heads on the same probe, :func:`metrics.heads.writes.random_model_null`, made once a run before the
+    first snapshot: :meth:`prepare`)."""
 
     name, label = "writes", "what heads write"
     Options = Every
@@ -167,9 +167,9 @@ class HeadWrites(TrackedQuantity):
         super().__init__(options)
         self.task: str | None = None
         self.n_random = 0
-        self.null: tuple | None = None  # (shape, tokens, names, Null): the probe's, once
+        self.null: tuple | None = None  # (shape, tokens, Null): the probe's, once
 
-    def for_task(self, task, n_random: int) -> HeadWrites:
+    def for_task(self, task, n_random: int) -> WriteBehaviours:
         self.task, self.n_random = task.name, n_random
         return self
 
@@ -177,24 +177,33 @@ class HeadWrites(TrackedQuantity):
     def names(self) -> tuple[str, ...]:
         return tuple(behaviours_reading("writes", self.task))
 
+    def prepare(self, probe, model) -> None:
+        """The null before the first snapshot (200 random heads, or the disk cache's): a one-time cost."""
+        self.null_of(model, probe)
+
+    def n_random_of(self, model, probe) -> int:
+        """The task's own token ids; without a task (a one-off snapshot), every id but a BOS."""
+        return self.n_random or model.shape.d_vocab - probe.first_start
+
     def null_of(self, model, probe) -> Null:
         """The write-side null of ``model``'s shape on ``probe`` (made once a run, kept in the disk cache)."""
         tokens = probe.tokens.cpu()
         if self.null is None or self.null[0] != model.shape or not torch.equal(self.null[1], tokens):
-            n_random = self.n_random or model.shape.d_vocab - probe.first_start
-            null = cached_random_model_null(model.shape, tokens, probe.first_start, n_random, self.names)
+            null = cached_random_model_null(
+                model.shape, tokens, probe.first_start, self.n_random_of(model, probe), self.names
+            )
             self.null = (model.shape, tokens, null)
         return self.null[2]
 
     def measure(self, run: ProbeRun) -> WriteReading:
         model, probe = run.model, run.probe
-        writes = Writes(
+        writes = HeadWrites(
             model,
             run.tokens,
             run.patterns,
             torch.stack(run.cache["head_out"]),
             probe.first_start,
-            self.n_random or model.shape.d_vocab - probe.first_start,  # without a task: all but BOS
+            self.n_random_of(model, probe),
             run.circuits,
         )
         names = self.names

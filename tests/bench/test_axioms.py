@@ -76,15 +76,15 @@ def test_a_jump_or_a_rise_is_caught():
 
 
 # what docs/measures.md and the seeds lead one to expect; the table confirms it
-EVERY_SCORE = set(WEIGHT_MEASURES) | {"share", "match", "copying"}
+EVERY_SCORE = set(WEIGHT_MEASURES) | {"share", "match", "ov_copying"}
 INVARIANT_UNDER = {
     "residual rotation": EVERY_SCORE,
     # the data-aware share reads the probe pass: each part's term of a score, which no reparametrisation moves
-    "residual GL": {"whitened", "whitened_resid", "token_space", "share", "match", "copying"},
+    "residual GL": {"whitened", "whitened_resid", "token_space", "share", "match", "ov_copying"},
     "head GL (V, O)": EVERY_SCORE,
     "head GL (Q, K)": EVERY_SCORE,
     # the stream is unchanged, its split between tokens and positions is not: token-space scores see it
-    "embedding shift": EVERY_SCORE - {"token_space", "match", "copying"},
+    "embedding shift": EVERY_SCORE - {"token_space", "match", "ov_copying"},
     # LayerNorm only: every writer's rows moved along 1, which no reader sees (the writers are centred)
     "ones shift": EVERY_SCORE,
 }
@@ -180,7 +180,7 @@ def test_axioms_command_prints_the_table():
         for line in result.stdout.splitlines()
         if line.startswith("| ") and "---" not in line
     }
-    assert set(rows) == {"measure", *WEIGHT_MEASURES, "share", "match", "copying"}
+    assert set(rows) == {"measure", *WEIGHT_MEASURES, "share", "match", "ov_copying"}
     assert rows["whitened"].count("invariant") == rows["whitened_resid"].count("invariant") == 5
     assert rows["share"].count("invariant") == 5 and "n/a (reads the probe pass)" in rows["share"]
     assert (

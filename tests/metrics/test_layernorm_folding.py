@@ -244,9 +244,9 @@ def snapshot_scores(model, probe) -> dict[str, torch.Tensor]:
     flat = lambda t: t[~t.isnan()]
     scores = {m: torch.cat([flat(v) for v in by_kind.values()]) for m, by_kind in snap["composition"].scores.items()}
     writes = snap["writes"]
-    scores |= {"match": flat(snap["matching"]), "copying": writes.score("ov_copying").flatten()}
+    scores |= {"match": flat(snap["matching"]), "ov_copying": writes.score("ov_copying").flatten()}
     return scores | {
-        "empirical copying": writes.score("copying").flatten(),
+        "copying": writes.score("copying").flatten(),
         "successor": writes.score("successor").flatten(),
     }
 

@@ -58,9 +58,8 @@ def test_the_default_shape_logs_every_pair_and_big_shapes_only_summaries():
     assert not [k for k in big if "->" in k or PER_HEAD_KEY.search(k)]
     most = max(len(snapshot_keys(fake_snapshot(*shape))) for shape in ((3, 5), (4, 8), (6, 6), (8, 16), (16, 4)))
     # 32 heads: the last shape with keys per head. 666 keys: every behaviour's scores per head (8 families
-    # of 32 at the repeated task: 5 where a head attends, 3 what it writes), each head's type, and the rest;
-    # 605 before every behaviour had its per-head keys (current- and first-token and successor added 96,
-    # copying's top rate left 32). The bound is the shape's own count plus room for one more family.
+    # of 32 at the repeated task: 5 where a head attends, 3 what it writes), each head's type, and the rest.
+    # The bound is the shape's own count plus room for one more family.
     per_head_families = 8 + 1  # the behaviours and the type
     assert most <= len(snapshot_keys(fake_snapshot(4, 8))) <= 666 + 32 and per_head_families * 32 < 666
 

@@ -1,4 +1,4 @@
-"""How torch's OpenMP threads wait: bounded spinning unless the environment already says (conf/threads.py)."""
+"""How torch's OpenMP threads wait: bounded spinning unless the environment already says (runtime/threads.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Copying heads, read from what a head writes: Olsson et al. 2022's copying evaluator on the probe, the
-head's direct effect on the logits (docs/measures.md, "Copying score, empirical").
+head's direct effect on the logits (docs/measures.md, "Head and circuit scores").
 
 ``score``: Olsson et al. 2022's copying evaluator ("In-context Learning and Induction Heads",
 Transformer Circuits Thread, section "Head activation evaluators",
