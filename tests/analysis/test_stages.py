@@ -277,7 +277,7 @@ def test_the_data_refined_llc_of_a_mixture_run_is_devinterps_on_the_components_s
     run = tmp_path / "mixture"
     trained = run_train([*TINY, "data=mixture", "trainer.max_steps=30", NO_FIGURES], run)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    refined = [*QUICK, "stages.llc.data_refined=[markov_icl]"]
+    refined = [*QUICK, "stages.llc.draws=6", "stages.llc.burnin=2", "stages.llc.data_refined=[markov_icl]"]
     result = module("analysis.stages", run, *refined)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(run / "analysis" / "stages" / "llc.csv") as handle:
