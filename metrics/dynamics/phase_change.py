@@ -73,18 +73,9 @@ def falling_runs(slope: Tensor) -> list[tuple[int, int]]:
     return runs
 
 
-def detect_phase_change(
-    steps: Tensor,
-    values: Tensor,
-    falling: bool = True,
-    window: int = SMOOTHING_WINDOW,
-    fractions=(0.1, 0.5, 0.9),
-    max_width_fraction: float = MAX_WIDTH_FRACTION,
-    flat_fraction: float = 0.02,
-    min_change: float = 0.0,
-) -> PhaseChange | None:
-    """:func:`find_phase_change`'s phase change, or None where there is none."""
-    found = find_phase_change(steps, values, falling, window, fractions, max_width_fraction, flat_fraction, min_change)
+def detect_phase_change(steps: Tensor, values: Tensor, falling: bool = True, **options) -> PhaseChange | None:
+    """:func:`find_phase_change`'s phase change (``options``: its own), or None where there is none."""
+    found = find_phase_change(steps, values, falling, **options)
     return found if isinstance(found, PhaseChange) else None
 
 
