@@ -71,13 +71,15 @@ def trained_once(tmp_path_factory, worker_id: str, name: str, args: list[str]) -
 @pytest.fixture(scope="session")
 def shipped_run(tmp_path_factory, worker_id) -> FinishedRun:
     """``python train.py`` as shipped: 1500 steps, the default tracker, its figures, W&B offline."""
-    return trained_once(tmp_path_factory, worker_id, "shipped_run", ["figures=true"])
+    from tests.helpers import WITH_WANDB
+
+    return trained_once(tmp_path_factory, worker_id, "shipped_run", ["figures=true", WITH_WANDB])
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, worker_id) -> FinishedRun:
     """The tiny run (:data:`tests.helpers.TINY`: 60 steps, weights kept at 0, 1, 4, 15, 30, 60) that
-    the analyses' tests read."""
-    from tests.helpers import TINY
+    the analyses' tests read; with its W&B run, which the analyses continue."""
+    from tests.helpers import TINY, WITH_WANDB
 
-    return trained_once(tmp_path_factory, worker_id, "tiny_run", TINY)
+    return trained_once(tmp_path_factory, worker_id, "tiny_run", [*TINY, WITH_WANDB])

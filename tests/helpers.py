@@ -399,14 +399,21 @@ NO_FIGURES = "figures=false"
 a run, a third of the suite's CPU when every run drew them). A test that looks at a run's figures says
 ``figures=true`` in its own overrides, which come after."""
 
+NO_WANDB = "logger.wandb.enabled=false"
+"""What every test run starts with too: no W&B run (~1.4 s to open and close an offline one, 5 in a
+4-member ensemble's sweep). A test that reads a run's W&B files, or checks that none was started, says
+:data:`WITH_WANDB` in its own overrides."""
+
+WITH_WANDB = "logger.wandb.enabled=true"
+
 
 def train_env(**extra: str) -> dict[str, str]:
     return dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1", **extra)
 
 
 def run_train_process(args: list[str], tmp_path: Path, timeout: int = 300, env: dict[str, str] | None = None):
-    """``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path`` (no figures unless ARGS ask:
-    :data:`NO_FIGURES`): for tests of the process itself (signals, exit codes, its environment); every
+    """``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path`` (no figures and no W&B run unless ARGS
+    ask: :data:`NO_FIGURES`, :data:`NO_WANDB`): for tests of the process itself (signals, exit codes, its environment); every
     other test trains in process (:func:`run_train`)."""
     import subprocess
 
@@ -416,6 +423,7 @@ def run_train_process(args: list[str], tmp_path: Path, timeout: int = 300, env: 
         f"hydra.run.dir={tmp_path}",
         "trainer.enable_progress_bar=false",
         NO_FIGURES,
+        NO_WANDB,
         *args,
     ]
     return subprocess.run(command, cwd=REPO, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
@@ -423,7 +431,7 @@ def run_train_process(args: list[str], tmp_path: Path, timeout: int = 300, env: 
 
 def run_tiny_sweep(directory: Path, *overrides: str) -> str:
     """``python train.py -m OVERRIDES`` of the tiny run (:data:`TINY`) into ``directory`` (in process:
-    :func:`run_train`), W&B offline as a user's default; asserts it succeeded and returns what it printed.
+    :func:`run_train`); asserts it succeeded and returns what it printed.
     ``overrides`` come after the tiny run's own, so they may change them (``explorer=true``)."""
     result = run_train(["-m", *TINY, *overrides], directory)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -438,7 +446,8 @@ def run_train_until(
     timeout: int = 300,
     multirun: bool = False,
 ):
-    """Run ``python train.py [-m] ARGS`` (no figures unless ARGS ask: :data:`NO_FIGURES`) and send it ``signum``
+    """Run ``python train.py [-m] ARGS`` (no figures and no W&B run unless ARGS ask: :data:`NO_FIGURES`,
+    :data:`NO_WANDB`) and send it ``signum``
     once it reports step ``step`` (a progress line every step). Returns (exit code, everything it printed)."""
     import subprocess
 
@@ -449,6 +458,7 @@ def run_train_until(
         "trainer.enable_progress_bar=true",
         "trainer.progress_every_n_steps=1",
         NO_FIGURES,
+        NO_WANDB,
         *args,
     ]
     process = subprocess.Popen(
@@ -541,8 +551,8 @@ def composed(*overrides: str):
 def run_train(args: list[str], run_dir: Path, threads: int | None = None) -> subprocess.CompletedProcess:
     """``python [-m] train.py hydra.run.dir=RUN_DIR ARGS`` in this process: train.py's own ``main`` under its
     own ``StartupErrors``, as ``__main__`` runs it (Hydra composing the command line, the run guard, the
-    job, W&B offline), without a new interpreter's ~6 s of imports; no figures unless ARGS ask
-    (:data:`NO_FIGURES`). ``threads``: torch's threads for
+    job), without a new interpreter's ~6 s of imports; no figures and no W&B run unless ARGS ask
+    (:data:`NO_FIGURES`, :data:`NO_WANDB`). ``threads``: torch's threads for
     the run (as ``OMP_NUM_THREADS`` would set them in a subprocess). Returns what a subprocess would
     (:func:`in_this_process`)."""
     import train
@@ -560,7 +570,7 @@ def run_train(args: list[str], run_dir: Path, threads: int | None = None) -> sub
         finally:
             train.startup_errors = startup_errors
 
-    argv = ["train.py", *flags, location, "trainer.enable_progress_bar=false", NO_FIGURES, *args]
+    argv = ["train.py", *flags, location, "trainer.enable_progress_bar=false", NO_FIGURES, NO_WANDB, *args]
     return in_this_process(main, argv, threads)
 
 
@@ -619,8 +629,9 @@ def in_this_process(main, argv: list[str], threads: int | None = None) -> subpro
 
 
 def run_refused(args: list[str], run_dir: Path) -> subprocess.CompletedProcess:
-    """:func:`run_train` of input that train.py must refuse before any work (no training: not a slow test)."""
-    return run_train(args, run_dir)
+    """:func:`run_train` of input that train.py must refuse before any work (no training: not a slow test),
+    W&B on as a user's default, so that "no W&B run was started" is checked, not given."""
+    return run_train([WITH_WANDB, *args], run_dir)
 
 
 def random_low_rank(n: int, d_model: int, d_head: int, generator: torch.Generator):

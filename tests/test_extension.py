@@ -21,7 +21,7 @@ from records.tensor_store import read_tensor_store, tensor_labels
 from records.trajectory import Trajectory
 from reports.head_types import read_head_history
 from reports.run_report import read_series
-from tests.helpers import REPO, run_train_process, train_env
+from tests.helpers import REPO, WITH_WANDB, run_train_process, train_env
 
 MEASURE = '''
 """The best writer direction's Frobenius ratio with the reader: one function, one registration."""
@@ -123,6 +123,7 @@ behaviour = ext_pkg.my_behaviour
 """
 
 RUN = [
+    WITH_WANDB,  # the extensions' keys reach W&B
     "data=gapped_copy",
     "data.gap=2",
     "model.n_ctx=40",

@@ -21,7 +21,7 @@ from records.tensor_store import read_tensor_store
 from records.wandb_sections import story, tracker_key, wandb_key
 from reports.run_report import read_series
 from tests.browser import opened, page_checks
-from tests.helpers import REPO, module, run_train
+from tests.helpers import REPO, WITH_WANDB, module, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +72,7 @@ def short_run(tmp_path_factory):
             "tracker.writes.every_n_steps=10",
             "logger.wandb.name=short-test",
             "figures=true",  # its figures, files and W&B images are what these tests read
+            WITH_WANDB,
         ],
         run_dir,
     )
@@ -323,7 +324,13 @@ def test_one_layer_control_shows_no_cliff(tmp_path):
 def test_markov_icl_tracks_its_strategies_against_the_truth(tmp_path):
     """experiment=markov_icl, shortened: the strategies' KLs, lines and weights reach the CSV, W&B's
     story and the tensor store; the run report names the first switch and draws the timeline."""
-    args = ["experiment=markov_icl", "trainer.max_steps=200", "tracker.images.every_n_steps=0", "figures=true"]
+    args = [
+        "experiment=markov_icl",
+        "trainer.max_steps=200",
+        "tracker.images.every_n_steps=0",
+        "figures=true",
+        WITH_WANDB,
+    ]
     result = run_train(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     series = read_series(tmp_path / "csv" / "metrics.csv")

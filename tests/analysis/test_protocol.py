@@ -18,7 +18,7 @@ from analysis.protocol import Analysis, Conclusion, CtrlC, main
 from metrics.dynamics.stages import Boundary
 from records import wandb_records
 from records.trajectory import Trajectory
-from tests.helpers import module, require_extra, run_tiny_sweep
+from tests.helpers import WITH_WANDB, module, require_extra, run_tiny_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 def sweep(tmp_path_factory):
     """Two seeds of the tiny run, W&B offline as a user's default."""
     directory = tmp_path_factory.mktemp("sweep") / "sweep"
-    run_tiny_sweep(directory, "seed=0,1")
+    run_tiny_sweep(directory, "seed=0,1", WITH_WANDB)
     return directory
 
 

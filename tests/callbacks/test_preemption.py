@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from records import wandb_records
-from tests.helpers import NO_FIGURES, REPO, run_train, run_train_until, train_env, wandb_history
+from tests.helpers import NO_FIGURES, REPO, WITH_WANDB, run_train, run_train_until, train_env, wandb_history
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +39,7 @@ ARGS = [
     "trajectory.window=1",
     "trajectory.log_steps=3",
     "trajectory.every_n_steps=0",
+    WITH_WANDB,  # a signal lands while W&B's threads run, as a user's runs have them
 ]
 SINGLE_THREAD = train_env(OMP_NUM_THREADS="1")
 

@@ -12,7 +12,7 @@ import pytest
 from records import wandb_records
 from reports.run_report import read_series
 from tests.browser import opened, page_checks
-from tests.helpers import module, run_tiny_sweep
+from tests.helpers import WITH_WANDB, module, run_tiny_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     directory = tmp_path_factory.mktemp("sweep") / "sweep"
-    return directory, run_tiny_sweep(directory, "intervention=none,clamp_prev_token,ablate", "seed=0", "explorer=true")
+    return directory, run_tiny_sweep(
+        directory, "intervention=none,clamp_prev_token,ablate", "seed=0", "explorer=true", WITH_WANDB
+    )
 
 
 def test_each_job_names_its_intervention_and_measures_it_on_and_off(sweep):

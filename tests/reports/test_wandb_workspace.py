@@ -11,7 +11,7 @@ import pytest
 
 from records import wandb_records
 from reports.wandb_workspace import SECTIONS, build_workspace
-from tests.helpers import REPO, run_train
+from tests.helpers import REPO, WITH_WANDB, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +31,7 @@ BIG = [  # 4 x 8 x 256 x 32, every part at its two steps, so every key it can lo
     "tracker.images.every_n_steps=1",
     "tracker.baseline_samples=50",
     "figures=true",  # the report's images have their panels too
+    WITH_WANDB,
 ]
 
 

@@ -18,7 +18,18 @@ import pytest
 import torch
 
 from records import wandb_records
-from tests.helpers import NO_FIGURES, REPO, digest, module, require_extra, run_train, run_train_until, train_env
+from tests.helpers import (
+    NO_FIGURES,
+    NO_WANDB,
+    REPO,
+    WITH_WANDB,
+    digest,
+    module,
+    require_extra,
+    run_train,
+    run_train_until,
+    train_env,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +65,8 @@ EQUAL = [*FLOAT64, *INTERVENED, *LLC]  # the LLC: the llc extra (require_extra i
 
 
 def ensemble(sweep_dir, *overrides: str, env=SINGLE_THREAD) -> subprocess.CompletedProcess:
-    """``python train.py -m hydra/launcher=ensemble OVERRIDES`` in a subprocess, no figures (:data:`NO_FIGURES`)."""
+    """``python train.py -m hydra/launcher=ensemble OVERRIDES`` in a subprocess, no figures and no
+    W&B run unless OVERRIDES ask (:data:`NO_FIGURES`, :data:`NO_WANDB`)."""
     command = [
         sys.executable,
         "train.py",
@@ -62,6 +74,7 @@ def ensemble(sweep_dir, *overrides: str, env=SINGLE_THREAD) -> subprocess.Comple
         "hydra/launcher=ensemble",
         f"hydra.sweep.dir={sweep_dir}",
         NO_FIGURES,
+        NO_WANDB,
         *overrides,
     ]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -107,7 +120,7 @@ def float64_ensemble(tmp_path_factory):
     files and W&B runs are what these tests read; the process's signals are tested below)."""
     require_extra("devinterp", "llc")
     sweep = tmp_path_factory.mktemp("ensemble")
-    result = run_train(["-m", "hydra/launcher=ensemble", "seed=0,1", *EQUAL], sweep, threads=1)
+    result = run_train(["-m", "hydra/launcher=ensemble", "seed=0,1", *EQUAL, WITH_WANDB], sweep, threads=1)
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep, result.stdout
 

@@ -26,6 +26,7 @@ from tests.helpers import (
     FINISHED,
     NO_FIGURES,
     REPO,
+    WITH_WANDB,
     job_field,
     require_extra,
     run_train,
@@ -62,7 +63,9 @@ def loss_steps(run_dir) -> list[int]:
 def failing_sweep(tmp_path_factory):
     """A 4-job sweep, in this process: one job diverges, two have a bad value, one finishes."""
     sweep = tmp_path_factory.mktemp("failing_sweep")
-    result = run_train(["-m", *QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1"], sweep)
+    result = run_train(
+        ["-m", *QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1", WITH_WANDB], sweep
+    )
     return sweep, result
 
 
@@ -139,7 +142,9 @@ def test_a_sweeps_end_imports_no_lightning(failing_sweep, tmp_path):
 
 def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(tmp_path):
     require_extra("hydra_plugins.hydra_joblib_launcher", "sweeps")
-    result = run_train(["-m", *QUICK, "hydra/launcher=joblib", "seed=0,1"], tmp_path)  # its jobs: joblib's processes
+    result = run_train(
+        ["-m", *QUICK, "hydra/launcher=joblib", "seed=0,1", WITH_WANDB], tmp_path
+    )  # its jobs: joblib's processes
     assert result.returncode == 0, result.stderr[-3000:]
     assert "is launching 2 jobs" in result.stdout + result.stderr
     for job, seed in (("0", 0), ("1", 1)):
@@ -232,7 +237,7 @@ def test_an_interrupted_sweep_rerun_finishes_as_if_uninterrupted(tmp_path):
     checkpoint and runs the rest; a third time skips them all. Every job's CSV and W&B history
     equals the uninterrupted sweep's (one thread: bit-identical), every step once."""
     env = train_env(OMP_NUM_THREADS="1")
-    args = [*QUICK, "trainer.max_steps=40", "seed=0,1"]
+    args = [*QUICK, "trainer.max_steps=40", "seed=0,1", WITH_WANDB]
     reference = run_train(["-m", *args], tmp_path / "reference", threads=1)  # in process: the same numbers
     assert reference.returncode == 0, reference.stderr[-3000:]
 
