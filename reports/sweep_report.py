@@ -79,6 +79,7 @@ class Job:
     loss_curve: tuple[np.ndarray, np.ndarray] | None = None  # (steps, repeated-token loss)
     induction_curve: tuple[np.ndarray, np.ndarray] | None = None  # (steps, top induction score)
     curves: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # intervention_report.CURVES
+    config: dict = field(default_factory=dict)  # the run's resolved config (.hydra/config.yaml, or W&B's)
 
 
 def read_overrides(run_dir: Path) -> dict[str, str]:
@@ -96,7 +97,7 @@ def read_job(run_dir: Path, analysis: str | None = None) -> tuple[Job, dict]:
         "error": "no status.json (killed outright, or not a train.py run)",
     }
     config = yaml.safe_load((run_dir / HYDRA_DIR / HYDRA_CONFIG).read_text()) or {}
-    job = Job(run_dir, read_overrides(run_dir), record["status"], record.get("error") or "")
+    job = Job(run_dir, read_overrides(run_dir), record["status"], record.get("error") or "", config=config)
     analysed = read_analysis(run_dir / ANALYSIS_DIR / analysis) if analysis else {}
     results = run_dir / ANALYSIS_DIR / analysis if analysed.get("run_like") else run_dir
     summary_path = results / SUMMARY_NAME
@@ -196,7 +197,7 @@ def read_wandb_jobs(files: list[Path]) -> list[Job]:
         flat = {k: v for k, v in flatten(config).items() if not k.startswith(WANDB_IGNORED)}
         code = wandb_records.exit_code(paths[-1])
         status = "running" if code is None else FINISHED if code == 0 else "preempted" if code > 128 else "failed"
-        job = Job(paths[-1].parent, {}, status, "" if code in (0, None) else f"W&B exit code {code}")
+        job = Job(paths[-1].parent, {}, status, "" if code in (0, None) else f"W&B exit code {code}", config=config)
         fill_values(job, flat.get("seed", ""), history_series(rows), wandb_records.summary(paths[-1]))
         job.values["circuit_pair"] = ""
         jobs.append(job)
@@ -466,12 +467,14 @@ class SweepReport:
         }
 
 
-def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str | None = None) -> SweepReport:
-    """Read the jobs under ``paths`` and write the tables and figures into ``out_dir`` (default: the
-    first path); ``analysis``: with each job's analysis of that name (``analysis/NAME/``: its columns,
-    or a re-scoring's numbers), where it has one. Raises FileNotFoundError when there is no run
-    directory under ``paths``."""
-    paths = [Path(p) for p in paths]
+def read_jobs(paths: list[Path]) -> list[Job]:
+    """The jobs under ``paths``: run directories, else W&B offline runs (:func:`read_wandb_jobs`).
+    Raises FileNotFoundError when there are neither."""
+    return read_jobs_and_analyses([Path(p) for p in paths])[0]
+
+
+def read_jobs_and_analyses(paths: list[Path], analysis: str | None = None) -> tuple[list[Job], list[dict]]:
+    """:func:`read_jobs`, and each job's analysis ``analysis`` record that has columns."""
     read = [read_job(d, analysis) for d in job_dirs(paths)]
     jobs = [job for job, _ in read]
     records = [record for _, record in read if record.get("columns")]
@@ -491,6 +494,16 @@ def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str |
         raise FileNotFoundError(
             f"no run directories (with .hydra/overrides.yaml) or W&B offline runs under {', '.join(map(str, paths))}"
         )
+    return jobs, records
+
+
+def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str | None = None) -> SweepReport:
+    """Read the jobs under ``paths`` and write the tables and figures into ``out_dir`` (default: the
+    first path); ``analysis``: with each job's analysis of that name (``analysis/NAME/``: its columns,
+    or a re-scoring's numbers), where it has one. Raises FileNotFoundError when there is no run
+    directory under ``paths``."""
+    paths = [Path(p) for p in paths]
+    jobs, records = read_jobs_and_analyses(paths, analysis)
     swept = keys_varying_across(jobs)
     settings = [k for k in swept if k not in SEED_KEYS]
     first = paths[0] if paths[0].is_dir() and not paths[0].name.startswith("offline-run-") else paths[0].parent

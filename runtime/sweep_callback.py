@@ -12,6 +12,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from records.layout import (
+    EMERGENCE_FIGURE,
     SWEEP_ALIGNED_FIGURE,
     SWEEP_CURVES_FIGURE,
     SWEEP_INTERVENTIONS_FIGURE,
@@ -33,12 +34,26 @@ class SweepEndReport(Callback):
             print(f"no sweep report: {error}", file=sys.stderr)
             return
         print_sweep_report(report)
+        law = emergence_law(report)
         if config.explorer:
             write_sweep_page(sweep_dir)
         if config.logger.wandb.enabled:
-            log_to_wandb(config, report)
+            log_to_wandb(config, report, law)
         if report.failed:
             sys.exit(f"error: {len(report.failed)} of {len(report.jobs)} jobs did not finish (see the report above)")
+
+
+def emergence_law(report):
+    """The emergence law of a sweep that varied a number (:mod:`reports.emergence`), printed and written
+    beside the report; None for a sweep that varied none (a sweep of seeds alone, of intervention names)."""
+    from reports.emergence import emergence_laws, numeric_variables, print_emergence, write_emergence
+
+    if not numeric_variables(report.jobs):
+        return None
+    laws, notes = emergence_laws(report.jobs)
+    files = write_emergence(laws, notes, report.directory)
+    print_emergence(laws, notes, files)
+    return laws, files
 
 
 def write_sweep_page(sweep_dir: Path) -> None:
@@ -57,7 +72,7 @@ def write_sweep_page(sweep_dir: Path) -> None:
         )
 
 
-def log_to_wandb(config: DictConfig, report) -> None:
+def log_to_wandb(config: DictConfig, report, law=None) -> None:
     """The report's tables, figures and charts (:func:`reports.wandb_charts.sweep_plots`), in a W&B
     run named ``sweep report`` in the jobs' group (:mod:`records.wandb_run`), not through a Lightning
     logger: the launching process trains nothing and has not imported Lightning, which would add 5 s to
@@ -88,13 +103,23 @@ def log_to_wandb(config: DictConfig, report) -> None:
             tables["sweep/training_validity"] = wandb.Table(
                 columns=list(rows[0]), data=[[str(row.get(c, "")) for c in rows[0]] for row in rows]
             )
+    if law is not None:
+        from reports.emergence import verdict_rows
+
+        laws, files = law
+        rows = verdict_rows(laws)
+        law_columns = list(dict.fromkeys(k for row in rows for k in row))
+        tables["sweep/emergence"] = wandb.Table(
+            columns=law_columns, data=[[str(row.get(c, "")) for c in law_columns] for row in rows]
+        )
+        figures["emergence"] = EMERGENCE_FIGURE
     log_row(  # one row: the report has no step
         run,
         {
             "sweep/jobs": wandb.Table(
                 columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in report.job_table]
             ),
-            **{f"sweep/{key}": wandb.Image(str(report.files()[name])) for key, name in figures.items()},
+            **{f"sweep/{key}": wandb.Image(str(report.directory / name)) for key, name in figures.items()},
             **tables,
             **sweep_plots(report.jobs, [key for key in report.swept if key not in SEED_KEYS]),
         },
