@@ -82,8 +82,9 @@ def trajectory_events(cfg: DictConfig) -> tuple[int, ...]:
 
 def build_probe(cfg: DictConfig) -> ProbeBatch:
     """The tracker's probe batch, the task's (also what chooses an intervention's heads by score)."""
-    tracker = cfg.tracker
-    return task_of(cfg).probe(tracker.probe_seed, tracker.probe_batch_size, tracker.probe_n, n_random(cfg))
+    tracker, task = cfg.tracker, task_of(cfg)
+    n = tracker.probe_n if tracker.probe_n is not None else task.probe_block()
+    return task.probe(tracker.probe_seed, tracker.probe_batch_size, n, n_random(cfg))
 
 
 def quantity_options(tracker: DictConfig) -> dict:

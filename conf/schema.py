@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from data.task import Task, tasks
 from metrics.composition.measures import MEASURES
@@ -56,7 +56,7 @@ class ModelConfig:
     n_heads: int = 2
     d_model: int = 64
     d_head: int = 16
-    n_ctx: int = 33
+    n_ctx: int = II("data.seq_len")  # the context: the task's sequence length unless set (33 by default)
     d_vocab: int = 257  # random tokens + BOS
     normalization: Normalization = Normalization.none
     positions: Positions = Positions.standard

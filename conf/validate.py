@@ -333,7 +333,7 @@ def tracker_problems(cfg: DictConfig, probe: bool = True) -> list[str]:
                     f"{prefix}{key}every_n_steps={every} must be a multiple of tracker.every_n_steps={own.every_n_steps}"
                     " (what it measures is measured at snapshots)"
                 )
-    if probe and own.probe_n >= 2 and own.probe_batch_size >= 1 and not data_problems(cfg):
+    if probe and (own.probe_n is None or own.probe_n >= 2) and own.probe_batch_size >= 1 and not data_problems(cfg):
         probe_len = build_probe(cfg).tokens.shape[-1]
         if probe_len > model.n_ctx:
             problems.append(

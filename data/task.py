@@ -64,6 +64,11 @@ class Task:
         ``(seed, id)`` (a packed task: of ``(seed, the batch's first id, batch size)``)."""
         raise NotImplementedError(f"task {self.name!r} defines no sampler")
 
+    def probe_block(self) -> int:
+        """The probe's block length where ``tracker.probe_n`` is not set: half the context, ``(seq_len −
+        BOS) // 2``, so that the probe is as long as the training sequences."""
+        return max((self.seq_len - int(self.bos)) // 2, 2)
+
     def probe(self, seed: int, batch_size: int, n: int, n_random: int) -> ProbeBatch:
         """The tracker's probe: ``[BOS], t_1 .. t_n, t_1 .. t_n`` random tokens (:func:`data.probe.make_probe_batch`)."""
         return make_probe_batch(seed, batch_size, n, n_random, self.bos)

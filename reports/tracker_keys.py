@@ -35,7 +35,7 @@ def key_counts(shape: TransformerShape, options: TrackerOptions | None = None) -
     model = AttentionOnlyTransformer(shape)
     task = tasks()["repeated"](seq_len=shape.n_ctx)
     quantities = [cls().for_task(task, shape.d_vocab - 1) for cls in tracked_quantities().values()]
-    probe = make_probe_batch(0, options.probe_batch_size, options.probe_n, shape.d_vocab - 1)
+    probe = make_probe_batch(0, options.probe_batch_size, options.probe_n or task.probe_block(), shape.d_vocab - 1)
     snap = measure(model, probe, quantities)
     keys_per_pair = sum(q.pair_keys for q in quantities if q.applies(model))
     per_pair = pair_key_count(shape.n_layers, shape.n_heads, keys_per_pair) <= options.max_pair_keys

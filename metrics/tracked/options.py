@@ -28,7 +28,8 @@ class TrackerOptions:
     chunk_mb: int = DEFAULT_CHUNK_BYTES // 2**20  # memory bound of one all-pairs product block
     cost_report: bool = True  # print what a snapshot costs and the expected overhead, once, early
     probe_batch_size: int = 16
-    probe_n: int = 16  # the probe's block of first occurrences (and its repeat)
+    # the probe's block of first occurrences (and its repeat); None: the task's (Task.probe_block: 16 by default)
+    probe_n: int | None = None
     probe_seed: int = 0
     smoothing_window: int = SMOOTHING_WINDOW  # points, for phase-change detection
 
@@ -38,7 +39,6 @@ class TrackerOptions:
         for key, low in (
             ("every_n_steps", 1),
             ("probe_batch_size", 1),
-            ("probe_n", 2),
             ("max_pair_keys", 0),
             ("top_pairs", 0),
             ("max_head_keys", 0),
@@ -51,4 +51,6 @@ class TrackerOptions:
             problems.append(f"tracker.precision={self.precision!r} must be one of {PRECISIONS}")
         if self.num_threads is not None and self.num_threads < 1:
             problems.append(f"tracker.num_threads={self.num_threads} must be >= 1 (or null: automatic)")
+        if self.probe_n is not None and self.probe_n < 2:
+            problems.append(f"tracker.probe_n={self.probe_n} must be >= 2 (or null: half the task's context)")
         return problems

@@ -45,7 +45,7 @@ BAD_INPUTS = [
     (["model.n_layers=0"], "model.n_layers=0 must be >= 1"),
     (["model.d_head=128"], "model.d_head=128 must be <= d_model=64"),
     (["model.d_vocab=2"], "leaves 1 random tokens"),
-    (["data.seq_len=99"], "exceeds model.n_ctx"),
+    (["model.n_ctx=33", "data.seq_len=99"], "exceeds model.n_ctx"),
     (["data.batch_size=0"], "data.batch_size=0 must be >= 1"),
     (["data.n_min=9", "data.n_max=4"], "need 1 <= n_min <= n_max"),
     (["trainer.max_steps=0"], "trainer.max_steps=0 must be >= 1"),

@@ -43,9 +43,35 @@ def test_multirun_with_several_devices_is_refused():
 
 
 @pytest.mark.parametrize(
+    "overrides, n_ctx, probe_tokens, repeat",
+    [
+        ([], 33, 33, (8, 16)),  # the defaults: as before
+        (["data.seq_len=65"], 65, 33, (8, 16)),  # a longer context holds more repeats of the same blocks
+        (["data.seq_len=65", "data.block=half_context"], 65, 65, (16, 32)),  # the block grows with it
+        (["data.seq_len=17", "data.n_min=4", "data.n_max=8"], 17, 17, (4, 8)),
+        (["data.seq_len=65", "tracker.probe_n=10"], 65, 21, (8, 16)),  # a probe set by hand stays so
+    ],
+)
+def test_the_models_context_the_probe_and_the_repeat_distance_follow_the_tasks_length(
+    overrides, n_ctx, probe_tokens, repeat
+):
+    from conf.objects import build_probe, task_of
+
+    cfg = composed(*overrides)
+    assert config_problems(cfg) == []
+    assert cfg.model.n_ctx == n_ctx and build_probe(cfg).tokens.shape[-1] == probe_tokens
+    task = task_of(cfg)
+    assert (task.n_min, task.n_max) == repeat
+    ids = torch.arange(64)
+    tokens = task.sampler(cfg.model.d_vocab - 1)(ids)
+    assert tokens.shape == (64, n_ctx)
+
+
+@pytest.mark.parametrize(
     "overrides, message",
     [
-        (["data.seq_len=40"], "exceeds model.n_ctx"),
+        (["model.n_ctx=33", "data.seq_len=40"], "exceeds model.n_ctx"),
+        (["data.block=doubled"], "data.block='doubled': must be one of fixed, half_context"),
         (["model.d_head=100"], "d_head"),
         (["data.n_min=9", "data.n_max=4"], "n_min <= n_max"),
         (["data.name=bigram_triggers"], "the task is chosen by the data group, data=NAME (data=repeated here)"),

@@ -145,7 +145,7 @@ KNOWN = "choose among bigram_triggers, markov_icl, repeated, sentence_gap_copy"
             dict(components={"repeated": 0.0, "markov_icl": 0.0}, options={"repeated": {"n_min": 20, "tokens": 3}}),
             [
                 "data.components={'repeated': 0.0, 'markov_icl': 0.0}: every weight is 0; give at least one a weight > 0",
-                "data.options.repeated.tokens: not an option of repeated (its options: n_min, n_max)",
+                "data.options.repeated.tokens: not an option of repeated (its options: n_min, n_max, block)",
             ],
         ),
         (
