@@ -36,8 +36,10 @@ from records.tables import write_rows
 from reports.sweep_report import SEED_KEYS, Job, format_table, keys_varying_across, read_jobs
 
 EVENTS = {  # the event's name: the sweep table's column of its step
-    "midpoint": "phase_change_midpoint",
+    "midpoint": "phase_change_midpoint",  # the repeated-token loss's largest fall
     "onset": "phase_change_onset",
+    "induction midpoint": "induction_midpoint",  # the top induction score's largest rise
+    "induction onset": "induction_onset",
     "unigram->bigram": "switch unigram->bigram",
 }
 

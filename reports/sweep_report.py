@@ -135,6 +135,8 @@ def fill_values(job: Job, seed, series: dict[str, tuple[np.ndarray, np.ndarray]]
     job.values["seed"] = seed
     for part in ("onset", "midpoint", "end"):
         job.values[f"phase_change_{part}"] = summary.get(f"phase_change/loss_{part}_step", math.nan)
+    for part in ("onset", "midpoint"):  # the top induction score's rise (Aoyama et al. time its prefix matching)
+        job.values[f"induction_{part}"] = summary.get(f"phase_change/induction_{part}_step", math.nan)
     why = summary.get("phase_change/loss_why") or summary.get("phase_change/left_out")
     if why:  # no phase change, or no end within the run: the run's own sentence
         job.values["phase_change_why"] = why

@@ -17,6 +17,7 @@ from callbacks.divergence import DivergenceGuard
 from callbacks.final_report import FinalReport
 from callbacks.interventions import Interventions
 from callbacks.llc_estimates import LLCEstimates
+from callbacks.phase_change_stop import StopAfterPhaseChange
 from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines, loss_bar
 from callbacks.run_record import RunRecord
@@ -45,6 +46,7 @@ from records.layout import (
 )
 from records.wandb_log import SectionedWandbLogger, opened_logger
 from records.wandb_run import WandbOpening, new_wandb_id, wandb_init_options
+from reports.run_report import SMALLEST_PHASE_CHANGE
 from runtime.continuation import Continuation
 from runtime.naming import WandbNaming
 
@@ -121,6 +123,8 @@ def build_callbacks(
     if cfg.trajectory.enabled:  # after the tracker: it reads the tracker's snapshot of the same step
         run = {"wandb_id": wandb_id, "wandb_group": naming.group, "wandb_name": naming.name}
         callbacks.append(build_trajectory(cfg, run_dir, config, run, tracker))
+    if tracker is not None and tr.stop_after_phase_change:  # after the tracker: it reads its snapshot
+        callbacks.append(StopAfterPhaseChange(tracker, SMALLEST_PHASE_CHANGE, tr.smoothing_window))
     if tracker is not None:
         callbacks.append(FinalReport(run_dir, tr.smoothing_window, cfg.figures, while_reporting))
     llc = cfg.stages.llc

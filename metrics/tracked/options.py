@@ -32,6 +32,9 @@ class TrackerOptions:
     probe_n: int | None = None
     probe_seed: int = 0
     smoothing_window: int = SMOOTHING_WINDOW  # points, for phase-change detection
+    # end training 2 spans after the loss's and the induction score's phase changes have ended
+    # (callbacks/phase_change_stop.py): for sweeps that time the phase change (experiment=emergence)
+    stop_after_phase_change: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with these values beyond their types, one sentence each (``tracker.`` named)."""

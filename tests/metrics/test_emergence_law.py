@@ -147,5 +147,7 @@ def test_the_command_on_a_sweep_without_a_phase_change_is_one_line_and_fails(tmp
     result = module("reports.emergence", tmp_path)
     assert result.returncode == 1
     (line,) = [line for line in result.stdout.splitlines() if "no law" in line]
-    assert line.strip().startswith("no law for midpoint, onset: no phase change in any of the 4 jobs"), line
+    assert line.strip().startswith(
+        "no law for midpoint, onset, induction midpoint, induction onset: no phase change in any of the 4 jobs"
+    ), line
     assert "Traceback" not in result.stderr
