@@ -109,10 +109,14 @@ def emergence_laws(jobs: list[Job], resamples: int = 1000, seed: int = 0) -> tup
     for job in jobs:
         strata.setdefault(tuple(job.overrides.get(k, "") for k in strata_keys), []).append(job)
     laws = []
-    has_strategies = any(key.startswith("switch ") for job in jobs for key in job.values)
+    on_chains = any(
+        job.config.get("data", {}).get("name") == "markov_icl" or (k.startswith("switch ") and "gram" in k)
+        for job in jobs
+        for k in [*job.values, ""]
+    )
     for event, column in EVENTS.items():
-        if column.startswith("switch ") and not has_strategies:
-            continue  # a task without strategies: no switch to time
+        if column.startswith("switch ") and not on_chains:
+            continue  # not in-context chains: no unigram -> bigram switch to time
         for values, members in strata.items():
             observations = [o for job in members if (o := job_observation(job, column, variables)) is not None]
             for unit in ("steps", "tokens"):
@@ -224,14 +228,14 @@ def draw_emergence(laws: list[EmergenceLaw], path: Path) -> None:
         plt.close(fig)
         return
     width = max(len(item.law.exponents) for item in drawn)
-    fig, axes = plt.subplots(len(drawn), width, figsize=(5.2 * width, 4.2 * len(drawn)), squeeze=False)
+    fig, axes = plt.subplots(len(drawn), width, figsize=(5.2 * width + 2.6, 4.2 * len(drawn)), squeeze=False)
     for row, item in zip(axes, drawn):
         law = item.law
         for ax, variable in zip(row, law.exponents):
             draw_variable(ax, item, variable)
         for ax in row[len(law.exponents) :]:
             ax.axis("off")
-    fig.suptitle("phase change's step against each swept value (log axes; open triangles: not by max_steps)")
+    fig.suptitle("the phase change's step against each swept value\n(log axes; open triangles: none by max_steps)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
