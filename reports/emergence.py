@@ -358,7 +358,8 @@ def print_emergence(laws: list[EmergenceLaw], notes: list[str], files: dict[str,
                     for e in local
                 ]
                 bend = "bends" if item.law.bends(variable) else "one law"
-                print(f"  local exponents of {variable} ({item.event}, steps): {'; '.join(parts)} -> {bend}")
+                where = ", ".join([item.event, *(f"{k}={v}" for k, v in item.stratum.items()), "steps"])
+                print(f"  local exponents of {variable} ({where}): {'; '.join(parts)} -> {bend}")
     if files:
         print(f"  files: {', '.join(str(p) for p in files.values())}")
 
