@@ -236,7 +236,7 @@ def draw_emergence(laws: list[EmergenceLaw], path: Path) -> None:
         for ax in row[len(law.exponents) :]:
             ax.axis("off")
     fig.suptitle("the phase change's step against each swept value\n(log axes; open triangles: none by max_steps)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))  # room for the two-line title
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
