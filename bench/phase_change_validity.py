@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from metrics.dynamics.phase_change import NoPhaseChange, PhaseChange, find_phase_change
+from metrics.dynamics.phase_change import SMALLEST_PHASE_CHANGE, NoPhaseChange, PhaseChange, find_phase_change
 from records.layout import CSV_RELATIVE_PATH
-from reports.run_report import SMALLEST_PHASE_CHANGE, read_series
+from reports.run_report import read_series
 
 EVERY = 10  # steps between snapshots, as the tracker's default
 HIGH, LOW = 5.5, 0.1  # nats: the default run's repeated-token loss before and after its cliff

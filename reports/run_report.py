@@ -25,7 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from metrics.dynamics.phase_change import SMOOTHING_WINDOW, NoPhaseChange, PhaseChange, find_phase_change
+from metrics.dynamics.phase_change import (
+    SMALLEST_PHASE_CHANGE,
+    SMOOTHING_WINDOW,
+    NoPhaseChange,
+    PhaseChange,
+    find_phase_change,
+)
 from metrics.tracked.base import registered_measures, tracked_quantities
 from metrics.tracked.probe_views import INTERVENTION_OFF
 from records.keys import scored_flat_indices
@@ -58,10 +64,6 @@ from reports.strategy_timeline import (
     without_false_cliff,
 )
 from reports.wandb_charts import LineChart, comparison_charts
-
-SMALLEST_PHASE_CHANGE = {"loss/repeated": 0.5, "heads/induction/top": 0.1}
-"""The least a series must move (nats; score in [0, 1]) for its largest transition to be reported as a
-phase change: on a flat run the noise's largest fall is a few hundredths of a nat, a cliff several nats."""
 
 MAX_GREY_CURVES = 100
 """More pairs than this: draw the range over all pairs and only this many curves, the highest peaks."""

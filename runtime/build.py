@@ -35,6 +35,7 @@ from conf.objects import (
 )
 from conf.validate import llc_calibration_warning
 from data.datamodule import TokenDataModule
+from metrics.dynamics.phase_change import SMALLEST_PHASE_CHANGE
 from models.lit_module import InductionLM
 from models.optimizer import OptimizerSettings
 from records.csv_log import ResumableCSVLogger
@@ -46,7 +47,6 @@ from records.layout import (
 )
 from records.wandb_log import SectionedWandbLogger, opened_logger
 from records.wandb_run import WandbOpening, new_wandb_id, wandb_init_options
-from reports.run_report import SMALLEST_PHASE_CHANGE
 from runtime.continuation import Continuation
 from runtime.naming import WandbNaming
 

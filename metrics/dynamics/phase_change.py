@@ -44,6 +44,10 @@ class NoPhaseChange:
 SMOOTHING_WINDOW = 5
 """Points of the moving average a phase change is read from (``tracker.smoothing_window``)."""
 
+SMALLEST_PHASE_CHANGE = {"loss/repeated": 0.5, "heads/induction/top": 0.1}
+"""The least a series must move (nats; score in [0, 1]) for its largest transition to be reported as a
+phase change: on a flat run the noise's largest fall is a few hundredths of a nat, a cliff several nats."""
+
 MAX_WIDTH_FRACTION = 0.75
 """A transition is abrupt when its 10-90 % span is at most this fraction of the steps up to its end: a
 slow trend from the start spans nearly all of them, a cliff after a plateau a small part."""

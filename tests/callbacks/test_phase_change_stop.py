@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from callbacks.phase_change_stop import StopAfterPhaseChange
-from reports.run_report import SMALLEST_PHASE_CHANGE
+from metrics.dynamics.phase_change import SMALLEST_PHASE_CHANGE
 
 
 def logistic(steps, midpoint, width, high, low):
