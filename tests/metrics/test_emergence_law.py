@@ -36,7 +36,7 @@ def planted(alpha: float, beta, seeds: int = 3, sigma: float = 0.15, max_steps: 
     return observations
 
 
-def test_the_censored_fit_is_lifelines_log_normal_aft():
+def test_the_censored_fit_and_its_standard_errors_are_lifelines_log_normal_aft():
     require_extra("lifelines", "dev")
     import pandas as pd
     from lifelines import LogNormalAFTFitter
@@ -60,6 +60,10 @@ def test_the_censored_fit_is_lifelines_log_normal_aft():
     assert beta[2] == pytest.approx(params[("mu_", "log_c")], abs=1e-4)
     assert beta[0] == pytest.approx(params[("mu_", "Intercept")], abs=1e-3)
     assert sigma == pytest.approx(math.exp(params[("sigma_", "Intercept")]), rel=1e-3)
+    errors = reference.standard_errors_  # the observed information, through the change of parameters
+    assert np.sqrt(np.diag(covariance)) == pytest.approx(
+        [errors[("mu_", "Intercept")], errors[("mu_", "log_b")], errors[("mu_", "log_c")]], rel=1e-3
+    )
 
 
 def test_planted_laws_are_recovered_with_intervals_that_hold_them_and_their_tokens_exponents_are_one_more():
