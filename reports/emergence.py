@@ -372,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: the first path)")
     parser.add_argument("--resamples", type=int, default=1000, help="resamples of the seeds within each cell")
     args = parser.parse_args(argv)
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        print(f"error: --out {args.out} is a file: name a directory (emergence.* are written into it)", file=sys.stderr)
+        return 2
     if args.resamples < 100:
         print(f"error: --resamples {args.resamples}: at least 100 for a 95 % interval", file=sys.stderr)
         return 2

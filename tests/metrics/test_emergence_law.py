@@ -18,7 +18,8 @@ from metrics.dynamics.emergence_law import (
     fit_emergence_law,
     numeric_design,
 )
-from tests.helpers import module, require_extra
+from reports.emergence import main as emergence_main
+from tests.helpers import require_extra
 
 B, C = "data.batch_size", "data.seq_len"
 
@@ -130,12 +131,12 @@ def fake_sweep(root, observations, max_steps=1500):
         (run / "summary.json").write_text(json.dumps(summary))
 
 
-def test_the_command_fits_a_sweeps_files_and_writes_its_table_record_and_figure(tmp_path):
+def test_the_command_fits_a_sweeps_files_and_writes_its_table_record_and_figure(tmp_path, capsys):
     observations = planted(-0.5, -0.5, seed=3, max_steps=700)
     fake_sweep(tmp_path, observations, max_steps=700)
-    result = module("reports.emergence", tmp_path, "--resamples", "200")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "Aoyama et al. 2025 -0.5: consistent; Musat et al. 2025 +2: rejected" in result.stdout
+    assert emergence_main([str(tmp_path), "--resamples", "200"]) == 0
+    printed = capsys.readouterr().out
+    assert "Aoyama et al. 2025 -0.5: consistent; Musat et al. 2025 +2: rejected" in printed
     for name in ("emergence.csv", "emergence.json", "emergence.png"):
         assert (tmp_path / name).is_file(), name
     record = json.loads((tmp_path / "emergence.json").read_text())
@@ -146,12 +147,22 @@ def test_the_command_fits_a_sweeps_files_and_writes_its_table_record_and_figure(
         assert exponent["low90"] < -0.5 < exponent["high90"], (variable, exponent)
 
 
-def test_the_command_on_a_sweep_without_a_phase_change_is_one_line_and_fails(tmp_path):
+def test_the_command_on_a_sweep_without_a_phase_change_is_one_line_and_fails(tmp_path, capsys):
     fake_sweep(tmp_path, [Observation({B: b, C: 33.0}, 1500.0, True) for b in (8.0, 8.0, 16.0, 16.0)])
-    result = module("reports.emergence", tmp_path)
-    assert result.returncode == 1
-    (line,) = [line for line in result.stdout.splitlines() if "no law" in line]
+    assert emergence_main([str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    (line,) = [line for line in captured.out.splitlines() if "no law" in line]
     assert line.strip().startswith(
         "no law for midpoint, onset, induction midpoint, induction onset: no phase change in any of the 4 jobs"
     ), line
-    assert "Traceback" not in result.stderr
+    assert captured.err == ""
+
+
+def test_an_out_that_is_a_file_is_refused_in_one_line_and_left_as_it_was(tmp_path, capsys):
+    fake_sweep(tmp_path / "sweep", planted(-0.5, -0.5, seed=3))
+    summary = tmp_path / "sweep" / "0" / "summary.json"
+    before = summary.read_bytes()
+    assert emergence_main([str(tmp_path / "sweep"), "--out", str(summary)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: --out") and "is a file" in line
+    assert summary.read_bytes() == before and not list((tmp_path / "sweep").glob("emergence.*"))
