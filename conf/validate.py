@@ -26,6 +26,7 @@ from conf.objects import (
 from conf.schema import LoggerConfig, ModelConfig, StagesConfig, TrainerConfig, TrajectoryConfig, upgraded
 from data.task import Task, tasks
 from metrics.composition.measures import MEASURES
+from metrics.dynamics.forecast import Forecaster, shape_of
 from metrics.tracked.base import tracked_quantities
 from metrics.tracked.options import TrackerOptions
 from models.interventions import HEAD_NAME, Intervention
@@ -339,6 +340,8 @@ def tracker_problems(cfg: DictConfig, probe: bool = True) -> list[str]:
             problems.append(
                 f"tracker.probe_n={tracker.probe_n} makes a probe of {probe_len} tokens > model.n_ctx={model.n_ctx}"
             )
+    if own.forecaster is not None:
+        problems += forecaster_problems(cfg, own.forecaster)
     if not cfg.logger.csv:
         problems.append("tracker.enabled needs logger.csv=true: the end-of-run figure is drawn from the CSV log")
     if resolved_accelerator(trainer.accelerator) == "mps":
@@ -349,6 +352,18 @@ def tracker_problems(cfg: DictConfig, probe: bool = True) -> list[str]:
         if trainer.precision in ("64-true", "64"):
             problems.append(f"trainer.precision={trainer.precision} is not available on MPS (no float64 there)")
     return problems
+
+
+def forecaster_problems(cfg: DictConfig, path: str) -> list[str]:
+    """Whether ``tracker.forecaster=path`` is a forecaster for this run's task and model shape."""
+    try:
+        forecaster = Forecaster.load(Path(path))
+    except ValueError as error:
+        return [f"tracker.forecaster={error}"]
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if why := forecaster.refusal(str(cfg.data.name), shape_of(model)):
+        return [f"tracker.forecaster={path} is not for this run: {why}"]
+    return []
 
 
 def resolved_accelerator(accelerator: str) -> str:

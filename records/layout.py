@@ -68,6 +68,7 @@ SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE = (
 
 # the emergence law (reports/emergence.py): the phase change's step against every numeric value the sweep varied
 EMERGENCE_FIGURE, EMERGENCE_TABLE, EMERGENCE_RECORD = "emergence.png", "emergence.csv", "emergence.json"
+FORECASTER = "forecaster.json"  # python -m analysis.forecast fit SWEEP_DIR: the phase change's forecaster
 
 ENSEMBLE_RESUME = ".ensemble-resume.ckpt"  # an ensemble's members' checkpoints joined for a resume, in its first member's directory while it resumes
 

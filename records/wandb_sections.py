@@ -37,11 +37,14 @@ STEP_KEY = "trainer/global_step"
 @cache
 def story() -> frozenset[str]:
     """The tracker keys of ``1_story``: those the tracked quantities tell first (their ``story``; nine
-    by default, one page of ``wandb leet``, and the strategies' KLs, closest and weights); an entry
-    ending in ``/`` is a prefix (``strategies/kl/``: one key per strategy of the task)."""
+    by default, one page of ``wandb leet``, and the strategies' KLs, closest and weights), then the
+    phase change's forecast (callbacks/phase_change_forecast.py); an entry ending in ``/`` is a prefix
+    (``strategies/kl/``: one key per strategy of the task)."""
+    from metrics.dynamics.forecast import FORECAST_KEYS
     from metrics.tracked.base import tracked_quantities
 
-    return frozenset(key for quantity in tracked_quantities().values() for key in quantity.story)
+    told = (key for quantity in tracked_quantities().values() for key in quantity.story)
+    return frozenset((*told, *FORECAST_KEYS))
 
 
 SECTIONS = (
@@ -85,7 +88,10 @@ def tracker_key(key: str) -> str:
 def summary_of(key: str) -> str | None:
     """What W&B's summary keeps of tracker key ``key``: ``min,last`` for the losses, the in-context
     learning score and the ranks (lower is better), ``max,last`` for the other keys of the story
-    and the best heads' scores, the last value (W&B's default, under the key itself) for the rest."""
+    and the best heads' scores, the last value (W&B's default, under the key itself) for the rest (the
+    forecast's among them)."""
+    if key.startswith("forecast/"):
+        return None  # the last forecast is the one that counts
     if key.startswith("loss/") or key.endswith("_rank"):
         return "min,last"
     if key.startswith("strategies/kl/"):

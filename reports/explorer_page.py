@@ -32,12 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
+from metrics.dynamics.forecast import FORECAST_KEYS
 from records.layout import (
     ANALYSIS_DIR,
     ANALYSIS_RECORD,
     CSV_RELATIVE_PATH,
     EXPLORER_PAGE,
     LLC_TABLE,
+    SUMMARY_NAME,
     TENSORS_DIR,
     run_label,
 )
@@ -121,8 +123,10 @@ def pattern_heads(n_layers: int, n_heads: int) -> tuple[list[tuple[int, int]], s
     return chosen, f"attention patterns: {len(chosen)} of the {len(every)} heads ({per_layer} a layer, spread evenly)"
 
 
-def curve_panels(series: dict, measure: str) -> list[dict]:
-    """The line charts: each ``{"id", "title", "y", "keys"}`` with the CSV keys it draws."""
+def curve_panels(series: dict, measure: str, midpoint: float | None = None) -> list[dict]:
+    """The line charts: each ``{"id", "title", "y", "keys"}`` with the CSV keys it draws, and ``levels``
+    (``[{"y", "name"}]``: horizontal lines) where it has them: the forecast's panel, the ``midpoint``
+    the run report found (None: none)."""
     keys = sorted(series)
     panels = [
         (
@@ -156,8 +160,28 @@ def curve_panels(series: dict, measure: str) -> list[dict]:
             "λ̂",
             [k for k in keys if k.startswith("llc/") or k == "llc"],
         ),
+        (
+            "forecast",
+            "forecast of the repeated-token loss's midpoint step (80 % interval), made at each step",
+            "midpoint step",
+            [k for k in FORECAST_KEYS[:3] if k in series],
+        ),
     ]
-    return [{"id": i, "title": t, "y": y, "keys": ks} for i, t, y, ks in panels if ks]
+    found = [{"y": midpoint, "name": "the midpoint found"}] if midpoint is not None else []
+    return [
+        {"id": i, "title": t, "y": y, "keys": ks, **({"levels": found} if i == "forecast" else {})}
+        for i, t, y, ks in panels
+        if ks
+    ]
+
+
+def found_midpoint(run_dir: Path) -> float | None:
+    """The run report's loss midpoint (``summary.json``), None where it found none or the file is unreadable."""
+    try:
+        midpoint = json.loads((run_dir / SUMMARY_NAME).read_text()).get("phase_change/loss_midpoint_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(midpoint) if isinstance(midpoint, (int, float)) else None
 
 
 def readouts(series: dict, measure: str) -> list[dict]:
@@ -301,7 +325,7 @@ def run_page(run_dir: Path, patterns: Patterns | None, why_no_patterns: str | No
     store_dir = run_dir / TENSORS_DIR
     store = read_tensor_store(store_dir) if store_dir.is_dir() else {}
     measure = plotted_measure(series)
-    panels = curve_panels(series, measure)
+    panels = curve_panels(series, measure, found_midpoint(run_dir))
     wanted = {k for panel in panels for k in panel["keys"]} | {r["key"] for r in readouts(series, measure)}
     notes = list(patterns.notes) if patterns is not None else []
     heads, head_notes, why = head_maps(store, store_dir, reader, HEAD_BUDGET)

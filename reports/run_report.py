@@ -54,6 +54,7 @@ from records.tables import write_rows
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory, TrajectoryError
 from reports import validity_table as validity
+from reports.forecast_report import forecast_line, forecast_summary
 from reports.head_types import SUMMARY_KEYS as HEAD_SUMMARY_KEYS
 from reports.head_types import head_lines, head_summary, heads_figure, read_head_history, reader_behaviour
 from reports.strategy_timeline import (
@@ -260,6 +261,7 @@ def render(run_dir: Path, window: int, figures: bool = True, meanwhile: Callable
     if timeline is not None:
         summary.update(timeline_summary(timeline))
     summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
+    summary.update(forecast_summary(series, summary.get("phase_change/loss_midpoint_step")))
     history = read_head_history(store_dir, reader_behaviour(config_value(run_dir, "data.name")))
     if history is not None:
         summary.update(head_summary(history))
@@ -421,9 +423,11 @@ def print_report(report: RunReport) -> None:
         print(f"every head: {report.heads_figure}")
         for line in head_lines(report.summary):
             print(f"  {line}")
+    if line := forecast_line(report.summary):
+        print(line)
     for key, value in report.summary.items():
-        if key.startswith(HEAD_SUMMARY_KEYS):
-            continue  # told per head above
+        if key.startswith((*HEAD_SUMMARY_KEYS, "forecast/")):
+            continue  # told per head, and the forecast in its line, above
         if isinstance(value, str):
             print(f"  {key:48s} {value}")
         elif not key.startswith("validity/"):

@@ -72,6 +72,12 @@ SECTIONS = (
                 tracker("circuit/K/share", "circuit/share/K/tokens", "circuit/share/K/positions"),
             ),
             Panel("line", "circuit pair's ablation: loss change (nats)", tracker("circuit/ablation/loss_change")),
+            Panel(
+                "line",
+                "forecast of the loss's midpoint step, and its 80 % interval",
+                tracker("forecast/midpoint_step", "forecast/low", "forecast/high"),
+            ),
+            Panel("line", "forecast: p that the phase change comes by max_steps", tracker("forecast/p_before_end")),
             Panel("line", "in-context learning score", tracker("loss/icl_score")),
             Panel("line", "training loss", ("train/loss",)),
             Panel("media", "the run's phase-change figure", ("images/phase_change",)),

@@ -17,6 +17,7 @@ from callbacks.divergence import DivergenceGuard
 from callbacks.final_report import FinalReport
 from callbacks.interventions import Interventions
 from callbacks.llc_estimates import LLCEstimates
+from callbacks.phase_change_forecast import PhaseChangeForecast
 from callbacks.phase_change_stop import StopAfterPhaseChange
 from callbacks.preemption import StopOnSignal
 from callbacks.progress import ProgressLines, loss_bar
@@ -35,10 +36,12 @@ from conf.objects import (
 )
 from conf.validate import llc_calibration_warning
 from data.datamodule import TokenDataModule
+from metrics.dynamics.forecast import Forecaster
 from metrics.dynamics.phase_change import SMALLEST_PHASE_CHANGE
 from models.lit_module import InductionLM
 from models.optimizer import OptimizerSettings
 from records.csv_log import ResumableCSVLogger
+from records.keys import flatten
 from records.layout import (
     CHECKPOINTS,
     LAST_CHECKPOINT,
@@ -123,6 +126,8 @@ def build_callbacks(
     if cfg.trajectory.enabled:  # after the tracker: it reads the tracker's snapshot of the same step
         run = {"wandb_id": wandb_id, "wandb_group": naming.group, "wandb_name": naming.name}
         callbacks.append(build_trajectory(cfg, run_dir, config, run, tracker))
+    if tracker is not None and tr.forecast:  # after the tracker: it reads its snapshot
+        callbacks.append(build_forecast(cfg, tracker))
     if tracker is not None and tr.stop_after_phase_change:  # after the tracker: it reads its snapshot
         callbacks.append(StopAfterPhaseChange(tracker, SMALLEST_PHASE_CHANGE, tr.smoothing_window))
     if tracker is not None:
@@ -134,6 +139,14 @@ def build_callbacks(
         rows = llc_sequences(cfg)
         callbacks.append(LLCEstimates(sgld_settings(llc), rows, llc.every_n_steps, llc.settle_tolerance, llc.heads))
     return callbacks
+
+
+def build_forecast(cfg: DictConfig, tracker: CompositionTracker) -> PhaseChangeForecast:
+    """The phase change's forecast: by ``tracker.forecaster`` (validated before the run), else the rule."""
+    tr = cfg.tracker
+    forecaster = Forecaster.load(Path(tr.forecaster)) if tr.forecaster else None
+    settings = {k: str(v) for k, v in flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)).items()}
+    return PhaseChangeForecast(tracker, cfg.trainer.max_steps, tr.smoothing_window, forecaster, settings)
 
 
 def build_trajectory(

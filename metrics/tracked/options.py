@@ -35,6 +35,10 @@ class TrackerOptions:
     # end training 2 spans after the loss's and the induction score's phase changes have ended
     # (callbacks/phase_change_stop.py): for sweeps that time the phase change (experiment=emergence)
     stop_after_phase_change: bool = False
+    # forecast the phase change's midpoint at every snapshot before it (callbacks/phase_change_forecast.py):
+    # forecast/midpoint_step, low, high (80 %), p_before_end; by the model-free rule, or a fitted forecaster
+    forecast: bool = True
+    forecaster: str | None = None  # a file of python -m analysis.forecast fit SWEEP_DIR (same task and shape)
 
     def problems(self) -> list[str]:
         """What is wrong with these values beyond their types, one sentence each (``tracker.`` named)."""

@@ -104,6 +104,11 @@
         x: data.series[key].x, y: data.series[key].y, name: key, mode: "lines", line: { width: 1.5, color: PALETTE[i % PALETTE.length] },
       }));
       if (panel.id === "llc") for (const c of data.llc) traces.push({ x: c.x, y: c.y, name: c.name, mode: "lines+markers" });
+      for (const level of panel.levels || []) {
+        const xs = [].concat(...panel.keys.map((key) => data.series[key].x));
+        traces.push({ x: [Math.min(...xs), Math.max(...xs)], y: [level.y, level.y], name: level.name, mode: "lines",
+          line: { color: "#000", dash: "dash", width: 1 } });
+      }
       lineChart(el, "chart-" + panel.id, traces, panel.y);
     }
     if ((data.llc || []).length && !(data.panels || []).some((p) => p.id === "llc")) {

@@ -72,6 +72,12 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
         pairs = np.array(page.chart("chart-pairs")[0]["z"], dtype=float)
         stored = read_tensor_store(run_dir / "tensors", ["comp/V/sv_bound"])["comp/V/sv_bound"]
         assert stored[0][-1] == steps[-1] and np.allclose(pairs, stored[1][-1][0, :, 1, :].T, atol=1e-6, rtol=0)
+        # the forecast made at each step, as logged, beside the midpoint the run report found
+        *forecast, found = page.chart("chart-forecast")
+        assert [t["name"] for t in forecast] == ["forecast/midpoint_step", "forecast/low", "forecast/high"]
+        logged_steps, logged = series["forecast/midpoint_step"]
+        assert forecast[0]["x"] == logged_steps.astype(int).tolist() and np.allclose(forecast[0]["y"], logged, atol=1e-4)
+        assert found["y"] == [summary["phase_change/loss_midpoint_step"]] * 2
         # play runs the slider from the start, pause stops it
         page.page.click("#play")
         page.page.wait_for_function(f"document.getElementById('step-label').dataset.step !== '{steps[-1]}'")

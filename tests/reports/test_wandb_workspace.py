@@ -67,7 +67,13 @@ def test_every_panel_names_keys_a_default_run_and_a_big_run_log(shipped_run, tmp
     assert big.returncode == 0, big.stderr[-3000:]
     keys, summary = logged(tmp_path / "big")
     assert not [key for key in keys if "->" in key]  # summary mode: the per-pair panels match max / mean
-    assert missing_keys(keys, summary) == ["Sweep / the cliff's midpoint step: ('phase_change/loss_midpoint_step',)"]
+    # no cliff in its few steps: no midpoint, and no forecast (its loss never fell 1 % of its first level)
+    assert missing_keys(keys, summary) == [
+        "Phase change / forecast of the loss's midpoint step, and its 80 % interval:"
+        " ('1_story/forecast/midpoint_step', '1_story/forecast/low', '1_story/forecast/high')",
+        "Phase change / forecast: p that the phase change comes by max_steps: ('1_story/forecast/p_before_end',)",
+        "Sweep / the cliff's midpoint step: ('phase_change/loss_midpoint_step',)",
+    ]
 
 
 def test_a_renamed_key_is_caught():
@@ -89,7 +95,7 @@ def test_dry_run_prints_the_workspace_and_saves_nothing():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "Phase change (open): 8 panels" in result.stdout and "1_story/loss/repeated" in result.stdout
+    assert "Phase change (open): 10 panels" in result.stdout and "1_story/loss/repeated" in result.stdout
     missing = subprocess.run(
         [sys.executable, "-m", "reports.wandb_workspace", "--project", "p"], cwd=REPO, capture_output=True, text=True
     )
