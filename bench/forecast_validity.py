@@ -35,6 +35,7 @@ import numpy as np
 from analysis.forecast import fit_sweep_histories, history_of, prior_law_of
 from metrics.dynamics.forecast import (
     LEVEL,
+    LOSS,
     WAYS,
     Z_LEVEL,
     Forecast,
@@ -42,7 +43,10 @@ from metrics.dynamics.forecast import (
     features_along,
     forecast_at,
     forecasts_along,
+    past_midpoint,
+    rule_forecast,
 )
+from metrics.dynamics.phase_change import SMOOTHING_WINDOW
 from reports.sweep_report import SEED_KEYS, Job, read_jobs
 
 ALARM_P = 0.8
@@ -163,6 +167,22 @@ def false_alarms(runs, fitted_on) -> None:
         print(f"{name:<14}{alarms} of {len(runs)} runs ({snapshots} of {total} forecasts)")
 
 
+def forecast_seconds(history: History, repeats: int = 5) -> tuple[float, int]:
+    """The callback's work over a run's snapshots (the midpoint check at each, the rule's forecast until
+    the loss has fallen half its first level), best of ``repeats``; and how many forecasts it made."""
+    best, made = math.inf, 0
+    for _ in range(repeats):
+        start, made = time.perf_counter(), 0
+        for i in range(2, len(history.steps)):
+            steps, series = history.upto(i)
+            if past_midpoint(series[LOSS], SMOOTHING_WINDOW):
+                break
+            rule_forecast(steps, series[LOSS], history.max_steps)
+            made += 1
+        best = min(best, time.perf_counter() - start)
+    return best, made
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.forecast_validity", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweeps", type=Path, nargs="+")
@@ -170,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--moved", type=Path, nargs="*", default=[], help="sweeps whose phase change an intervention moved"
     )
+    parser.add_argument("--cost", type=Path, default=None, help="a run whose forecasts to time (the default run)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     runs = load(args.sweeps)
@@ -183,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         print_table(f"moved by an intervention ({len(moved)} runs; fitted on every sweep run)", results)
     if args.controls:
         false_alarms(load(args.controls), runs)
+    if args.cost:
+        [job] = read_jobs([args.cost])
+        seconds, made = forecast_seconds(history_of(job))
+        print(f"\nthe forecast's cost over {args.cost}: {seconds * 1e3:.1f} ms for {made} forecasts (best of 5)")
     print(f"\n({time.perf_counter() - start:.0f} s)")
     return 0
 
