@@ -12,7 +12,8 @@ hands them to the stacked model after every hook that may change them, and befor
 it gives each view its slice of the gradients (so that a freeze zeroes the member's own).
 
 What a single run's other callbacks do is done here, per member: the divergence guard (a diverged
-member is stopped and recorded as failed, the others go on), ``train/loss`` logged at Lightning's
+member is stopped and recorded as failed, the others go on), a member's own stop (its callback sets
+``should_stop``: it finishes at that step, the others go on), ``train/loss`` logged at Lightning's
 steps, the checkpoints (one file per member, ``records.ensemble_checkpoint``), the progress lines,
 and the stop on a signal (:class:`EnsembleStop`: every member checkpointed at the same step).
 """
@@ -56,6 +57,7 @@ class Member:
     saved_step: int | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # time in its own callbacks, by their class
     active: bool = field(default=True)
+    done: bool = False  # its own callback asked to stop (``should_stop``): it finishes at this step
 
     def timed(self, callback: L.Callback, hook: str, *args) -> None:
         """``callback.hook(*args)``, its time added to :attr:`seconds`."""
@@ -109,6 +111,17 @@ class MemberTrainer:
 
     def save_checkpoint(self, filepath, weights_only: bool = False, storage_options=None) -> None:
         self._save(self._member)
+
+    @property
+    def should_stop(self) -> bool:
+        return self._trainer.should_stop or self._member.done
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        """A member's own callback ends its run (``tracker.stop_after_phase_change``): the member finishes
+        at this step and the others train on (:meth:`EnsembleMembers.finish`)."""
+        if value:
+            self._member.done = True
 
     def __getattr__(self, name: str):
         return getattr(self._trainer, name)
@@ -202,6 +215,8 @@ class EnsembleMembers(L.Callback):
         if step % self.checkpoint_every_n_steps == 0:
             for member in self.active():
                 self.save(member)
+        for member in [m for m in self.active() if m.done]:
+            self.finish(member, trainer, pl_module)
         self.progress(trainer, step, losses)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -245,6 +260,19 @@ class EnsembleMembers(L.Callback):
         )
         member.ended, member.ended_step = f"error: {why}; {kept}", trainer.global_step
         print(f"member {member.index} ({member.run_dir}): {member.ended}; the others go on", file=sys.stderr)
+        if not self.active():
+            trainer.should_stop = True
+
+    def finish(self, member: Member, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """End ``member``'s run at this step as a finished run, as a single run ends when a callback sets
+        ``trainer.should_stop``: its checkpoint, its callbacks' ``on_train_end`` and ``on_fit_end`` (its
+        report), then it trains no more; the ensemble stops when no member trains."""
+        if member.saved_step != trainer.global_step:
+            self.save(member)
+        self.each("on_train_end", members=[member])
+        self.each("on_fit_end", members=[member])
+        member.active = False
+        pl_module.stop(member.index)
         if not self.active():
             trainer.should_stop = True
 

@@ -293,3 +293,22 @@ def test_a_stop_signal_reaches_both_processes_checkpoints_each_ensemble_at_one_s
         record = json.loads((stopped / str(k) / "intervention.json").read_text())
         assert record == json.loads((straight / str(k) / "intervention.json").read_text())
         assert json.loads((stopped / str(k) / "status.json").read_text())["status"] == "finished"
+
+
+def test_a_members_own_stop_finishes_that_member_alone():
+    """``tracker.stop_after_phase_change`` in an ensemble: a member's callback that sets ``should_stop`` on
+    its trainer marks that member done (the dispatcher finishes it at this step) and leaves the ensemble's
+    trainer training the others. The whole path, measured: three seeds as one ensemble stop at the steps
+    and midpoints of their single runs (docs/emergence.md)."""
+    from types import SimpleNamespace
+
+    from callbacks.ensemble_members import Member, MemberTrainer
+
+    ensemble_trainer = SimpleNamespace(should_stop=False, global_step=700)
+    member = Member(0, Path("run"), [], [], {}, Path("run/last.ckpt"))
+    proxy = MemberTrainer(ensemble_trainer, member, save=lambda m: None, clock=lambda: 0.0)
+    assert not proxy.should_stop
+    proxy.should_stop = True
+    assert member.done and proxy.should_stop and not ensemble_trainer.should_stop
+    other = Member(1, Path("other"), [], [], {}, Path("other/last.ckpt"))
+    assert not MemberTrainer(ensemble_trainer, other, save=lambda m: None, clock=lambda: 0.0).should_stop
