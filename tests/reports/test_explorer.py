@@ -76,7 +76,9 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
         *forecast, found = page.chart("chart-forecast")
         assert [t["name"] for t in forecast] == ["forecast/midpoint_step", "forecast/low", "forecast/high"]
         logged_steps, logged = series["forecast/midpoint_step"]
-        assert forecast[0]["x"] == logged_steps.astype(int).tolist() and np.allclose(forecast[0]["y"], logged, atol=1e-4)
+        assert forecast[0]["x"] == logged_steps.astype(int).tolist() and np.allclose(
+            forecast[0]["y"], logged, atol=1e-4
+        )
         assert found["y"] == [summary["phase_change/loss_midpoint_step"]] * 2
         # play runs the slider from the start, pause stops it
         page.page.click("#play")
