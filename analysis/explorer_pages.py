@@ -6,7 +6,9 @@ page at its end too (``explorer=false`` turns that off)."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -17,13 +19,14 @@ import yaml
 from analysis.saved_run import AnalysisError, SavedInterventions, run_config
 from conf.objects import build_probe
 from data.task import tasks
-from records.layout import CSV_RELATIVE_PATH, HYDRA_CONFIG, HYDRA_DIR, run_label
+from records.layout import CSV_RELATIVE_PATH, EMERGENCE_RECORD, HYDRA_CONFIG, HYDRA_DIR, run_label
 from records.trajectory import Trajectory, TrajectoryError
 from reports.explorer_page import (
     MAX_PATTERN_TOKENS,
     PATTERN_BUDGET,
     Patterns,
     default_page,
+    emergence_section,
     pattern_heads,
     run_page,
     sweep_page,
@@ -116,5 +119,18 @@ def write_sweep_page(sweep_dir: Path, members: list[Path], out: Path | None = No
         entries.append(
             {"name": job.run_dir.name, "href": str(href), "group": group, "status": job.status, "series": series}
         )
-    size = write_page(path, sweep_page(entries, settings, run_label(sweep_dir)))
+    size = write_page(path, sweep_page(entries, settings, run_label(sweep_dir), sweep_emergence(sweep_dir)))
     return path, size, time.perf_counter() - started
+
+
+def sweep_emergence(sweep_dir: Path) -> dict | None:
+    """The sweep's emergence law for its page (``emergence.json``: None where the sweep has none; a
+    damaged one is said in one line and left out)."""
+    path = Path(sweep_dir) / EMERGENCE_RECORD
+    if not path.is_file():
+        return None
+    try:
+        return emergence_section(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        print(f"{path}: unreadable ({type(error).__name__}); the page has no emergence section", file=sys.stderr)
+        return None

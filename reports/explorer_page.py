@@ -362,15 +362,84 @@ def run_page(run_dir: Path, patterns: Patterns | None, why_no_patterns: str | No
     }
 
 
-def sweep_page(members: list[dict], grouped_by: list[str], title: str) -> dict:
+def emergence_section(record: dict, event: str = "midpoint", unit: str = "steps") -> dict:
+    """The sweep page's emergence section from the sweep's ``emergence.json`` (reports/emergence.py):
+    ``rows`` (every law's exponents with their 90 % intervals, whether each bends, which published
+    predictions the 95 % interval rejects) and ``charts``, one per variable: ``event``'s ``unit`` against
+    it, one line per stratum and value of the other variables (:func:`conditioned_lines`)."""
+    rows, charts = [], {}
+    predictions = record.get("predictions", [])
+    for law in record.get("laws", []):
+        stratum = ", ".join(f"{k}={v}" for k, v in law.get("stratum", {}).items())
+        for variable, exponent in law.get("exponents", {}).items():
+            said = [
+                f"{p['who']} {p['exponents'][variable]:+g}: "
+                + (
+                    "rejected"
+                    if not exponent["low95"] <= p["exponents"][variable] <= exponent["high95"]
+                    else "consistent"
+                )
+                for p in predictions
+                if p["unit"] == law["unit"] and variable in p["exponents"]
+            ]
+            bend = law.get("bend", {}).get(variable)
+            rows.append(
+                {
+                    "event": law["event"],
+                    "unit": law["unit"],
+                    "stratum": stratum,
+                    "variable": variable,
+                    "exponent": exponent["estimate"],
+                    "low90": exponent["low90"],
+                    "high90": exponent["high90"],
+                    "bends": bool(bend and not bend["low95"] <= 0 <= bend["high95"]),
+                    "predictions": "; ".join(said),
+                }
+            )
+            if law["event"] == event and law["unit"] == unit:
+                charts.setdefault(variable, []).extend(conditioned_lines(law, variable, stratum))
+    return {"event": event, "unit": unit, "rows": rows, "charts": charts}
+
+
+def conditioned_lines(law: dict, variable: str, stratum: str) -> list[dict]:
+    """One line per combination of the law's other variables: its jobs' steps against ``variable``
+    (``censored`` marks those at ``max_steps``) and the law there (``fit``), never pooled over the others."""
+    others = [k for k in law["exponents"] if k != variable]
+    groups: dict[tuple, list[dict]] = {}
+    for job in law.get("jobs", []):
+        groups.setdefault(tuple(job["values"][k] for k in others), []).append(job)
+    lines = []
+    for values, jobs in sorted(groups.items()):
+        xs = [j["values"][variable] for j in jobs]
+        span = [min(xs), max(xs)]
+        fixed = law["intercept"] + sum(law["exponents"][k]["estimate"] * math.log(v) for k, v in zip(others, values))
+        name = ", ".join([stratum] * bool(stratum) + [f"{k}={v:g}" for k, v in zip(others, values)])
+        lines.append(
+            {
+                "stratum": name,
+                "x": xs,
+                "y": [j["step"] for j in jobs],
+                "censored": [bool(j["censored"]) for j in jobs],
+                "fit": {
+                    "x": span,
+                    "y": [math.exp(fixed + law["exponents"][variable]["estimate"] * math.log(x)) for x in span],
+                },
+            }
+        )
+    return lines
+
+
+def sweep_page(members: list[dict], grouped_by: list[str], title: str, emergence: dict | None = None) -> dict:
     """A sweep page's data: each member ``{"name", "href", "group", "status", "series": {key: (steps,
-    values)}}`` overlaid, coloured by its group (the sweep report's: the non-seed swept values)."""
+    values)}}`` overlaid, coloured by its group (the sweep report's: the non-seed swept values); and the
+    sweep's emergence law (:func:`emergence_section`), where it has one."""
     keys = ("loss/repeated", "train/loss", "heads/induction/top", "heads/prev_token/top")
     shown = [k for k in keys if any(k in m["series"] for m in members)]
     steps = sorted({int(s) for m in members for k in shown if k in m["series"] for s in m["series"][k][0]})
     return {
         "kind": "sweep",
         "title": title,
+        "emergence": emergence,
         "steps": steps,
         "grouped_by": grouped_by,
         "keys": shown,

@@ -322,12 +322,43 @@
       table.appendChild(tr);
     });
     el.appendChild(table);
+    if (data.emergence) emergence(data.emergence);
     onStep.push((step) => data.members.forEach((m, r) => data.keys.forEach((k, c) => {
       const s = m.series[k], cell = byId(`member-${r}-${c}`);
       const i = s ? at(s.x, step) : -1;
       cell.textContent = i < 0 ? "–" : shown(s.y[i]);
       cell.dataset.value = i < 0 || s.y[i] === null ? "" : String(s.y[i]);
     })));
+  }
+
+  // ---- a sweep's emergence law: every exponent, and the step against each variable on log axes ----
+  function emergence(law) {
+    const el = section("emergence", "when the phase change comes: the emergence law (90 % intervals; reports/emergence.py)", true);
+    const table = document.createElement("table");
+    table.className = "members";
+    table.id = "emergence-table";
+    table.innerHTML = "<tr><th>event</th><th>unit</th><th>stratum</th><th>variable</th><th>exponent [90 %]</th><th>bends</th><th>published (95 %)</th></tr>";
+    for (const r of law.rows) {
+      const tr = document.createElement("tr");
+      tr.innerHTML = `<td>${r.event}</td><td>${r.unit}</td><td>${r.stratum}</td><td>${r.variable}</td>` +
+        `<td>${r.exponent.toFixed(3)} [${r.low90.toFixed(3)}, ${r.high90.toFixed(3)}]</td><td>${r.bends ? "yes" : "no"}</td><td>${r.predictions}</td>`;
+      table.appendChild(tr);
+    }
+    el.appendChild(table);
+    for (const [variable, strata] of Object.entries(law.charts)) {
+      const id = "chart-emergence-" + variable.replace(/\W/g, "_");
+      const traces = [];
+      strata.forEach((s, i) => {
+        const colour = PALETTE[i % PALETTE.length], name = s.stratum || "all jobs";
+        traces.push({ x: s.x, y: s.y, name, mode: "markers", legendgroup: name, marker: { color: colour,
+          symbol: s.censored.map((c) => (c ? "triangle-up-open" : "circle")) }, hovertemplate: `${variable} %{x}: step %{y:.0f}<extra></extra>` });
+        traces.push({ x: s.fit.x, y: s.fit.y, name: name + ": fit", mode: "lines", legendgroup: name, showlegend: false,
+          line: { color: colour, width: 1.5 } });
+      });
+      const div = chartDiv(el, id);
+      Plotly.newPlot(div, traces, { margin: { l: 60, r: 10, t: 10, b: 40 }, xaxis: { type: "log", title: { text: variable } },
+        yaxis: { type: "log", title: { text: `${law.event} (${law.unit}; open triangles: censored)` } }, legend: { font: { size: 10 } } }, CONFIG);
+    }
   }
 
   // ---- the slider, play/pause and the keys ----

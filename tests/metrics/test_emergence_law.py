@@ -19,6 +19,7 @@ from metrics.dynamics.emergence_law import (
     numeric_design,
 )
 from reports.emergence import main as emergence_main
+from reports.explorer_page import emergence_section
 from tests.helpers import require_extra
 
 B, C = "data.batch_size", "data.seq_len"
@@ -145,6 +146,18 @@ def test_the_command_fits_a_sweeps_files_and_writes_its_table_record_and_figure(
     for variable in (B, C):
         exponent = midpoint["exponents"][variable]
         assert exponent["low90"] < -0.5 < exponent["high90"], (variable, exponent)
+    # the sweep's explorer page shows the same: every exponent, and each variable's steps one line per value
+    # of the other, with the law drawn through them
+    section = emergence_section(record)
+    (row,) = [r for r in section["rows"] if r["event"] == "midpoint" and r["unit"] == "steps" and r["variable"] == B]
+    assert row["exponent"] == midpoint["exponents"][B]["estimate"] and "Musat" not in row["predictions"]
+    lines = section["charts"][B]
+    assert len(lines) == len({o.values[C] for o in observations})  # one per context
+    assert sum(len(line["x"]) for line in lines) == len(observations)
+    for line in lines:
+        c = float(line["stratum"].split("=")[1])
+        law = math.exp(midpoint["intercept"]) * line["fit"]["x"][0] ** midpoint["exponents"][B]["estimate"]
+        assert line["fit"]["y"][0] == pytest.approx(law * c ** midpoint["exponents"][C]["estimate"])
 
 
 def test_the_command_on_a_sweep_without_a_phase_change_is_one_line_and_fails(tmp_path, capsys):
