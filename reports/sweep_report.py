@@ -27,8 +27,10 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import yaml
@@ -46,6 +48,7 @@ from records.layout import (
     HYDRA_OVERRIDES,
     INDEX_NAME,
     STAGES_RECORD,
+    STATUS_FILE,
     SUMMARY_NAME,
     SWEEP_ALIGNED_FIGURE,
     SWEEP_CURVES_FIGURE,
@@ -64,6 +67,7 @@ from records.wandb_sections import STEP_KEY, tracker_key
 from reports import intervention_report
 from reports.run_report import read_series
 
+T = TypeVar("T")
 SEED_KEYS = ("seed", "data.seed")  # what varies between repeats, not between settings
 
 
@@ -83,8 +87,23 @@ class Job:
 
 
 def read_overrides(run_dir: Path) -> dict[str, str]:
-    listed = yaml.safe_load((run_dir / HYDRA_DIR / HYDRA_OVERRIDES).read_text()) or []
+    return read_overrides_file(run_dir / HYDRA_DIR / HYDRA_OVERRIDES)
+
+
+def read_overrides_file(path: Path) -> dict[str, str]:
+    listed = yaml.safe_load(path.read_text()) or []
     return dict(o.lstrip("+~").split("=", 1) for o in listed if "=" in o and not o.startswith(("hydra.", "resume")))
+
+
+def read_part(path: Path, read: Callable[[Path], T], empty: T) -> T:
+    """``read(path)``; where the file is damaged (or a store's part is), one line naming it and ``empty``
+    in its place: the job's row goes on without it."""
+    try:
+        return read(path)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, yaml.YAMLError) as error:
+        why = str(error).splitlines()[0][:100] if str(error) else type(error).__name__
+        print(f"{path}: damaged, left out of its job's row ({why})", file=sys.stderr)
+        return empty
 
 
 def read_job(run_dir: Path, analysis: str | None = None) -> tuple[Job, dict]:
@@ -94,21 +113,26 @@ def read_job(run_dir: Path, analysis: str | None = None) -> tuple[Job, dict]:
     Returns the job and that analysis's record ({} without one)."""
     record = read_status(run_dir) or {
         "status": "unknown",
-        "error": "no status.json (killed outright, or not a train.py run)",
+        "error": (
+            f"its {STATUS_FILE} is damaged"
+            if (run_dir / STATUS_FILE).is_file()
+            else f"no {STATUS_FILE} (killed outright, or not a train.py run)"
+        ),
     }
-    config = yaml.safe_load((run_dir / HYDRA_DIR / HYDRA_CONFIG).read_text()) or {}
-    job = Job(run_dir, read_overrides(run_dir), record["status"], record.get("error") or "", config=config)
+    config = read_part(run_dir / HYDRA_DIR / HYDRA_CONFIG, lambda p: yaml.safe_load(p.read_text()) or {}, {})
+    overrides = read_part(run_dir / HYDRA_DIR / HYDRA_OVERRIDES, read_overrides_file, {})
+    job = Job(run_dir, overrides, record["status"], record.get("error") or "", config=config)
     analysed = read_analysis(run_dir / ANALYSIS_DIR / analysis) if analysis else {}
     results = run_dir / ANALYSIS_DIR / analysis if analysed.get("run_like") else run_dir
     summary_path = results / SUMMARY_NAME
     csv_path = results / CSV_RELATIVE_PATH
     fill_values(
         job,
-        config.get("seed", ""),
-        read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {},
-        json.loads(summary_path.read_text()) if summary_path.is_file() else {},
+        config.get("seed", "") if isinstance(config, dict) else "",
+        read_part(csv_path, read_series, {}) if csv_path.is_file() and csv_path.stat().st_size else {},
+        read_part(summary_path, lambda p: dict(json.loads(p.read_text())), {}) if summary_path.is_file() else {},
     )
-    job.values["circuit_pair"] = final_circuit_pair(results)
+    job.values["circuit_pair"] = read_part(results / TENSORS_DIR, lambda p: final_circuit_pair(results), "")
     job.values.update(analysed.get("columns", {}))
     return job, analysed
 

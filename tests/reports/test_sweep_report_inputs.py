@@ -1,7 +1,12 @@
-"""The sweep report on what is not a sweep: no runs at all, or a W&B run file W&B cannot read, is one
-line of error and exit 1, nothing written."""
+"""The sweep report on what is not a sweep (no runs at all, or a W&B run file W&B cannot read: one line
+of error and exit 1, nothing written) and on a sweep with one damaged file (one line naming it, the rest
+reported)."""
 
 from __future__ import annotations
+
+import shutil
+
+import pytest
 
 from reports.sweep_report import main
 
@@ -22,3 +27,22 @@ def test_an_unreadable_wandb_run_file_is_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and "run-abc123.wandb is not a readable W&B run file" in err
     assert err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wandb"]
+
+
+@pytest.mark.parametrize("damaged", ["summary.json", "csv/metrics.csv", ".hydra/config.yaml", "tensors/index.json"])
+def test_a_damaged_file_of_one_job_is_one_line_naming_it_and_the_rest_is_reported(tiny_run, tmp_path, capsys, damaged):
+    """A real run copied twice as a sweep; one file of job 0 cut in half: one line names it, both jobs are
+    in the table, and no file of either run is touched."""
+    for job in ("0", "1"):
+        shutil.copytree(tiny_run.run_dir, tmp_path / job, ignore=shutil.ignore_patterns("wandb", "analysis*"))
+    path = tmp_path / "0" / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main([str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(str(path if damaged != "tensors/index.json" else path.parent))
+    assert "damaged" in lines[0] and "Traceback" not in err
+    rows = (tmp_path / "sweep_jobs.csv").read_text().splitlines()
+    assert len(rows) == 3  # the header and both jobs
+    assert all(p.read_bytes() == data for p, data in before.items())
