@@ -17,8 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from records.layout import holds_a_run, job_dirs
+from records.layout import WRITTEN_BY, foreign_out, holds_a_run, job_dirs
 from records.status import read_status
+
+PAGE_MARK = f'<meta name="generator" content="{WRITTEN_BY} explorer">'
+"""What every page has in its head (reports/explorer_assets/page.html): an --out holding it is a page."""
 
 
 def runs_under(path: Path) -> tuple[list[Path], bool]:
@@ -47,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.out is not None and not args.out.parent.is_dir():
-        print(f"error: --out {args.out}: no directory {args.out.parent}", file=sys.stderr)
+    if args.out is not None and (why := foreign_out(args.out, PAGE_MARK)):
+        print(f"error: {why}", file=sys.stderr)
         return 2
     # torch and the report's modules (3.6 s of a refusal before) only once the request is good
     from analysis.explorer_pages import write_run_page, write_sweep_page

@@ -28,7 +28,7 @@ from metrics.dynamics.forecast import (
     fit_prior_law,
     shape_of,
 )
-from records.layout import CSV_RELATIVE_PATH, FORECASTER
+from records.layout import CSV_RELATIVE_PATH, FORECASTER, foreign_out
 from records.status import FINISHED
 from reports.run_report import read_series
 from reports.sweep_report import SEED_KEYS, Job, keys_varying_across, read_jobs
@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--no-law", action="store_true", help="without the prior of the sweep's power law")
     args = parser.parse_args(argv)
     out = args.out or args.sweep_dir / FORECASTER
-    if out.exists() and not (args.out is None and is_forecaster(out)):
-        print(f"error: {out} exists and is not this command's forecaster: name a new file with --out", file=sys.stderr)
+    if why := foreign_out(out, '"kind": "phase_change_forecaster"'):
+        print(f"error: {why}", file=sys.stderr)
         return 2
     if not args.sweep_dir.is_dir():
         print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
@@ -143,14 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"written: {out}  (use: python train.py ... tracker.forecaster={out})")
     return 0
-
-
-def is_forecaster(path: Path) -> bool:
-    try:
-        Forecaster.load(path)
-    except ValueError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

@@ -17,10 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from records.layout import CSV_RELATIVE_PATH, PAIR_CURVES_FIGURE, TENSORS_DIR, run_label
+from records.layout import CSV_RELATIVE_PATH, PAIR_CURVES_FIGURE, TENSORS_DIR, WRITTEN_BY, foreign_out, run_label
 from records.tensor_store import read_tensor_store
 from reports.plots import mark_interventions, plt
 from reports.run_report import intervention_windows, read_series
+
+FIGURE_MARK = f"{WRITTEN_BY} pair_curves"
+"""The figure's PNG Software field: an --out holding it is this command's figure."""
 
 
 def pair_series(run_dir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[tuple[int, int, int, int]]]:
@@ -70,7 +73,7 @@ def draw(run_dir: Path, out: Path, max_step: int | None = None) -> dict[str, tup
             mark_interventions(ax, windows, last)
     fig.suptitle(f"{run_label(run_dir)}: every L<->L' pair's K-composition over training", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, metadata={"Software": FIGURE_MARK})
     plt.close(fig)
     return by_measure
 
@@ -82,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-step", type=int, default=None, help="draw steps up to this one")
     args = parser.parse_args(argv)
     out = args.out or args.run_dir / PAIR_CURVES_FIGURE
+    if args.out is not None and (why := foreign_out(args.out, FIGURE_MARK)):
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     try:
         by_measure = draw(args.run_dir, out, args.max_step)
     except FileNotFoundError as error:

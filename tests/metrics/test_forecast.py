@@ -143,4 +143,4 @@ def test_the_default_run_forecasts_its_phase_change_and_its_summary_says_what_at
     before = summary_copy.read_bytes()
     assert forecast_main(["fit", str(sweep), "--out", str(summary_copy)]) == 2
     assert summary_copy.read_bytes() == before
-    assert "exists and is not this command's forecaster" in capsys.readouterr().err
+    assert "exists and this command did not write it" in capsys.readouterr().err

@@ -132,6 +132,30 @@ def test_a_path_that_is_not_a_run_is_one_line_of_error(tmp_path, make):
     assert not (tmp_path / "explorer.html").exists() and (make != "empty" or not any(path.iterdir()))
 
 
+@pytest.mark.parametrize("command", ["analysis.explorer", "reports.pair_curves"])
+def test_an_out_onto_a_file_the_command_did_not_write_is_refused_and_left_as_it_was(
+    tiny_run, tmp_path, capsys, command
+):
+    """``--out RUN/summary.json`` (a mistyped path): one line, exit 2, the file byte for byte as it was;
+    a page or figure the command wrote may be written again."""
+    import importlib
+
+    main = importlib.import_module(command).main
+    summary = tmp_path / "summary.json"
+    shutil.copy(tiny_run.run_dir / "summary.json", summary)
+    before = summary.read_bytes()
+    assert main([str(tiny_run.run_dir), "--out", str(summary)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"error: --out {summary} exists and this command did not write it: name a new file (nothing written)\n"
+    )
+    assert summary.read_bytes() == before
+    if command == "analysis.explorer":
+        page = tmp_path / "page.html"
+        assert main([str(tiny_run.run_dir), "--out", str(page)]) == 0
+        assert main([str(tiny_run.run_dir), "--out", str(page)]) == 0  # its own page: written again
+
+
 def test_a_refusal_comes_before_torch_and_the_report_are_imported(tmp_path):
     """The command refuses a path in a fraction of a second: its writers, with torch and the report's
     modules, are imported only once the path holds a run."""
