@@ -134,6 +134,31 @@ def resume_problems(cfg: DictConfig, ensemble: bool = False) -> list[str]:
     return problems
 
 
+def every_key() -> list[str]:
+    """Every dotted key a config can have: the schema's sections', and ``data.*`` of every task."""
+    import typing
+
+    from conf.schema import Config, TrackerConfig, task_node
+
+    tree = {}
+    for name, kind in typing.get_type_hints(Config).items():
+        node = TrackerConfig if name == "tracker" else kind
+        structured = dataclasses.is_dataclass(node)
+        tree[name] = OmegaConf.to_container(OmegaConf.structured(node), enum_to_str=True) if structured else None
+    keys = set(flatten({k: v for k, v in tree.items() if k != "data"}))
+    for task in tasks().values():
+        keys |= set(flatten({"data": OmegaConf.to_container(task_node(task), enum_to_str=True)}))
+    return sorted(keys)
+
+
+def did_you_mean(key: str) -> str:
+    """``" (did you mean data.batch_size?)"`` for the one key closest to a misspelt ``key``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(key, every_key(), n=1, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     """Keys under ``node`` that its schema does not define: ``+trainer.max_step=10`` adds one without
     a word from Hydra, and a misspelt option would otherwise change nothing."""

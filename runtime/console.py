@@ -113,6 +113,19 @@ def with_install_hint(message: str) -> str:
     return f"{message}; {missing.rsplit('/', 1)[-1]} comes with the 'sweeps' extra: {SWEEPS_INSTALL}"
 
 
+def with_hints(message: str) -> str:
+    """``message`` with the install hint (:func:`with_install_hint`) and, for a key Hydra could not
+    override, the closest key there is (``conf.validate.did_you_mean``)."""
+    import re
+
+    message = with_install_hint(message)
+    if found := re.match(r"Could not override '([\w.]+)'", message):
+        from conf.validate import did_you_mean
+
+        message += did_you_mean(found.group(1))
+    return message
+
+
 def release_startup_errors() -> None:
     """Let stderr through again: Hydra has composed the config (called by the first Hydra callback,
     and by train.py's main)."""
@@ -145,7 +158,7 @@ class StartupErrors:
         text = self.held.getvalue()
         failed = kind is SystemExit and error.code not in (0, None)
         hydra_report = failed and text.strip() and "Traceback (most recent call last)" not in text
-        self.stderr.write(f"config error: {with_install_hint(one_line(text))}\n" if hydra_report else text)
+        self.stderr.write(f"config error: {with_hints(one_line(text))}\n" if hydra_report else text)
 
     def __getstate__(self) -> dict:
         return {}  # a sweep launcher pickles main with its globals: a job's copy holds nothing

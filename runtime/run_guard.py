@@ -48,6 +48,33 @@ def why_not_creatable(directory: Path) -> str | None:
     return None
 
 
+def unknown_override(config: DictConfig) -> str | None:
+    """A sweep's command-line key that its config does not have, as a single run says it (Hydra checks a
+    sweep's keys only job by job, after making the sweep's directory); None when every key is known.
+    Keys added with ``+``, removed with ``~``, config groups (``data=...``) and the keys under a swept
+    group are not checked here (each job's composition checks them)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    from conf.validate import did_you_mean
+
+    overrides = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    groups = {p.name for p in Path(__file__).resolve().parents[1].joinpath("conf").iterdir() if p.is_dir()}
+    swept_groups = {o.key_or_group for o in overrides if o.key_or_group in groups and o.is_sweep_override()}
+    for override in overrides:
+        key = override.key_or_group
+        if override.type != OverrideType.CHANGE or "/" in key or key in groups or key.startswith("hydra."):
+            continue
+        if key.split(".", 1)[0] in swept_groups:
+            continue
+        if OmegaConf.select(config, key, default=MISSING_KEY) is MISSING_KEY:
+            return f"Could not override '{key}': the config has no such key{did_you_mean(key)}"
+    return None
+
+
+MISSING_KEY = object()
+
+
 def run_dir_overridden(config: DictConfig) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in config.hydra.overrides.hydra)
 
@@ -64,6 +91,8 @@ class RunGuard(Callback):
                 kept = [o for o in config.hydra.overrides.hydra if not o.startswith("hydra.sweep.dir=")]
                 config.hydra.overrides.hydra = [*kept, f"hydra.sweep.dir={requeued}"]
             print(f"SLURM job requeued: resuming the ensemble in {requeued}", file=sys.stderr)
+        if problem := unknown_override(config):
+            sys.exit(f"config error: {problem}")
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         if (why := why_not_creatable(sweep_dir)) is not None:
             sys.exit(f"error: cannot make the sweep directory {sweep_dir}: {why}")

@@ -188,6 +188,29 @@ def test_python_train_py_refuses_bad_input_in_one_line_before_anything_is_create
     assert_refused_in_one_line(result.returncode, result.stderr, message, tmp_path)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["data.batch_sise=16"],
+            "Key 'batch_sise' not in 'Repeated' (key data.batch_sise) (did you mean data.batch_size?)",
+        ),
+        (
+            ["-m", "data.batch_sise=16,32", "seed=0,1"],
+            "Could not override 'data.batch_sise': the config has no such key (did you mean data.batch_size?)",
+        ),
+        (["-m", "tracker.every_n_step=20", "seed=0,1"], "(did you mean tracker.every_n_steps?)"),
+        (["-m", "model.qqq=1,2"], "Could not override 'model.qqq': the config has no such key"),
+    ],
+)
+def test_a_misspelt_key_is_one_line_with_the_closest_key_and_a_sweep_leaves_nothing_behind(
+    tmp_path, overrides, message
+):
+    result = run_refused(overrides, tmp_path / "run")
+    assert_refused_in_one_line(result.returncode, result.stderr, message, tmp_path)
+    assert "did you mean" not in result.stderr or message.endswith("?)")
+
+
 @pytest.mark.slow
 def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "a_file").write_text("not a directory")
