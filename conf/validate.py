@@ -10,6 +10,7 @@ import os
 import pickle
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,6 +25,7 @@ from conf.objects import (
     trajectory_events,
 )
 from conf.schema import LoggerConfig, ModelConfig, StagesConfig, TrainerConfig, TrajectoryConfig, upgraded
+from data.reference_predictors import HELD_OUT_STRATEGY_IDS
 from data.task import Task, tasks
 from metrics.composition.measures import MEASURES
 from metrics.dynamics.forecast import Forecaster, shape_of
@@ -359,6 +361,10 @@ def tracker_problems(cfg: DictConfig, probe: bool = True) -> list[str]:
                     f"{prefix}{key}every_n_steps={every} must be a multiple of tracker.every_n_steps={own.every_n_steps}"
                     " (what it measures is measured at snapshots)"
                 )
+    strategies = quantity_options(tracker).get("strategies")
+    if strategies is not None and strategies.every_n_steps > 0 and strategies.sequences >= 2 and not data_problems(cfg):
+        ids = np.arange(HELD_OUT_STRATEGY_IDS, HELD_OUT_STRATEGY_IDS + strategies.sequences)
+        problems += task_of(cfg).strategy_problems(ids, n_random(cfg))
     if probe and (own.probe_n is None or own.probe_n >= 2) and own.probe_batch_size >= 1 and not data_problems(cfg):
         probe_len = build_probe(cfg).tokens.shape[-1]
         if probe_len > model.n_ctx:

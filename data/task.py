@@ -59,6 +59,12 @@ class Task:
             problems.append(f"data.seq_len={self.seq_len} exceeds model.n_ctx={n_ctx}")
         return problems
 
+    def strategy_problems(self, sample_ids: np.ndarray, n_random: int) -> list[str]:
+        """What keeps the tracked strategies (:meth:`reference`) from being scored on the held-out
+        ``sample_ids``, one sentence each: checked before a run that tracks them starts (none by
+        default: a task whose held-out rows may hold nothing to score says so)."""
+        return []
+
     def sampler(self, n_random: int) -> TokenSampler:
         """The generator: sample ids ``(b,)`` -> tokens ``[b, seq_len]``, each sample a pure function of
         ``(seed, id)`` (a packed task: of ``(seed, the batch's first id, batch size)``)."""

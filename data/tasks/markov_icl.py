@@ -122,6 +122,11 @@ class MarkovICL(Task):
             problems.append(
                 f"data.seq_len={self.seq_len} leaves nothing to predict after the first {self.order} tokens"
             )
+        elif (self.seq_len - int(self.bos)) // 2 < 2:
+            problems.append(
+                f"data.seq_len={self.seq_len}: the tracker's probe reads each chain as two halves (the loss views"
+                f" and the ablation), of at least 2 tokens each: data.seq_len >= {4 + int(self.bos)}"
+            )
         if self.doubly_stochastic and self.order != 1:
             problems.append("data.doubly_stochastic=true goes with data.order=1")
         return problems

@@ -29,7 +29,7 @@ from data import reference_predictors
 from data.counter_rng import random_ints
 from data.task import Task, TokenSampler
 
-TOKEN_STREAM, SENTENCE_STREAM, GAP_STREAM = 0, 1, 2
+TOKEN_STREAM, SENTENCE_STREAM, GAP_STREAM, TAIL_STREAM = 0, 1, 2, 3
 
 MORE_ROWS = 64
 """The strategies' held-out rows are drawn from a stream up to this many times as long as asked, for
@@ -70,7 +70,12 @@ def sentence_gap_packed(
     n_segments = total // (1 + 2 * min_sentence) + 1  # a segment has at least BOS and the sentence twice
     sentences = min_sentence + random_ints(seed, key, n_segments, max_sentence - min_sentence + 1, SENTENCE_STREAM)[0]
     gaps = random_ints(seed, key, n_segments, max_gap + 1, GAP_STREAM)[0]
-    fresh = random_ints(seed, key, total, n_random, TOKEN_STREAM)[0]  # consumed in order: each s once, each g
+    fresh = np.concatenate(  # consumed in order: each s once, each g; the last segment may reach past `total`
+        [
+            random_ints(seed, key, total, n_random, TOKEN_STREAM)[0],
+            random_ints(seed, key, max_sentence + max_gap, n_random, TAIL_STREAM)[0],
+        ]
+    )
     stream = np.empty(total + 3 * (max_sentence + max_gap + 1), dtype=np.int64)
     copied_from = np.full(len(stream), -1, dtype=np.int64)
     at = used = 0
@@ -148,20 +153,10 @@ class SentenceGapCopy(Task):
             self.seed, ids, self.seq_len, n_random, self.max_sentence, self.max_gap, self.min_sentence
         )
 
-    def reference(self, sample_ids: np.ndarray, n_random: int) -> reference_predictors.ReferencePredictions:
-        """Uniform, copy (as :meth:`Task.reference`) and induction on the longest match
-        (:func:`data.reference_predictors.longest_match`), scored on the repeated sentences only
-        (:func:`repeat_positions`): elsewhere the next token is fresh and no strategy but uniform can
-        know it, and the strategies would tell nothing of the phase change. Induction recalls the token
-        after the earlier occurrence of the longest suffix of the context: the sentence's first copy.
-        The latest earlier occurrence of the current token alone (:func:`data.reference_predictors.induction`) is
-        a chance one, in the gap or the copy so far, at 39 % of these positions (64 held-out rows of
-        ``experiment=aslvrstn_2022_cpu``'s data), where it names a token the data does not repeat.
-        The rows are the first
-        ``len(sample_ids)`` that hold a position to score, of the held-out stream of ``len(sample_ids)``
-        rows (a pure function of the seed and ``sample_ids[0]``), else of the stream twice as long, ...
-        up to :data:`MORE_ROWS` times (a row inside one long gap holds none). No truth: where a second
-        copy starts is not known from the context alone."""
+    def scored_rows(self, sample_ids: np.ndarray, n_random: int) -> tuple[Packed, Tensor, Tensor]:
+        """The held-out stream the strategies read (:meth:`reference`): its packing, the positions to score
+        ``[rows, seq_len - 1]`` and the first ``len(sample_ids)`` rows that hold one; ValueError (one line)
+        where :data:`MORE_ROWS` times as many rows hold too few."""
         if not self.bos:
             raise ValueError(NEEDS_BOS)
         wanted, first = len(sample_ids), int(sample_ids[0])
@@ -179,7 +174,7 @@ class SentenceGapCopy(Task):
             scored = repeat_positions(packed.copied_from)
             rows = scored.any(1).nonzero()[:, 0]
             if len(rows) >= wanted:
-                break
+                return packed, scored, rows[:wanted]
             if drawn >= MORE_ROWS * wanted:
                 raise ValueError(
                     f"data.seq_len={self.seq_len}, data.max_sentence={self.max_sentence}: {len(rows)} of {drawn}"
@@ -187,7 +182,29 @@ class SentenceGapCopy(Task):
                     f" (tracker.strategies.sequences={wanted}; tracker.strategies.every_n_steps=0 turns them off)"
                 )
             drawn *= 2
-        rows = rows[:wanted]
+
+    def strategy_problems(self, sample_ids: np.ndarray, n_random: int) -> list[str]:
+        try:
+            self.scored_rows(sample_ids, n_random)
+        except ValueError as error:
+            return [str(error)]
+        return []
+
+    def reference(self, sample_ids: np.ndarray, n_random: int) -> reference_predictors.ReferencePredictions:
+        """Uniform, copy (as :meth:`Task.reference`) and induction on the longest match
+        (:func:`data.reference_predictors.longest_match`), scored on the repeated sentences only
+        (:func:`repeat_positions`): elsewhere the next token is fresh and no strategy but uniform can
+        know it, and the strategies would tell nothing of the phase change. Induction recalls the token
+        after the earlier occurrence of the longest suffix of the context: the sentence's first copy.
+        The latest earlier occurrence of the current token alone (:func:`data.reference_predictors.induction`) is
+        a chance one, in the gap or the copy so far, at 39 % of these positions (64 held-out rows of
+        ``experiment=aslvrstn_2022_cpu``'s data), where it names a token the data does not repeat.
+        The rows are the first
+        ``len(sample_ids)`` that hold a position to score, of the held-out stream of ``len(sample_ids)``
+        rows (a pure function of the seed and ``sample_ids[0]``), else of the stream twice as long, ...
+        up to :data:`MORE_ROWS` times (a row inside one long gap holds none). No truth: where a second
+        copy starts is not known from the context alone."""
+        packed, scored, rows = self.scored_rows(sample_ids, n_random)
         tokens, scored = packed.tokens[rows], scored[rows]
         positions = torch.arange(tokens.shape[1] - 1, device="cpu")
         predicted = {
