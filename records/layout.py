@@ -131,6 +131,16 @@ def resumed_run_dir(resume: str | None) -> Path | None:
     return Path(resume).resolve()
 
 
+class DamagedFile(ValueError):
+    """A run file that exists but cannot be read (cut short, overwritten, not what its name says); the
+    message is one line that names it. A ValueError: every command's refusal of bad input catches it."""
+
+    def __init__(self, path: Path, error: BaseException | str) -> None:
+        why = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
+        super().__init__(f"{path} is damaged ({why})")
+        self.path = Path(path)
+
+
 WRITTEN_BY = "induction-composition-tracker"
 """The mark a command leaves in what it writes (an HTML page's generator, a PNG's Software, a JSON's
 ``kind``), so that an existing file can be told from one it did not write."""

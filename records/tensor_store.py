@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from records.layout import INDEX_NAME
+from records.layout import INDEX_NAME, DamagedFile
 
 if TYPE_CHECKING:  # only for annotations: reading a store needs numpy alone, not torch
     from metrics.tracked.base import Output
@@ -197,7 +197,10 @@ def _read_index(directory: Path) -> dict[str, dict]:
     path = directory / INDEX_NAME
     if not path.is_file():
         return {}
-    return json.loads(path.read_text())["tensors"]
+    try:
+        return dict(json.loads(path.read_text())["tensors"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise DamagedFile(path, error) from None
 
 
 def _write_index(directory: Path, entries: dict[str, dict]) -> None:

@@ -48,6 +48,7 @@ from records.layout import (
     TENSORS_DIR,
     VALIDITY_FIGURE,
     VALIDITY_TABLE,
+    DamagedFile,
     run_label,
 )
 from records.tables import write_rows
@@ -71,16 +72,28 @@ MAX_GREY_CURVES = 100
 
 
 def read_series(csv_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Every column of a Lightning CSV log as ``(steps, values)``, blank cells dropped."""
+    """Every column of a Lightning CSV log as ``(steps, values)``, blank cells dropped. A last row cut
+    short (a run killed while writing it, a full disk) is left out, said in one line; any other row that
+    cannot be read makes it :class:`DamagedFile`."""
     columns: dict[str, tuple[list[float], list[float]]] = {}
     with open(csv_path, newline="") as handle:
-        for row in csv.DictReader(handle):
+        try:
+            rows = list(csv.DictReader(handle))
+        except (csv.Error, UnicodeDecodeError) as error:
+            raise DamagedFile(csv_path, error) from None
+    for number, row in enumerate(rows):
+        try:
             step = float(row["step"])
-            for key, cell in row.items():
-                if key != "step" and cell not in ("", None):
-                    steps, values = columns.setdefault(key, ([], []))
-                    steps.append(step)
-                    values.append(float(cell))
+            cells = [(key, float(cell)) for key, cell in row.items() if key != "step" and cell not in ("", None)]
+        except (ValueError, TypeError, KeyError) as error:
+            if number == len(rows) - 1:
+                print(f"{csv_path}: its last row is cut short; read without it", file=sys.stderr)
+                break
+            raise DamagedFile(csv_path, f"row {number + 2}: {error}") from None
+        for key, value in cells:
+            steps, values = columns.setdefault(key, ([], []))
+            steps.append(step)
+            values.append(value)
     return {key: (np.array(steps), np.array(values)) for key, (steps, values) in columns.items()}
 
 
@@ -447,7 +460,12 @@ def config_value(run_dir: Path, key: str):
     from omegaconf import OmegaConf
 
     config = Path(run_dir) / HYDRA_DIR / HYDRA_CONFIG
-    return OmegaConf.select(OmegaConf.load(config), key) if config.is_file() else None
+    if not config.is_file():
+        return None
+    try:
+        return OmegaConf.select(OmegaConf.load(config), key)
+    except Exception as error:  # OmegaConf's YAML and grammar errors share no base class
+        raise DamagedFile(config, error) from None
 
 
 def smoothing_window_of(run_dir: Path) -> int:
