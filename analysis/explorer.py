@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from records.layout import WRITTEN_BY, foreign_out, holds_a_run, job_dirs
+from records.layout import WRITTEN_BY, DamagedFile, foreign_out, holds_a_run, job_dirs
 from records.status import read_status
 
 PAGE_MARK = f'<meta name="generator" content="{WRITTEN_BY} explorer">'
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"explorer: [{n}/{len(runs)}] wrote {page} ({size / 1e6:.1f} MB, {seconds:.1f} s; run {status})")
         page, size, seconds = write_sweep_page(path, runs, args.out)
         print(f"explorer: wrote {page} ({size / 1e6:.1f} MB, {seconds:.1f} s): the sweep's {len(runs)} runs")
-    except ExplorerError as error:
+    except (ExplorerError, DamagedFile) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

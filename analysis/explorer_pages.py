@@ -19,7 +19,7 @@ import yaml
 from analysis.saved_run import AnalysisError, SavedInterventions, run_config
 from conf.objects import build_probe
 from data.task import tasks
-from records.layout import CSV_RELATIVE_PATH, EMERGENCE_RECORD, HYDRA_CONFIG, HYDRA_DIR, run_label
+from records.layout import CSV_RELATIVE_PATH, EMERGENCE_RECORD, HYDRA_CONFIG, HYDRA_DIR, DamagedFile, run_label
 from records.trajectory import Trajectory, TrajectoryError
 from reports.explorer_page import (
     MAX_PATTERN_TOKENS,
@@ -80,8 +80,12 @@ def reader_of(run_dir: Path) -> str:
     try:
         config = Trajectory(run_dir).config
     except TrajectoryError:
-        config = yaml.safe_load(hydra_config.read_text()) if hydra_config.is_file() else {}
-    task = tasks().get(str(((config or {}).get("data") or {}).get("name")))
+        try:
+            config = yaml.safe_load(hydra_config.read_text()) if hydra_config.is_file() else {}
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            print(f"{DamagedFile(hydra_config, error)}: the page reads the task as repeated tokens", file=sys.stderr)
+            config = {}
+    task = tasks().get(str(((config or {}).get("data") or {}).get("name"))) if isinstance(config, dict) else None
     return task.reader_behaviour if task is not None else "induction"
 
 

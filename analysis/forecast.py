@@ -78,12 +78,14 @@ def swept_settings(jobs: list[Job]) -> tuple[list[str], list[str]]:
 
 
 def prior_law_of(jobs: list[Job], histories: list[History]) -> PriorLaw | None:
-    """The power law of the jobs' midpoints in their numeric swept settings (censored at ``max_steps``)."""
+    """The power law of the jobs' midpoints in their numeric swept settings (censored at ``max_steps``);
+    a job whose overrides lack one of them (a damaged ``overrides.yaml``) is left out of the law."""
     numeric, strata = swept_settings(jobs)
+    complete = [h for h in histories if all(k in h.settings for k in (*numeric, *strata))]
     return fit_prior_law(
-        [h.settings for h in histories],
-        [h.midpoint if h.midpoint is not None else h.max_steps for h in histories],
-        [h.midpoint is None for h in histories],
+        [h.settings for h in complete],
+        [h.midpoint if h.midpoint is not None else h.max_steps for h in complete],
+        [h.midpoint is None for h in complete],
         numeric,
         strata,
     )
@@ -92,9 +94,9 @@ def prior_law_of(jobs: list[Job], histories: list[History]) -> PriorLaw | None:
 def fit_sweep(jobs: list[Job], law: bool = True) -> Forecaster:
     """A forecaster from ``jobs`` (ValueError, one line, where they mix tasks or shapes, or none has a
     midpoint)."""
-    pairs = [(job, h) for job in jobs if (h := history_of(job)) is not None]
+    pairs = [(job, h) for job in jobs if job.config and (h := history_of(job)) is not None]
     if not pairs:
-        raise ValueError("no finished job logged the repeated-token loss")
+        raise ValueError("no finished job with a readable config logged the repeated-token loss")
     return fit_sweep_histories([p[0] for p in pairs], [p[1] for p in pairs], law)
 
 

@@ -41,6 +41,7 @@ from records.layout import (
     LLC_TABLE,
     SUMMARY_NAME,
     TENSORS_DIR,
+    DamagedFile,
     run_label,
 )
 from records.tensor_store import read_tensor_store
@@ -221,7 +222,7 @@ def head_maps(store: dict, store_dir: Path, reader: str, budget: int) -> tuple[d
         and name.startswith("heads/")
         and not name.startswith(("heads/behaviour/", "heads/writes/"))
     }
-    history = read_head_history(store_dir, reader) if store_dir.is_dir() else None
+    history = read_head_history(store_dir, reader) if store and store_dir.is_dir() else None
     views: dict[str, tuple[np.ndarray, np.ndarray]] = {n.removeprefix("heads/"): v for n, v in maps.items()}
     if not views:
         return None, [], "the run stored no per-head scores (tracker off, or no tensor store)"
@@ -319,19 +320,30 @@ def run_page(run_dir: Path, patterns: Patterns | None, why_no_patterns: str | No
     run_dir = Path(run_dir)
     csv_path = run_dir / CSV_RELATIVE_PATH
     missing: dict[str, str] = {}
-    series = read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {}
+    try:
+        series = read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {}
+    except DamagedFile as error:
+        series, missing["curves"] = {}, str(error)
     if not series:
-        missing["curves"] = f"no {CSV_RELATIVE_PATH}: the run logged no numbers (CSV logging off, or it never started)"
+        missing.setdefault(
+            "curves", f"no {CSV_RELATIVE_PATH}: the run logged no numbers (CSV logging off, or it never started)"
+        )
     store_dir = run_dir / TENSORS_DIR
-    store = read_tensor_store(store_dir) if store_dir.is_dir() else {}
+    try:
+        store = read_tensor_store(store_dir) if store_dir.is_dir() else {}
+    except DamagedFile as error:
+        store = {}
+        missing["heads"] = missing["pairs"] = f"no tensor store: {error}"
     measure = plotted_measure(series)
     panels = curve_panels(series, measure, found_midpoint(run_dir))
     wanted = {k for panel in panels for k in panel["keys"]} | {r["key"] for r in readouts(series, measure)}
     notes = list(patterns.notes) if patterns is not None else []
     heads, head_notes, why = head_maps(store, store_dir, reader, HEAD_BUDGET)
-    missing.update({"heads": why} if why else {})
+    if why:
+        missing.setdefault("heads", why)
     pairs, pair_notes, why = pair_maps(store, PAIR_BUDGET)
-    missing.update({"pairs": why} if why else {})
+    if why:
+        missing.setdefault("pairs", why)
     if patterns is None:
         missing["patterns"] = why_no_patterns or "no attention patterns"
     llc_curves, boundaries = analysis_curves(run_dir)

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         by_measure = draw(args.run_dir, out, args.max_step)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, ValueError) as error:  # ValueError: a damaged file (records.layout.DamagedFile)
         print(f"error: {error}", file=sys.stderr)
         return 1
     _, pairs = pair_series(args.run_dir)

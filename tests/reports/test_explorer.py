@@ -182,3 +182,25 @@ def test_a_runs_page_is_written_without_the_plotting_library(tiny_run, tmp_path)
     )
     assert result.stdout.split("\n")[-2] == "0 False", result.stdout + result.stderr
     assert page.stat().st_size > 0
+
+
+@pytest.mark.parametrize("damaged", ["tensors/index.json", "csv/metrics.csv", ".hydra/config.yaml"])
+def test_a_run_with_a_damaged_file_gets_a_page_that_names_it(tiny_run, tmp_path, capsys, damaged):
+    """One file cut in half: the page is still written (exit 0), what it could not read is named on it or
+    in one line, and the run's files are as they were."""
+    from analysis.explorer import main
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.run_dir, run, ignore=shutil.ignore_patterns("wandb", "analysis*", "explorer.html"))
+    path = run / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main([str(run), "--out", str(tmp_path / "page.html")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") <= 1
+    page = (tmp_path / "page.html").read_text()
+    if damaged == "tensors/index.json":
+        assert f"no tensor store: {path} is damaged" in page
+    else:  # the CSV's cut last row; the config, read only where the run has no trajectory (this one has)
+        assert err == "" or err.startswith(str(path))
+    assert all(p.read_bytes() == data for p, data in before.items())
