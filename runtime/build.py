@@ -32,11 +32,12 @@ from conf.objects import (
     llc_sequences,
     model_shape,
     sgld_settings,
+    task_of,
     trajectory_events,
 )
 from conf.validate import llc_calibration_warning
 from data.datamodule import TokenDataModule
-from metrics.dynamics.forecast import Forecaster
+from metrics.dynamics.forecast import FORECAST_BEHAVIOURS, Forecaster
 from metrics.dynamics.phase_change import SMALLEST_PHASE_CHANGE
 from models.lit_module import InductionLM
 from models.optimizer import OptimizerSettings
@@ -126,7 +127,9 @@ def build_callbacks(
     if cfg.trajectory.enabled:  # after the tracker: it reads the tracker's snapshot of the same step
         run = {"wandb_id": wandb_id, "wandb_group": naming.group, "wandb_name": naming.name}
         callbacks.append(build_trajectory(cfg, run_dir, config, run, tracker))
-    if tracker is not None and tr.forecast:  # after the tracker: it reads its snapshot
+    if (
+        tracker is not None and tr.forecast and task_of(cfg).reader_behaviour in FORECAST_BEHAVIOURS
+    ):  # after the tracker
         callbacks.append(build_forecast(cfg, tracker))
     if tracker is not None and tr.stop_after_phase_change:  # after the tracker: it reads its snapshot
         callbacks.append(StopAfterPhaseChange(tracker, SMALLEST_PHASE_CHANGE, tr.smoothing_window))

@@ -337,6 +337,7 @@ def test_markov_icl_tracks_its_strategies_against_the_truth(tmp_path):
     for name in ("uniform", "unigram", "bigram", "truth"):
         assert f"strategies/kl/{name}" in series
     assert series["strategies/line/bigram"][1][-1] == pytest.approx(0.0095, abs=0.004)  # KL(truth ‖ bigram), 256 chains
+    assert not [k for k in series if k.startswith("forecast/")]  # its loss falls to the chain's entropy: no forecast
     weights = sum(series[f"strategies/weight/{n}"][1] for n in ("uniform", "unigram", "bigram"))
     assert weights == pytest.approx(np.ones_like(weights))
     logged = {key for row in wandb_records.history(wandb_file(tmp_path)) for key in row}

@@ -46,6 +46,10 @@ LEVEL = 0.80
 """The forecast interval's level."""
 Z_LEVEL = 1.2815515655446004
 """The standard normal's quantile at ``(1 + LEVEL) / 2``."""
+FORECAST_BEHAVIOURS = ("induction",)
+"""The tasks (by their reader's behaviour, ``Task.reader_behaviour``) whose repeated-token loss falls from
+``L0`` to about zero at the phase change, where the rule's target holds: repeated tokens, triggers and
+copied sentences; not in-context chains, whose loss falls to the chain's entropy."""
 FORECAST_KEYS = ("forecast/midpoint_step", "forecast/low", "forecast/high", "forecast/p_before_end")
 WAYS = (0.25, 0.50, 0.75)
 """Where a run's closing line reads its forecasts: this fraction of the way to the true midpoint."""
