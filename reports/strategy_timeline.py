@@ -16,6 +16,7 @@ those that shows no induction leaves the cliff's keys in place and says it did n
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,9 +99,17 @@ def read_timeline(series, store_dir: Path | None = None) -> Timeline | None:
     stored = {}
     if store_dir is not None and store_dir.is_dir():
         stored = read_tensor_store(store_dir, [PREFIX + PER_SEQUENCE + name for name in names])
+    counts = {len(stored[PREFIX + PER_SEQUENCE + name][0]) for name in names} if len(stored) == len(names) else set()
+    if len(counts) > 1:  # a file of the store cut short: its complete snapshots only, the others to as many
+        print(
+            f"{store_dir}: the strategies' per-sequence records hold {sorted(counts)} snapshots (a file cut short?);"
+            f" read to the first {min(counts)}",
+            file=sys.stderr,
+        )
     if len(stored) == len(names):
-        per_sequence = np.stack([stored[PREFIX + PER_SEQUENCE + name][1] for name in names], axis=1)  # (n, S, b)
-        found = switches_with_intervals(stored[PREFIX + PER_SEQUENCE + names[0]][0], per_sequence, names)
+        shortest = min(counts)
+        per_sequence = np.stack([stored[PREFIX + PER_SEQUENCE + name][1][:shortest] for name in names], axis=1)
+        found = switches_with_intervals(stored[PREFIX + PER_SEQUENCE + names[0]][0][:shortest], per_sequence, names)
     else:
         found = switches(steps, closest(kl), names)
     return Timeline(names, steps, kl, truth, weights, lines, found, rise_steps(steps, weights, names))
