@@ -17,7 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from records.layout import WRITTEN_BY, DamagedFile, foreign_out, holds_a_run, job_dirs
+from records.layout import DamagedFile, holds_a_run, job_dirs
+from records.outputs import WRITTEN_BY, foreign_out
 from records.status import read_status
 
 PAGE_MARK = f'<meta name="generator" content="{WRITTEN_BY} explorer">'

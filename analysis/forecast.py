@@ -28,7 +28,8 @@ from metrics.dynamics.forecast import (
     fit_prior_law,
     shape_of,
 )
-from records.layout import CSV_RELATIVE_PATH, FORECASTER, foreign_out
+from records.layout import CSV_RELATIVE_PATH, FORECASTER
+from records.outputs import foreign_out
 from records.status import FINISHED
 from reports.run_report import read_series
 from reports.sweep_report import SEED_KEYS, Job, keys_varying_across, read_jobs

@@ -37,14 +37,13 @@ STEP_KEY = "trainer/global_step"
 @cache
 def story() -> frozenset[str]:
     """The tracker keys of ``1_story``: those the tracked quantities tell first (their ``story``; nine
-    by default, one page of ``wandb leet``, and the strategies' KLs, closest and weights), then the
-    phase change's forecast (callbacks/phase_change_forecast.py); an entry ending in ``/`` is a prefix
-    (``strategies/kl/``: one key per strategy of the task)."""
-    from metrics.dynamics.forecast import FORECAST_KEYS
+    by default, one page of ``wandb leet``, and the strategies' KLs, closest and weights); an entry
+    ending in ``/`` is a prefix (``strategies/kl/``: one key per strategy of the task). The phase
+    change's forecast (``forecast/*``) keeps its own name: W&B groups it as a section of its own, and the
+    saved workspace draws it in its story (reports/wandb_workspace.py)."""
     from metrics.tracked.base import tracked_quantities
 
-    told = (key for quantity in tracked_quantities().values() for key in quantity.story)
-    return frozenset((*told, *FORECAST_KEYS))
+    return frozenset(key for quantity in tracked_quantities().values() for key in quantity.story)
 
 
 SECTIONS = (

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from records.layout import CSV_RELATIVE_PATH, PAIR_CURVES_FIGURE, TENSORS_DIR, WRITTEN_BY, foreign_out, run_label
+from records.layout import CSV_RELATIVE_PATH, PAIR_CURVES_FIGURE, TENSORS_DIR, run_label
+from records.outputs import WRITTEN_BY, foreign_out
 from records.tensor_store import read_tensor_store
 from reports.plots import mark_interventions, plt
 from reports.run_report import intervention_windows, read_series

@@ -70,8 +70,8 @@ def test_every_panel_names_keys_a_default_run_and_a_big_run_log(shipped_run, tmp
     # no cliff in its few steps: no midpoint, and no forecast (its loss never fell 1 % of its first level)
     assert missing_keys(keys, summary) == [
         "Phase change / forecast of the loss's midpoint step, and its 80 % interval:"
-        " ('1_story/forecast/midpoint_step', '1_story/forecast/low', '1_story/forecast/high')",
-        "Phase change / forecast: p that the phase change comes by max_steps: ('1_story/forecast/p_before_end',)",
+        " ('forecast/midpoint_step', 'forecast/low', 'forecast/high')",
+        "Phase change / forecast: p that the phase change comes by max_steps: ('forecast/p_before_end',)",
         "Sweep / the cliff's midpoint step: ('phase_change/loss_midpoint_step',)",
     ]
 
