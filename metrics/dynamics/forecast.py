@@ -9,7 +9,7 @@ the step over the latter half of the series so far (``[t/2, t]``, the smoothed l
 the step where ``d`` reaches ``L0 / 2``: the midpoint of a fall from ``L0`` to about zero (repeated
 tokens are predictable once copied). Its interval comes from the growth rate's standard error, the
 points counted as the series' length over the smoothing window (smoothed points are not independent).
-Designed on the batch-size sweep of docs/emergence.md and judged on runs it never saw (docs/forecast.md).
+Its window was chosen among three on the sweeps it is judged on (docs/forecast.md says so beside its errors).
 
 **A fitted forecaster** (``python -m analysis.forecast fit SWEEP_DIR``) corrects the rule from a
 sweep's runs: a ridge regression of ``ln(midpoint / t)`` on the rule's own forecast and the precursors
