@@ -145,7 +145,7 @@ def curve_panels(series: dict, measure: str, midpoint: float | None = None) -> l
         ),
         (
             "strategies_kl",
-            "strategies: KL(model ‖ strategy)",
+            "strategies: KL(strategy ‖ model)",
             "nats",
             [k for k in keys if k.startswith("strategies/kl/")],
         ),

@@ -204,3 +204,14 @@ def test_a_run_with_a_damaged_file_gets_a_page_that_names_it(tiny_run, tmp_path,
     else:  # the CSV's cut last row; the config, read only where the run has no trajectory (this one has)
         assert err == "" or err.startswith(str(path))
     assert all(p.read_bytes() == data for p, data in before.items())
+
+
+def test_the_strategies_panel_names_the_kl_as_the_docs_and_the_tracker_do():
+    """The tracker reads KL(strategy ‖ model) (metrics/tracked/strategies.py, docs/configuration.md): the page
+    says the same."""
+    from reports.explorer_page import curve_panels
+
+    series = {"strategies/kl/uniform": (None, None), "strategies/kl/copy": (None, None)}
+    (panel,) = [p for p in curve_panels(series, "frobenius") if p["id"] == "strategies_kl"]
+    assert "KL(strategy ‖ model)" in panel["title"]
+    assert "KL(strategy ‖ model)" in (REPO / "docs" / "configuration.md").read_text()
