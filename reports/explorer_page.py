@@ -176,13 +176,17 @@ def curve_panels(series: dict, measure: str, midpoint: float | None = None) -> l
     ]
 
 
-def found_midpoint(run_dir: Path) -> float | None:
-    """The run report's loss midpoint (``summary.json``), None where it found none or the file is unreadable."""
+def found_phase_change(run_dir: Path) -> dict[str, float]:
+    """The run report's phase change (``summary.json``): ``{"onset", "midpoint", "end"}`` steps, those it
+    found (none where the summary has none or cannot be read)."""
     try:
-        midpoint = json.loads((run_dir / SUMMARY_NAME).read_text()).get("phase_change/loss_midpoint_step")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(midpoint) if isinstance(midpoint, (int, float)) else None
+        summary = json.loads((run_dir / SUMMARY_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(summary, dict):
+        return {}
+    found = {part: summary.get(f"phase_change/loss_{part}_step") for part in ("onset", "midpoint", "end")}
+    return {part: float(step) for part, step in found.items() if isinstance(step, (int, float))}
 
 
 def readouts(series: dict, measure: str) -> list[dict]:
@@ -335,7 +339,8 @@ def run_page(run_dir: Path, patterns: Patterns | None, why_no_patterns: str | No
         store = {}
         missing["heads"] = missing["pairs"] = f"no tensor store: {error}"
     measure = plotted_measure(series)
-    panels = curve_panels(series, measure, found_midpoint(run_dir))
+    phase_change = found_phase_change(run_dir)
+    panels = curve_panels(series, measure, phase_change.get("midpoint"))
     wanted = {k for panel in panels for k in panel["keys"]} | {r["key"] for r in readouts(series, measure)}
     notes = list(patterns.notes) if patterns is not None else []
     heads, head_notes, why = head_maps(store, store_dir, reader, HEAD_BUDGET)
@@ -369,6 +374,7 @@ def run_page(run_dir: Path, patterns: Patterns | None, why_no_patterns: str | No
         "llc": llc_curves,
         "boundaries": boundaries,
         "interventions": [{"from": a, "until": b, "label": label} for a, b, label in intervention_windows(run_dir)],
+        "phase_change": phase_change,
         "notes": notes + head_notes + pair_notes,
         "missing": missing,
     }

@@ -78,6 +78,11 @@
       shapes.push({ type: "rect", xref: "x", yref: "paper", x0: w.from, x1: w.until === null ? steps[steps.length - 1] : w.until,
         y0: 0, y1: 1, fillcolor: "rgba(255,165,0,0.12)", line: { width: 0 }, layer: "below" });
     }
+    const change = data.phase_change || {};
+    if (change.onset !== undefined) {  // the run report's phase change, onset to end (or the run's end)
+      shapes.push({ type: "rect", xref: "x", yref: "paper", x0: change.onset, x1: change.end === undefined ? steps[steps.length - 1] : change.end,
+        y0: 0, y1: 1, fillcolor: "rgba(31,119,180,0.10)", line: { width: 0 }, layer: "below", name: "phase change" });
+    }
     for (const b of data.boundaries || []) {
       shapes.push({ type: "line", xref: "x", yref: "paper", x0: b.step, x1: b.step, y0: 0, y1: 1, line: { color: "#555", dash: "dash", width: 1 } });
     }

@@ -80,6 +80,10 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
             forecast[0]["y"], logged, atol=1e-4
         )
         assert found["y"] == [summary["phase_change/loss_midpoint_step"]] * 2
+        # the phase change shaded on every time axis, onset to end
+        for chart in ("chart-loss", "chart-scores", "chart-forecast"):
+            shapes = page.page.eval_on_selector(f"#{chart}", "e => e.layout.shapes.map(s => [s.type, s.x0, s.x1])")
+            assert ["rect", summary["phase_change/loss_onset_step"], summary["phase_change/loss_end_step"]] in shapes
         # play runs the slider from the start, pause stops it
         page.page.click("#play")
         page.page.wait_for_function(f"document.getElementById('step-label').dataset.step !== '{steps[-1]}'")
