@@ -30,6 +30,7 @@ from analysis.explorer_pages import write_run_page, write_sweep_page
 from analysis.saved_run import SavedInterventions
 from records.layout import CSV_RELATIVE_PATH, EXPLORER_PAGE, HYDRA_CONFIG, HYDRA_DIR, STATUS_FILE
 from records.trajectory import Trajectory, TrajectoryError
+from reports.explorer_page import run_summary, strategy_stages
 from reports.run_report import read_series
 
 
@@ -110,8 +111,9 @@ def value_at(series: dict, key: str, step: int) -> tuple[float, int]:
 READOUTS = (("loss", "loss/repeated"), ("induction", "heads/induction/top"), ("circuit", "circuit/K/frobenius"))
 
 
-def readout_mismatches(page: OpenedPage, series: dict, index: int) -> list[str]:
-    """At slider position ``index``: each read-out that differs from the run's CSV there (none: [])."""
+def readout_mismatches(page: OpenedPage, series: dict, index: int, summary: dict | None = None) -> list[str]:
+    """At slider position ``index``: each read-out that differs from the run's CSV there, and the strategy in
+    use from the run's switch record (``summary``: its ``summary.json``) (none: [])."""
     page.move_slider(index)
     step = int(series["loss/repeated"][0][index])
     wrong = [] if page.step() == step else [f"the slider shows step {page.step()}, not {step}"]
@@ -123,13 +125,12 @@ def readout_mismatches(page: OpenedPage, series: dict, index: int) -> list[str]:
             wrong.append(
                 f"{key} at step {step}: page {shown.get('value')} (step {shown.get('step')}), CSV {expected} (step {at})"
             )
-    if "strategies/closest" in series:
+    if summary is not None and (stages := strategy_stages(summary)) is not None:
         shown = page.readout("closest")
-        code, at = value_at(series, "strategies/closest", step)
-        names = sorted(k.removeprefix("strategies/weight/") for k in series if k.startswith("strategies/weight/"))
-        least = names[int(np.argmin([value_at(series, f"strategies/kl/{n}", step)[0] for n in names]))]
-        if (float(shown["code"]), int(shown["step"]), shown["value"]) != (code, at, least):
-            wrong.append(f"closest strategy at step {step}: page {shown}, CSV code {code} (least KL: {least})")
+        past = [w for w in stages["switches"] if w["step"] <= step]
+        expected = past[-1]["to"] if past else stages["first"]
+        if shown.get("value") != expected:
+            wrong.append(f"strategy at step {step}: page {shown.get('value')}, the switch record {expected}")
     return wrong
 
 
@@ -179,7 +180,10 @@ def check_run(run_dir: Path, executable: str | None, repeat: int) -> dict:
         series = read_series(run_dir / CSV_RELATIVE_PATH)
         n = len(series["loss/repeated"][0])
         with opened(out, executable) as page:
-            result["mismatches"] = [w for index in (0, n // 2, n - 1) for w in readout_mismatches(page, series, index)]
+            summary = run_summary(run_dir)
+            result["mismatches"] = [
+                w for index in (0, n // 2, n - 1) for w in readout_mismatches(page, series, index, summary)
+            ]
             result["pattern_error"] = pattern_error(page, run_dir)
             result["errors"], result["outside"] = page.errors, page.outside_requests(out)
             result["load_s"] = page.load_s

@@ -176,17 +176,39 @@ def curve_panels(series: dict, measure: str, midpoint: float | None = None) -> l
     ]
 
 
-def found_phase_change(run_dir: Path) -> dict[str, float]:
-    """The run report's phase change (``summary.json``): ``{"onset", "midpoint", "end"}`` steps, those it
-    found (none where the summary has none or cannot be read)."""
+def run_summary(run_dir: Path) -> dict:
+    """The run report's ``summary.json`` ({} where there is none or it cannot be read)."""
     try:
         summary = json.loads((run_dir / SUMMARY_NAME).read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(summary, dict):
-        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def found_phase_change(summary: dict) -> dict[str, float]:
+    """The run report's phase change: ``{"onset", "midpoint", "end"}`` steps, those it found."""
     found = {part: summary.get(f"phase_change/loss_{part}_step") for part in ("onset", "midpoint", "end")}
     return {part: float(step) for part, step in found.items() if isinstance(step, (int, float))}
+
+
+def strategy_stages(summary: dict) -> dict | None:
+    """The strategy the model uses at each step, from the run's switch record (``strategies/switch/*``,
+    reports/strategy_timeline.py), not the per-snapshot closest, which flickers where two are close:
+    ``{"first": name, "switches": [{"to", "step", "low", "high"}]}``; None without a record."""
+    count = summary.get("strategies/switches")
+    if not isinstance(count, (int, float)):
+        return None
+    switches = []
+    for i in range(1, int(count) + 1):
+        name, step = summary.get(f"strategies/switch/{i}"), summary.get(f"strategies/switch/{i}/step")
+        if not isinstance(name, str) or "→" not in name or not isinstance(step, (int, float)):
+            return None
+        before, after = (part.strip() for part in name.split("→", 1))
+        low, high = summary.get(f"strategies/switch/{i}/low", step), summary.get(f"strategies/switch/{i}/high", step)
+        switches.append({"from": before, "to": after, "step": step, "low": low, "high": high})
+    if not switches:
+        return None
+    return {"first": switches[0]["from"], "switches": switches}
 
 
 def readouts(series: dict, measure: str) -> list[dict]:
@@ -339,7 +361,8 @@ def run_page(run_dir: Path, patterns: Patterns | None, why_no_patterns: str | No
         store = {}
         missing["heads"] = missing["pairs"] = f"no tensor store: {error}"
     measure = plotted_measure(series)
-    phase_change = found_phase_change(run_dir)
+    summary = run_summary(run_dir)
+    phase_change = found_phase_change(summary)
     panels = curve_panels(series, measure, phase_change.get("midpoint"))
     wanted = {k for panel in panels for k in panel["keys"]} | {r["key"] for r in readouts(series, measure)}
     notes = list(patterns.notes) if patterns is not None else []
@@ -368,6 +391,7 @@ def run_page(run_dir: Path, patterns: Patterns | None, why_no_patterns: str | No
         "readouts": readouts(series, measure),
         "measure": measure,
         "closest": strategies,
+        "stages": strategy_stages(summary),
         "heads": heads,
         "pairs": pairs,
         "patterns": patterns.page() if patterns is not None else None,

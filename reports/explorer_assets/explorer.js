@@ -142,19 +142,19 @@
         byId("readout-" + r.id + "-at").textContent = i >= 0 && s.x[i] !== step ? `(step ${s.x[i]})` : "";
       });
     }
-    if (data.closest) {
-      const c = data.closest;
+    if (data.stages) {  // the strategy in use: the run's switch record, each switch with its interval
+      const st = data.stages;
       const span = document.createElement("span");
-      span.innerHTML = 'closest strategy: <span class="value" id="readout-closest"></span> <span class="at" id="readout-closest-at"></span>';
+      span.innerHTML = 'strategy: <span class="value" id="readout-closest"></span> <span class="at" id="readout-closest-at"></span>';
       box.appendChild(span);
       onStep.push((step) => {
-        const i = at(c.steps, step);
+        const past = st.switches.filter((w) => w.step <= step);
+        const last = past[past.length - 1], next = st.switches[past.length];
         const v = byId("readout-closest");
-        v.textContent = i < 0 ? "–" : c.names[i];
-        v.dataset.value = i < 0 ? "" : c.names[i];
-        v.dataset.code = i < 0 || !c.codes ? "" : String(c.codes[i]);
-        v.dataset.step = i < 0 ? "" : String(c.steps[i]);
-        byId("readout-closest-at").textContent = i >= 0 && c.steps[i] !== step ? `(step ${c.steps[i]})` : "";
+        v.textContent = last ? last.to : st.first;
+        v.dataset.value = v.textContent;
+        const when = (w) => `step ${w.step} [${w.low}, ${w.high}]`;
+        byId("readout-closest-at").textContent = last ? `(since ${when(last)})` : next ? `(until ${when(next)})` : "";
       });
     }
   }

@@ -41,7 +41,7 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
     with opened(page_path) as page:
         assert page.page.eval_on_selector("#step-label", "e => e.dataset.step") == str(steps[-1])  # opens at the end
         for index in (0, len(steps) // 2, len(steps) - 1):
-            assert readout_mismatches(page, series, index) == []
+            assert readout_mismatches(page, series, index, json.loads((run_dir / "summary.json").read_text())) == []
         # the keys move it as well: ← one snapshot back, → forward again
         page.page.keyboard.press("ArrowLeft")
         assert page.page.eval_on_selector("#step-label", "e => e.dataset.step") == str(steps[-2])
@@ -219,3 +219,28 @@ def test_the_strategies_panel_names_the_kl_as_the_docs_and_the_tracker_do():
     (panel,) = [p for p in curve_panels(series, "frobenius") if p["id"] == "strategies_kl"]
     assert "KL(strategy ‖ model)" in panel["title"]
     assert "KL(strategy ‖ model)" in (REPO / "docs" / "configuration.md").read_text()
+
+
+def test_the_strategy_in_use_is_read_from_the_switch_record_not_the_flickering_closest():
+    """experiment=markov_icl seed 0's per-snapshot closest strategy went uniform → unigram → bigram → unigram
+    → bigram ...; its switch record says uniform → unigram → bigram at 580 [520, 740]: the page reads that."""
+    from reports.explorer_page import strategy_stages
+
+    summary = {
+        "strategies/switches": 2,
+        "strategies/switch/1": "uniform → unigram",
+        "strategies/switch/1/step": 40.0,
+        "strategies/switch/1/low": 40.0,
+        "strategies/switch/1/high": 60.0,
+        "strategies/switch/2": "unigram → bigram",
+        "strategies/switch/2/step": 580.0,
+        "strategies/switch/2/low": 520.0,
+        "strategies/switch/2/high": 740.0,
+    }
+    stages = strategy_stages(summary)
+    assert stages["first"] == "uniform"
+    assert [(w["to"], w["step"], w["low"], w["high"]) for w in stages["switches"]] == [
+        ("unigram", 40.0, 40.0, 60.0),
+        ("bigram", 580.0, 520.0, 740.0),
+    ]
+    assert strategy_stages({"strategies/switches": 0}) is None and strategy_stages({}) is None
