@@ -7,6 +7,7 @@ page at its end too (``explorer=false`` turns that off)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -120,8 +121,17 @@ def write_sweep_page(sweep_dir: Path, members: list[Path], out: Path | None = No
         series = read_series(csv_path) if csv_path.is_file() and csv_path.stat().st_size else {}
         group = ", ".join(f"{key}={job.overrides.get(key, '')}" for key in settings)
         href = os.path.relpath(default_page(job.run_dir).resolve(), path.parent.resolve())
+        change = [job.values.get(f"phase_change_{part}", math.nan) for part in ("onset", "midpoint", "end")]
         entries.append(
-            {"name": job.run_dir.name, "href": str(href), "group": group, "status": job.status, "series": series}
+            {
+                "name": job.run_dir.name,
+                "href": str(href),
+                "group": group,
+                "status": job.status,
+                "seed": str(job.values.get("seed", "")),
+                "phase_change": [None if not isinstance(x, float) or math.isnan(x) else round(x, 1) for x in change],
+                "series": series,
+            }
         )
     size = write_page(path, sweep_page(entries, settings, run_label(sweep_dir), sweep_emergence(sweep_dir)))
     return path, size, time.perf_counter() - started

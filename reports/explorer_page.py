@@ -473,8 +473,9 @@ def conditioned_lines(law: dict, variable: str, stratum: str) -> list[dict]:
 
 def sweep_page(members: list[dict], grouped_by: list[str], title: str, emergence: dict | None = None) -> dict:
     """A sweep page's data: each member ``{"name", "href", "group", "status", "series": {key: (steps,
-    values)}}`` overlaid, coloured by its group (the sweep report's: the non-seed swept values); and the
-    sweep's emergence law (:func:`emergence_section`), where it has one."""
+    values)}}`` (and, where known, its ``seed`` and ``phase_change``: onset, midpoint, end) overlaid,
+    coloured by its group (the sweep report's: the non-seed swept values); and the sweep's emergence law
+    (:func:`emergence_section`), where it has one."""
     keys = ("loss/repeated", "train/loss", "heads/induction/top", "heads/prev_token/top")
     shown = [k for k in keys if any(k in m["series"] for m in members)]
     steps = sorted({int(s) for m in members for k in shown if k in m["series"] for s in m["series"][k][0]})
@@ -491,6 +492,8 @@ def sweep_page(members: list[dict], grouped_by: list[str], title: str, emergence
                 "href": m["href"],
                 "group": m["group"],
                 "status": m["status"],
+                "seed": m.get("seed", ""),
+                "phase_change": m.get("phase_change", []),
                 "series": {
                     k: {"x": m["series"][k][0].astype(int).tolist(), "y": plain(m["series"][k][1])}
                     for k in shown

@@ -319,10 +319,13 @@
     const el = section("members", "members (each links to its own page)", true);
     const table = document.createElement("table");
     table.className = "members";
-    table.innerHTML = "<tr><th>run</th><th>group</th><th>status</th>" + data.keys.map((k) => `<th>${k}</th>`).join("") + "</tr>";
+    table.innerHTML = "<tr><th>run</th><th>group</th><th>seed</th><th>status</th><th>phase change (onset / midpoint / end)</th>" +
+      data.keys.map((k) => `<th>${k}</th>`).join("") + "</tr>";
     data.members.forEach((m, r) => {
       const tr = document.createElement("tr");
-      tr.innerHTML = `<td><a href="${encodeURI(m.href)}">${m.name}</a></td><td>${m.group}</td><td>${m.status}</td>` +
+      const change = (m.phase_change || []).some((x) => x !== null) ? m.phase_change.map((x) => (x === null ? "–" : x.toFixed(0))).join(" / ") : "none";
+      tr.innerHTML = `<td><a href="${encodeURI(m.href)}">${m.name}</a></td><td>${m.group}</td><td>${m.seed}</td><td>${m.status}</td>` +
+        `<td class="phase-change">${change}</td>` +
         data.keys.map((k, c) => `<td id="member-${r}-${c}"></td>`).join("");
       table.appendChild(tr);
     });

@@ -84,6 +84,14 @@ def test_the_sweeps_page_overlays_its_runs_grouped_and_links_each_runs_page(swee
     with opened(page_path) as page:
         links = page.page.eval_on_selector_all("table.members a", "links => links.map(a => a.href)")
         assert links == [(m / "explorer.html").resolve().as_uri() for m in members]
+        # each row: its swept values, its seed, its status and its phase change (none in these short runs)
+        rows = page.page.eval_on_selector_all(
+            "table.members tr", "rows => rows.map(r => [...r.children].slice(0, 5).map(c => c.textContent))"
+        )
+        assert rows[0] == ["run", "group", "seed", "status", "phase change (onset / midpoint / end)"]
+        assert [row[1:5] for row in rows[1:]] == [
+            [f"intervention={i}", "0", "finished", "none"] for i in ("none", "clamp_prev_token", "ablate")
+        ]
         traces = page.chart("chart-loss_repeated")
         assert [t["name"] for t in traces] == [f"intervention={i}" for i in ("none", "clamp_prev_token", "ablate")]
         steps = page.page.evaluate("explorer.steps")
