@@ -38,6 +38,8 @@ from records.layout import (
     ANALYSIS_RECORD,
     CSV_RELATIVE_PATH,
     EXPLORER_PAGE,
+    HYDRA_DIR,
+    HYDRA_OVERRIDES,
     LLC_TABLE,
     SUMMARY_NAME,
     TENSORS_DIR,
@@ -189,6 +191,59 @@ def found_phase_change(summary: dict) -> dict[str, float]:
     """The run report's phase change: ``{"onset", "midpoint", "end"}`` steps, those it found."""
     found = {part: summary.get(f"phase_change/loss_{part}_step") for part in ("onset", "midpoint", "end")}
     return {part: float(step) for part, step in found.items() if isinstance(step, (int, float))}
+
+
+def identity_line(run_dir: Path) -> str:
+    """What the run is: the command-line overrides that made it (``.hydra/overrides.yaml``)."""
+    import yaml
+
+    try:
+        listed = yaml.safe_load((run_dir / HYDRA_DIR / HYDRA_OVERRIDES).read_text()) or []
+    except (OSError, ValueError, yaml.YAMLError):
+        return ""
+    shown = [str(o) for o in listed if not str(o).startswith("hydra.")] if isinstance(listed, list) else []
+    return "python train.py " + (" ".join(shown) if shown else "(as shipped)")
+
+
+def happened_line(summary: dict, series: dict) -> str:
+    """What happened, in one line: the phase change's steps, the circuit pair, the head types formed and
+    when (the step of the switch into each), the strategy switches with their intervals."""
+    parts = []
+    change = found_phase_change(summary)
+    if "midpoint" in change:
+        steps = " / ".join(
+            f"{change[p]:.0f}" if p in change else "beyond the run" for p in ("onset", "midpoint", "end")
+        )
+        parts.append(f"phase change {steps} (onset / midpoint / end)")
+    else:
+        parts.append("no phase change")
+    pair = [series.get(f"circuit/{k}") for k in ("writer_layer", "writer_head", "reader_layer", "reader_head")]
+    if all(p is not None and len(p[1]) for p in pair):
+        wl, wh, rl, rh = (int(p[1][-1]) for p in pair)
+        parts.append(f"circuit pair L{wl}H{wh} → L{rl}H{rh}")
+    formed = []
+    for key in sorted(k for k in summary if k.startswith("heads/type/")):
+        head, kind = key.removeprefix("heads/type/"), summary[key]
+        if not isinstance(kind, str) or kind == "unspecialised":
+            continue
+        into = [
+            summary.get(f"{k}/step")
+            for k in summary
+            if k.startswith(f"heads/switch/{head}/") and k.count("/") == 3 and str(summary[k]).endswith(f"→ {kind}")
+        ]
+        formed.append(f"{head} {kind}" + (f" at {into[-1]:.0f}" if into and isinstance(into[-1], (int, float)) else ""))
+    if formed:
+        parts.append("heads: " + ", ".join(formed))
+    stages = strategy_stages(summary)
+    if stages:
+        parts.append(
+            "strategies: "
+            + "; ".join(
+                f"{w['from']} → {w['to']} at {w['step']:.0f} [{w['low']:.0f}, {w['high']:.0f}]"
+                for w in stages["switches"]
+            )
+        )
+    return "; ".join(parts)
 
 
 def strategy_stages(summary: dict) -> dict | None:
@@ -392,6 +447,8 @@ def run_page(run_dir: Path, patterns: Patterns | None, why_no_patterns: str | No
         "measure": measure,
         "closest": strategies,
         "stages": strategy_stages(summary),
+        "identity": identity_line(run_dir),
+        "happened": happened_line(summary, series),
         "heads": heads,
         "pairs": pairs,
         "patterns": patterns.page() if patterns is not None else None,

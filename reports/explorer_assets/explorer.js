@@ -392,6 +392,8 @@
 
   document.title = data.title + " · explorer";
   byId("title").textContent = (data.kind === "sweep" ? "sweep " : "run ") + data.title;
+  byId("identity").textContent = data.identity || "";  // what the run is: the overrides that made it
+  byId("happened").textContent = data.happened || "";  // what happened: the phase change, the circuit, heads, strategies
   for (const note of data.notes || []) {
     const li = document.createElement("li");
     li.textContent = note;

@@ -80,6 +80,16 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
             forecast[0]["y"], logged, atol=1e-4
         )
         assert found["y"] == [summary["phase_change/loss_midpoint_step"]] * 2
+        # at the top, what the run is and what happened in it
+        assert page.page.inner_text("#identity").startswith("python train.py ")
+        happened = page.page.inner_text("#happened")
+        steps = [summary[f"phase_change/loss_{p}_step"] for p in ("onset", "midpoint", "end")]
+        assert happened.startswith("phase change {:.0f} / {:.0f} / {:.0f}".format(*steps)), happened
+        writer, reader = (
+            "L{}H{}".format(*(int(series[f"circuit/{side}_{k}"][1][-1]) for k in ("layer", "head")))
+            for side in ("writer", "reader")
+        )
+        assert f"circuit pair {writer} → {reader}" in happened and f"{reader} induction at" in happened
         # the phase change shaded on every time axis, onset to end
         for chart in ("chart-loss", "chart-scores", "chart-forecast"):
             shapes = page.page.eval_on_selector(f"#{chart}", "e => e.layout.shapes.map(s => [s.type, s.x0, s.x1])")
