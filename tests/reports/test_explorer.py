@@ -80,6 +80,16 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
             forecast[0]["y"], logged, atol=1e-4
         )
         assert found["y"] == [summary["phase_change/loss_midpoint_step"]] * 2
+        # no legend box over a plot area (bounding boxes from the DOM)
+        overlaps = page.page.evaluate(
+            """() => [...document.querySelectorAll('.js-plotly-plot')].filter(div => {
+                const legend = div.querySelector('g.legend'), plot = div.querySelector('.nsewdrag');
+                if (!legend || !plot) return false;
+                const a = legend.getBoundingClientRect(), b = plot.getBoundingClientRect();
+                return !(a.right <= b.left || a.left >= b.right || a.bottom <= b.top || a.top >= b.bottom);
+            }).map(div => div.id)"""
+        )
+        assert overlaps == []
         # at the top, what the run is and what happened in it
         assert page.page.inner_text("#identity").startswith("python train.py ")
         happened = page.page.inner_text("#happened")
