@@ -120,8 +120,14 @@ def rule_forecast(steps: np.ndarray, loss: np.ndarray, max_steps: float, window:
     the repeated-token loss so far. Where the loss has not yet fallen :data:`MIN_FALL` of ``L0`` at three
     points of ``[t/2, t]``, none (every field NaN); where its fall is not growing, the midpoint is ``inf``
     and ``p_before_end`` the chance that the growth rate is in truth high enough."""
+    return rule_from_growth(steps, loss, max_steps, window, escape_growth(steps, loss, window))
+
+
+def rule_from_growth(
+    steps: np.ndarray, loss: np.ndarray, max_steps: float, window: int, growth: Growth | None
+) -> Forecast:
+    """:func:`rule_forecast` from the escape's ``growth`` already fitted to these steps (:func:`escape_growth`)."""
     t = float(steps[-1])
-    growth = escape_growth(steps, loss, window)
     if growth is None:  # nothing to read yet: no forecast
         return Forecast(t, math.nan, math.nan, math.nan, math.nan)
     target = math.log(smoothed(loss, window)[0] / 2)
@@ -156,7 +162,7 @@ def features(steps: np.ndarray, series: dict[str, np.ndarray], max_steps: float,
     loss = series[LOSS]
     level = smoothed(loss, window)
     growth = escape_growth(steps, loss, window)
-    rule = rule_forecast(steps, loss, max_steps, window)
+    rule = rule_from_growth(steps, loss, max_steps, window, growth)
     defined = math.isfinite(rule.midpoint)
     rises = []
     for key in PRECURSORS.values():
