@@ -100,6 +100,27 @@ def run_label(run_dir: Path) -> str:
     return "/".join(Path(run_dir).resolve().parts[-2:])
 
 
+def run_identity(run_dir: Path) -> str:
+    """What a run is: the command that made it, ``python train.py`` and its overrides
+    (``.hydra/overrides.yaml``, ``hydra.*`` left out; ``(as shipped)`` with none); "" where it has none readable."""
+    import yaml
+
+    try:
+        listed = yaml.safe_load((Path(run_dir) / HYDRA_DIR / HYDRA_OVERRIDES).read_text()) or []
+    except (OSError, ValueError, yaml.YAMLError):
+        return ""
+    shown = [str(o) for o in listed if not str(o).startswith("hydra.")] if isinstance(listed, list) else []
+    return "python train.py " + (" ".join(shown) if shown else "(as shipped)")
+
+
+def figure_title(run_dir: Path, width: int = 90) -> str:
+    """A run's figure titles' name for it: :func:`run_label` and :func:`run_identity` (cut to ``width``)."""
+    identity = run_identity(run_dir)
+    if len(identity) > width:
+        identity = identity[: width - 1] + "…"
+    return f"{run_label(run_dir)} · {identity}" if identity else run_label(run_dir)
+
+
 def job_dirs(paths: list[Path]) -> list[Path]:
     """The run directories under each path (a sweep directory: its numbered job directories), or
     the path itself when it is a run directory."""

@@ -117,6 +117,26 @@ class WandbOpening:
         return self._run
 
 
+PAGE_KEY = "explorer"
+"""The W&B key of a run's (or a sweep's) ``explorer.html``, logged as HTML media: a W&B section of its own,
+placed first in the workspace's story section (:mod:`reports.wandb_workspace`)."""
+
+
+def log_page(path: str | os.PathLike, run=None) -> bool:
+    """``explorer.html`` at ``path`` logged to ``run`` (the process's open W&B run when None) as HTML media
+    (``wandb.Html``, the file as it is: W&B's injected stylesheet link would be a network request the page's
+    policy refuses). Offline, the page is copied into the run's ``files/media/html/``, and ``wandb sync``
+    uploads it. False where there is no W&B run (W&B off, or never loaded)."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    run = run if run is not None else (wandb.run if wandb is not None else None)
+    if run is None:
+        return False
+    run.log({PAGE_KEY: wandb.Html(str(path), inject=False)})
+    return True
+
+
 def log_row(run, values: Mapping[str, object]) -> None:
     """One row of ``values`` (tables, images, charts) logged to a W&B run that has no step axis of its own
     (a sweep report's)."""

@@ -49,7 +49,7 @@ from records.layout import (
     VALIDITY_FIGURE,
     VALIDITY_TABLE,
     DamagedFile,
-    run_label,
+    figure_title,
 )
 from records.tables import write_rows
 from records.tensor_store import read_tensor_store
@@ -289,7 +289,7 @@ def render(run_dir: Path, window: int, figures: bool = True, meanwhile: Callable
     summary.update(intervention_summary(run_dir))
 
     # every figure the run has the data for, the dearest first: drawn side by side while the tables are written
-    label = run_label(run_dir)
+    label = figure_title(run_dir)
     drawings = []
     if final is not None:
         by_measure, step = final
@@ -355,7 +355,7 @@ def phase_change_figure(run_dir: Path, series, measure: str, change: PhaseChange
         other_pairs_minus_baseline=others.curves,
         baseline=float(baseline[1][-1]) if baseline is not None else None,
         change=change,
-        title=run_label(run_dir),
+        title=figure_title(run_dir),
         measure=measure,
         other_pairs_label=others.label,
         other_pairs_band=others.band,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.heads.circuit_scores import MATCHING
 from metrics.tracked.base import registered_measures
+from records.wandb_run import PAGE_KEY
 from records.wandb_sections import wandb_key
 
 SCORERS = (*registered_measures(), MATCHING)
@@ -53,6 +54,7 @@ SECTIONS = (
     Section(
         "Phase change",
         (
+            Panel("media", "the run's explorer page: one step slider moves every view", (PAGE_KEY,)),
             Panel(
                 "line", "repeated vs first-occurrence loss (probe)", tracker("loss/repeated", "loss/first_occurrence")
             ),

@@ -63,8 +63,6 @@ def fit_ensemble(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_
                 JobEnded(1, member.ended, FAILED, member.ended_step).announce(job.run_dir)
                 values.append(float("nan") if job.cfg.objective else 1)
             else:
-                if job.cfg.explorer:  # each member's page, as a single run writes its own
-                    ExplorerPage(job.run_dir).wait()
                 write_status(job.run_dir, FINISHED)
                 values.append(objective_value(job.cfg, job.run_dir) if job.cfg.objective else 0)
         return values
@@ -164,8 +162,8 @@ def train(jobs: list[MemberJob], sweep_dir: Path, command: str, ensemble_id: str
     finally:
         if checkpoint is not None:
             checkpoint.unlink(missing_ok=True)
-    for member in members:
-        finish_member_wandb(member, 0 if member.ended is None else 1)
+    for member, job in zip(members, jobs):  # each member's page, as a single run writes and logs its own
+        finish_member_wandb(member, 0 if member.ended is None else 1, page=job.cfg.explorer and member.ended is None)
     print(cost_line(dispatcher, time.perf_counter() - fit_started))
     return members
 
@@ -189,18 +187,24 @@ def cost_line(dispatcher, seconds: float) -> str:
     )
 
 
-def finish_member_wandb(member, exit_code: int, preempting: bool = False) -> None:
-    """End the member's W&B run (opened with its logger) and write its CSV."""
+def finish_member_wandb(member, exit_code: int, preempting: bool = False, page: bool = False) -> None:
+    """Write the member's CSV, then (``page``) its ``explorer.html``, logged to its W&B run, which then ends."""
     from lightning.pytorch.loggers import WandbLogger
 
+    wandb_loggers = [logger for logger in member.loggers if isinstance(logger, WandbLogger)]
     for logger in member.loggers:
-        if isinstance(logger, WandbLogger):
-            run = logger.experiment
-            if preempting:
-                run.mark_preempting()
-            run.finish(exit_code=exit_code)
-        else:
+        if logger not in wandb_loggers:
             logger.finalize("success" if exit_code == 0 else "failed")
+    written = ExplorerPage(member.run_dir) if page else None
+    for logger in wandb_loggers:
+        run = logger.experiment
+        if written is not None:
+            written.publish(run)
+        if preempting:
+            run.mark_preempting()
+        run.finish(exit_code=exit_code)
+    if written is not None:
+        written.wait()  # written already where it was logged: said here
 
 
 class EnsemblePreempted(Exception):

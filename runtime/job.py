@@ -166,6 +166,8 @@ def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[Explorer
                 page.settle()  # begun by a report that then failed: written whole, not cut off at exit
             raise
     except Preempted as stop:
+        if page is not None:
+            page.publish()  # the page of the run so far, beside its checkpoint, in W&B too
         finish_wandb(stop.exit_code, preempting=True)
         ended = JobEnded(
             stop.exit_code,
@@ -192,10 +194,10 @@ def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[Explorer
         finish_wandb(1)  # any other failure (a second Ctrl-C too)
         raise
     if page is not None:
-        page.start()  # where no report began it
+        page.publish()  # begun by the report, or now; logged to the W&B run before it ends
     finish_wandb(0)
     if page is not None:
-        page.wait()
+        page.say()
 
 
 class ExplorerPage:
@@ -206,6 +208,7 @@ class ExplorerPage:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir, self.said, self.failed = run_dir, "", False
+        self.path: Path | None = None
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -219,6 +222,7 @@ class ExplorerPage:
 
         try:
             path, size, seconds = write_run_page(self.run_dir)
+            self.path = path
             self.said = f"explorer: {path} ({size / 1e6:.1f} MB, {seconds:.1f} s): open it in a browser, offline"
         except Exception as error:  # the page only: the run itself finished
             self.failed = True
@@ -227,11 +231,31 @@ class ExplorerPage:
                 " tries again"
             )
 
+    def publish(self, run=None) -> None:
+        """Write the page (begun now, if it was not) and log it to the run's W&B run as HTML media
+        (``run``, or the process's: :func:`records.wandb_run.log_page`; a page W&B cannot take is said, the
+        file stands)."""
+        from records.wandb_run import WandbOpening, log_page
+
+        self.start()
+        self.thread.join()
+        if self.failed:
+            return
+        WandbOpening.settle()
+        try:
+            log_page(self.path, run)
+        except Exception as error:  # W&B's copy only: the page is written
+            self.said += f"; not logged to W&B ({type(error).__name__}: {error})"
+
+    def say(self) -> None:
+        """Say where the page is, or why it is not."""
+        print(self.said, file=sys.stderr if self.failed else sys.stdout, flush=True)
+
     def wait(self) -> None:
         """Write the page (begun now, if it was not) and say where it is, or why it is not."""
         self.start()
         self.thread.join()
-        print(self.said, file=sys.stderr if self.failed else sys.stdout, flush=True)
+        self.say()
 
     def settle(self) -> None:
         """Let a page already begun finish (unsaid): a run that fails after its report began the page."""

@@ -35,10 +35,9 @@ class SweepEndReport(Callback):
             return
         print_sweep_report(report)
         law = emergence_law(report)
-        if config.explorer:
-            write_sweep_page(sweep_dir)
+        page = write_sweep_page(sweep_dir) if config.explorer else None
         if config.logger.wandb.enabled:
-            log_to_wandb(config, report, law)
+            log_to_wandb(config, report, law, page)
         if report.failed:
             sys.exit(f"error: {len(report.failed)} of {len(report.jobs)} jobs did not finish (see the report above)")
 
@@ -56,8 +55,9 @@ def emergence_law(report):
     return laws, files
 
 
-def write_sweep_page(sweep_dir: Path) -> None:
-    """The sweep's ``explorer.html`` (:mod:`analysis.explorer_pages`): its members' curves, linking to their pages."""
+def write_sweep_page(sweep_dir: Path) -> Path | None:
+    """The sweep's ``explorer.html`` (:mod:`analysis.explorer_pages`): its members' curves, linking to their
+    pages; its path, or None (said) where it could not be written."""
     from analysis.explorer_pages import write_sweep_page as write
 
     try:
@@ -65,21 +65,24 @@ def write_sweep_page(sweep_dir: Path) -> None:
         print(
             f"explorer: {path} ({size / 1e6:.1f} MB, {seconds:.1f} s): the sweep's runs, each linking to its own page"
         )
+        return path
     except Exception as error:  # the page only: the sweep's report is written
         print(
             f"explorer: not written ({type(error).__name__}: {error}); python -m analysis.explorer {sweep_dir}",
             file=sys.stderr,
         )
+        return None
 
 
-def log_to_wandb(config: DictConfig, report, law=None) -> None:
-    """The report's tables, figures and charts (:func:`reports.wandb_charts.sweep_plots`), in a W&B
+def log_to_wandb(config: DictConfig, report, law=None, page: Path | None = None) -> None:
+    """The report's tables, figures, charts (:func:`reports.wandb_charts.sweep_plots`) and explorer ``page``
+    (HTML media, :data:`records.wandb_run.PAGE_KEY`), in a W&B
     run named ``sweep report`` in the jobs' group (:mod:`records.wandb_run`), not through a Lightning
     logger: the launching process trains nothing and has not imported Lightning, which would add 5 s to
     every sweep's end."""
     import wandb
 
-    from records.wandb_run import log_row, open_run, report_run_options
+    from records.wandb_run import PAGE_KEY, log_row, open_run, report_run_options
     from reports.sweep_report import SEED_KEYS
     from reports.wandb_charts import sweep_plots
     from runtime.naming import wandb_naming
@@ -122,6 +125,7 @@ def log_to_wandb(config: DictConfig, report, law=None) -> None:
             **{f"sweep/{key}": wandb.Image(str(report.directory / name)) for key, name in figures.items()},
             **tables,
             **sweep_plots(report.jobs, [key for key in report.swept if key not in SEED_KEYS]),
+            **({PAGE_KEY: wandb.Html(str(page), inject=False)} if page is not None else {}),
         },
     )
     run.finish(exit_code=1 if report.failed else 0)

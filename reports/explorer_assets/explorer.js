@@ -1,8 +1,27 @@
-// The explorer page (reports/explorer_page.py): one step slider moves every view. The data is the JSON in
-// #explorer-data; arrays come as base64 little-endian float32. No request leaves the file.
-(function () {
+// The explorer page (reports/explorer_page.py): one step slider moves every view. The data (JSON) and
+// Plotly's bundle come gzipped and base64-encoded in #explorer-data and #plotly-bundle, unpacked here by
+// the browser's own DecompressionStream; arrays inside the JSON come as base64 little-endian float32.
+// No request leaves the file.
+async function unpackText(id) {
+  const text = atob(document.getElementById(id).textContent);
+  const bytes = new Uint8Array(text.length);
+  for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  return new Response(stream).text();
+}
+
+(async function () {
   "use strict";
-  const data = JSON.parse(document.getElementById("explorer-data").textContent);
+  const status = document.getElementById("unpacking");
+  if (typeof DecompressionStream === "undefined") {
+    status.textContent = "This browser cannot unpack the page (it needs DecompressionStream: Chrome 80, Firefox 113, Safari 16.4 or later).";
+    return;
+  }
+  const data = JSON.parse(await unpackText("explorer-data"));
+  const bundle = document.createElement("script");
+  bundle.textContent = await unpackText("plotly-bundle");
+  document.head.appendChild(bundle); // runs now: defines Plotly
+  status.remove();
   const byId = (id) => document.getElementById(id);
   const steps = data.steps;
   const onStep = []; // each view's update, called with the slider's step
@@ -94,7 +113,8 @@
     const base = baseShapes();
     const marker = (step) => ({ type: "line", xref: "x", yref: "paper", x0: step, x1: step, y0: 0, y1: 1, line: { color: "#000", width: 1.5 } });
     const layout = {
-      margin: { l: 50, r: 10, t: 10, b: 35 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: ytitle } },
+      // the top margin holds the toolbar, above the legend's first entry
+      margin: { l: 50, r: 10, t: 32, b: 35 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: ytitle } },
       legend: { font: { size: 10 } }, shapes: base.concat([marker(steps[0] || 0)]), hovermode: "x unified",
     };
     Plotly.newPlot(div, traces, layout, CONFIG);
@@ -105,9 +125,11 @@
   function curves() {
     for (const panel of data.panels || []) {
       const el = section(panel.id, panel.title, false);
-      const traces = panel.keys.map((key, i) => ({
-        x: data.series[key].x, y: data.series[key].y, name: key, mode: "lines", line: { width: 1.5, color: PALETTE[i % PALETTE.length] },
-      }));
+      const traces = panel.keys.map((key, i) => {
+        const trace = { x: data.series[key].x, y: data.series[key].y, name: key, mode: "lines", line: { width: 1.5, color: PALETTE[i % PALETTE.length] } };
+        const heads = (data.top_heads || {})[key]; // the top head at each step, named on hover
+        return heads ? { ...trace, customdata: heads, hovertemplate: `${key}: %{y:.4g} (%{customdata})<extra></extra>` } : trace;
+      });
       if (panel.id === "llc") for (const c of data.llc) traces.push({ x: c.x, y: c.y, name: c.name, mode: "lines+markers" });
       for (const level of panel.levels || []) {
         const xs = [].concat(...panel.keys.map((key) => data.series[key].x));
@@ -230,6 +252,22 @@
     const readers = [], writers = [];
     for (let l = 0; l < L; l++) for (let h = 0; h < N; h++) { if (l > 0) readers.push([l, h]); if (l < L - 1) writers.push([l, h]); }
     const flat = (lw, hw, lr, hr) => ((lw * N + hw) * L + lr) * N + hr;
+    const ranges = {};
+    function range(key, t) { // [min(0, lowest), highest] over every measured step
+      if (!t) return [0, 1];
+      if (!ranges[key]) {
+        let lo = 0, hi = -Infinity;
+        for (const v of t.values) if (finite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+        ranges[key] = [lo, hi > lo ? hi : lo + 1];
+      }
+      return ranges[key];
+    }
+    function baselineAt(m, step) { // the measure's random baseline (mean) at the step, or null
+      const b = (P.baselines || {})[m];
+      if (!b) return null;
+      const k = at(b.steps, step);
+      return k < 0 ? b.mean_sd[0][0] : b.mean_sd[k][0];
+    }
     function draw(step) {
       current = step;
       kind.disabled = P.extra.includes(measure.value);
@@ -252,8 +290,13 @@
         z.push(zr);
         text.push(tr);
       }
-      const title = i < 0 ? `${name()}: not measured yet` : `${name()} (measured at step ${t.steps[i]})`;
-      Plotly.react(div, [{ z, text, type: "heatmap", hoverinfo: "text", colorscale: "Viridis",
+      // one colour scale for the whole run (from 0, or the run's lowest value), the random baseline marked on it
+      const [zmin, zmax] = range(name(), t);
+      const base = P.extra.includes(measure.value) ? null : baselineAt(measure.value, step);
+      const colorbar = base === null ? {} : { tickvals: [zmin, base, zmax], ticktext: [shown(zmin), `random ${shown(base)}`, shown(zmax)] };
+      let title = i < 0 ? `${name()}: not measured yet` : `${name()} (measured at step ${t.steps[i]})`;
+      if (base !== null) title += ` · random baseline ${shown(base)}`;
+      Plotly.react(div, [{ z, text, type: "heatmap", hoverinfo: "text", colorscale: "Viridis", zmin, zmax, colorbar,
         x: writers.map(([l, h]) => `L${l}H${h}`), y: readers.map(([l, h]) => `L${l}H${h}`) }],
         { margin: { l: 55, r: 10, t: 30, b: 50 }, title: { text: title, font: { size: 12 } }, xaxis: { title: { text: "writer (earlier head)" } },
           yaxis: { title: { text: "reader" }, autorange: "reversed" } }, CONFIG);
@@ -414,4 +457,8 @@
   setIndex(steps.length - 1);
   window.explorer = { data, setIndex, steps }; // for a test driving the page
   document.body.dataset.ready = "true";
-})();
+})().catch((error) => {
+  const note = document.getElementById("unpacking") || document.body.appendChild(document.createElement("p"));
+  note.textContent = `The page could not be drawn: ${error}`;
+  throw error;
+});

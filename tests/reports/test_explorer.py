@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from bench.explorer_in_browser import pattern_error, readout_mismatches
+from records import wandb_records
 from records.layout import CSV_RELATIVE_PATH
 from records.tensor_store import read_tensor_store
 from records.trajectory import Trajectory
+from reports.explorer_page import page_data
 from reports.run_report import read_series
 from tests.browser import opened
 from tests.helpers import REPO, module
@@ -31,7 +33,14 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
     run_dir = shipped_run.run_dir
     page_path = run_dir / "explorer.html"
     assert f"explorer: {page_path}" in shipped_run.stdout
-    assert page_path.stat().st_size < 10e6  # the acceptance's budget for the default run
+    assert page_path.stat().st_size <= 2e6  # the budget for the default run (all views kept)
+    # in the W&B run as HTML media (offline: its files, which wandb sync uploads), the page as written
+    (logged,) = run_dir.glob("wandb/offline-run-*/files/media/html/explorer_*.html")
+    assert logged.read_bytes() == page_path.read_bytes()
+    (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    assert [row["explorer/_type"] for row in wandb_records.history(run_file) if "explorer/_type" in row] == [
+        "html-file"
+    ]
     series = read_series(run_dir / CSV_RELATIVE_PATH)
     steps = series["loss/repeated"][0].astype(int)
     store = read_tensor_store(
@@ -90,6 +99,29 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
             }).map(div => div.id)"""
         )
         assert overlaps == []
+        # nor the toolbar over a legend's first entry
+        covered = page.page.evaluate(
+            """() => [...document.querySelectorAll('.js-plotly-plot')].filter(div => {
+                const entry = div.querySelector('g.legend g.traces'), bar = div.querySelector('.modebar');
+                if (!entry || !bar) return false;
+                const a = entry.getBoundingClientRect(), b = bar.getBoundingClientRect();
+                return !(a.right <= b.left || a.left >= b.right || a.bottom <= b.top || a.top >= b.bottom);
+            }).map(div => div.id)"""
+        )
+        assert covered == []
+        # one curve per head score, its hover naming the head on top at each step (from the CSV's per-head columns)
+        scores = [t for t in page.chart("chart-scores") if t["name"].startswith("heads/")]
+        assert len({t["name"] for t in scores}) == len(scores) and all(t["name"].endswith("/top") for t in scores)
+        induction = next(t for t in scores if t["name"] == "heads/induction/top")
+        last = np.array([series[f"heads/induction/L{l}H{h}"][1][-1] for l in (0, 1) for h in (0, 1)])
+        assert induction["customdata"][-1] == "L{}H{}".format(*divmod(int(np.argmax(last)), 2))
+        # the pair heatmap on one scale for the run, from 0, with the measure's random baseline marked on it
+        page.page.select_option("#view-pairs select >> nth=0", "frobenius")
+        page.page.select_option("#view-pairs select >> nth=1", "K")
+        (heatmap,) = page.chart("chart-pairs")
+        baseline = read_tensor_store(run_dir / "tensors", ["comp/baseline/frobenius"])["comp/baseline/frobenius"]
+        assert heatmap["zmin"] == 0 and heatmap["zmax"] >= np.nanmax(store["comp/K/frobenius"][1]) - 1e-6
+        assert heatmap["colorbar"]["ticktext"][1] == f"random {baseline[1][-1][0]:.4g}"
         # at the top, what the run is and what happened in it
         assert page.page.inner_text("#identity").startswith("python train.py ")
         happened = page.page.inner_text("#happened")
@@ -222,7 +254,7 @@ def test_a_run_with_a_damaged_file_gets_a_page_that_names_it(tiny_run, tmp_path,
     assert main([str(run), "--out", str(tmp_path / "page.html")]) == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("\n") <= 1
-    page = (tmp_path / "page.html").read_text()
+    page = json.dumps(page_data((tmp_path / "page.html").read_text()))  # the notes the page shows
     if damaged == "tensors/index.json":
         assert f"no tensor store: {path} is damaged" in page
     else:  # the CSV's cut last row; the config, read only where the run has no trajectory (this one has)
@@ -264,3 +296,48 @@ def test_the_strategy_in_use_is_read_from_the_switch_record_not_the_flickering_c
         ("bigram", 580.0, 520.0, 740.0),
     ]
     assert strategy_stages({"strategies/switches": 0}) is None and strategy_stages({}) is None
+
+
+def test_the_charting_bundle_is_the_one_npm_publishes_and_a_changed_one_is_refused(tmp_path, monkeypatch):
+    """The vendored tarball's SHA-512 is npm's published integrity for plotly.js-cartesian-dist-min@4.1.1
+    (``npm view plotly.js-cartesian-dist-min@4.1.1 dist.integrity``); a tarball changed by one byte is refused."""
+    import tarfile
+
+    from reports import explorer_page
+
+    assert explorer_page.tarball_integrity(explorer_page.PLOTLY_TARBALL) == explorer_page.PLOTLY_INTEGRITY
+    assert explorer_page.plotly_bundle().startswith(b"/**\n* plotly.js (cartesian - minified) v4.1.1")
+    with tarfile.open(explorer_page.PLOTLY_TARBALL) as tar:
+        assert "MIT" in tar.extractfile("package/LICENSE").read().decode()
+    changed = tmp_path / explorer_page.PLOTLY_TARBALL.name
+    data = bytearray(explorer_page.PLOTLY_TARBALL.read_bytes())
+    data[-100] ^= 1
+    changed.write_bytes(bytes(data))
+    monkeypatch.setattr(explorer_page, "PLOTLY_TARBALL", changed)
+    explorer_page.plotly_bundle.cache_clear()
+    try:
+        with pytest.raises(explorer_page.ExplorerError, match="not the tarball npm publishes"):
+            explorer_page.plotly_bundle()
+    finally:
+        explorer_page.plotly_bundle.cache_clear()
+
+
+def test_the_page_carries_its_data_packed_and_gives_it_back_whole():
+    from reports.explorer_page import page_data, page_html
+
+    data = {"kind": "run", "title": "a <b> & </script>", "steps": [0, 10], "values": [0.1234567891234, None]}
+    html = page_html(data)
+    assert page_data(html) == data and "</script>" not in html.split("<script", 1)[1].split("</script>", 1)[0]
+
+
+def test_figure_titles_name_the_run_by_its_overrides(tmp_path):
+    from records.layout import figure_title
+
+    run = tmp_path / "sweep" / "3"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- data.batch_size=16\n- seed=2\n- hydra.job.chdir=false\n")
+    assert figure_title(run) == "sweep/3 · python train.py data.batch_size=16 seed=2"
+    (run / ".hydra" / "overrides.yaml").write_text("[]\n")
+    assert figure_title(run) == "sweep/3 · python train.py (as shipped)"
+    (run / ".hydra" / "overrides.yaml").write_text("- " + "x" * 200 + "\n")
+    assert len(figure_title(run)) == len("sweep/3 · ") + 90

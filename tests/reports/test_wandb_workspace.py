@@ -95,7 +95,11 @@ def test_dry_run_prints_the_workspace_and_saves_nothing():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "Phase change (open): 10 panels" in result.stdout and "1_story/loss/repeated" in result.stdout
+    assert (
+        "Phase change (open): 11 panels" in result.stdout
+        and "media_keys=['explorer']" in result.stdout
+        and "1_story/loss/repeated" in result.stdout
+    )
     missing = subprocess.run(
         [sys.executable, "-m", "reports.wandb_workspace", "--project", "p"], cwd=REPO, capture_output=True, text=True
     )

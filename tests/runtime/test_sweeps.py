@@ -138,6 +138,8 @@ def test_a_sweeps_end_imports_no_lightning(failing_sweep, tmp_path):
     (report_file,) = copy.glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_records.run(report_file)["display_name"] == "sweep report"
     assert wandb_records.exit_code(report_file) == 1  # three of its jobs failed
+    (logged,) = copy.glob("wandb/offline-run-*/files/media/html/explorer_*.html")  # its page, as HTML media
+    assert logged.read_bytes() == (copy / "explorer.html").read_bytes()
 
 
 def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(tmp_path):
