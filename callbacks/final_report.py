@@ -23,8 +23,19 @@ class FinalReport(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
+            from records.disk import ReportUnwritten, disk_full
             from reports.publish import publish_report  # the plotting library (0.8 s) only at the end
 
-            publish_report(
-                self.run_dir, trainer.loggers, trainer.global_step, self.smoothing_window, self.figures, self.meanwhile
-            )
+            try:
+                publish_report(
+                    self.run_dir,
+                    trainer.loggers,
+                    trainer.global_step,
+                    self.smoothing_window,
+                    self.figures,
+                    self.meanwhile,
+                )
+            except OSError as error:
+                if disk_full(error) is None:
+                    raise
+                raise ReportUnwritten(f"the end-of-run report at step {trainer.global_step}") from error

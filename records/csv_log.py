@@ -25,12 +25,14 @@ class ResumableCSVLogger(CSVLogger):
     def __init__(self, save_dir: str | Path, resume_step: int | None = None) -> None:
         super().__init__(save_dir=str(save_dir), name=CSV_DIR, version="")
         self.resume_step = resume_step
-        self.dropped_rows = 0
+        self.dropped_rows = self.cut_rows = 0
         self.kept: list[dict[str, str]] | None = None
         metrics = Path(self.log_dir) / CSV_RELATIVE_PATH.name
         if resume_step is not None and metrics.is_file():
             with open(metrics, newline="") as file:
-                rows = list(csv.DictReader(file))
+                read = list(csv.DictReader(file))
+            rows = [row for row in read if None not in row.values() and None not in row]  # a row cut short (a full
+            self.cut_rows = len(read) - len(rows)  # disk, a kill) is left out: its step is trained and logged again
             self.kept = [row for row in rows if row.get("step", "") == "" or int(float(row["step"])) < resume_step]
             self.dropped_rows = len(rows) - len(self.kept)
 

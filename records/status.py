@@ -7,6 +7,7 @@ and resume interrupted ones. A run killed outright (SIGKILL, a lost node) stays 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -25,11 +26,20 @@ Kubernetes' SIGTERM, Ctrl-C, and the warnings ahead of a time limit (SLURM's SIG
 def write_status(
     run_dir: Path, status: str, exit_code: int = 0, step: int | None = None, error: str | None = None
 ) -> None:
-    record = {"status": status, "exit_code": exit_code, "step": step, "error": error}
+    """Write ``status.json`` atomically (a temporary file renamed over it). On a full disk, where even its
+    temporary file finds no room, it is rewritten in place instead: the record that says the disk filled
+    must land, and the old record's own room is enough for it."""
+    record = json.dumps({"status": status, "exit_code": exit_code, "step": step, "error": error}, indent=1) + "\n"
     path = Path(run_dir) / STATUS_FILE
     temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(temporary, path)
+    try:
+        temporary.write_text(record)
+        os.replace(temporary, path)
+    except OSError as full:
+        temporary.unlink(missing_ok=True)
+        if full.errno not in (errno.ENOSPC, errno.EDQUOT) or not path.is_file():
+            raise
+        path.write_text(record)
 
 
 def read_status(run_dir: Path) -> dict | None:

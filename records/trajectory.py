@@ -15,6 +15,7 @@ a killed run leaves whole files that the index names, or an orphan it does not.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -149,7 +150,13 @@ class TrajectoryWriter:
             name = step_file(step)
             temporary = self.directory / f"{name}.tmp"
             tensors = {key: value.detach().cpu().contiguous() for key, value in state_dict.items()}
-            save_file(tensors, str(temporary), metadata={"step": str(step)})
+            try:
+                save_file(tensors, str(temporary), metadata={"step": str(step)})
+            except SafetensorError as error:  # its message only: a full disk becomes the OSError it is
+                temporary.unlink(missing_ok=True)
+                if "No space left on device" in str(error):
+                    raise OSError(errno.ENOSPC, "No space left on device", str(self.directory / name)) from error
+                raise
             os.replace(temporary, self.directory / name)
             self.index["steps"][str(step)] = {
                 "file": name,

@@ -42,6 +42,7 @@ from metrics.dynamics.phase_change import SMALLEST_PHASE_CHANGE
 from models.lit_module import InductionLM
 from models.optimizer import OptimizerSettings
 from records.csv_log import ResumableCSVLogger
+from records.disk import SameDirectoryCheckpointIO
 from records.keys import flatten
 from records.layout import (
     CHECKPOINTS,
@@ -244,5 +245,9 @@ def trainer_loop(trainer: DictConfig) -> dict:
         enable_model_summary=False,
         # under SLURM the runtime requeues, with our checkpoint (runtime/slurm.py); Lightning's own
         # handler would also requeue a job whose warning signal comes after training has finished
-        plugins=[SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None,
+        # a checkpoint written beside the last and renamed over it: a full disk leaves the last one whole
+        plugins=[
+            SameDirectoryCheckpointIO(),
+            *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []),
+        ],
     )

@@ -21,13 +21,25 @@ class Tee(io.TextIOBase):
     def write(self, text: str) -> int:
         self.stream.write(text)
         if "\r" not in text and not self.log.closed:
-            self.log.write(text)
+            try:
+                self.log.write(text)
+            except OSError:  # a full disk: the terminal still gets every line, the log stops here
+                self.stop_log()
         return len(text)
 
     def flush(self) -> None:
         self.stream.flush()
         if not self.log.closed:
-            self.log.flush()
+            try:
+                self.log.flush()
+            except OSError:
+                self.stop_log()
+
+    def stop_log(self) -> None:
+        try:
+            self.log.close()
+        except OSError:  # closing flushes what is buffered: on a full disk it is lost, the file closed
+            pass
 
     def isatty(self) -> bool:
         return self.stream.isatty()
@@ -58,13 +70,20 @@ def tee_console(path: Path) -> Iterator[None]:
     try:
         yield
     except Exception:
-        log.write(traceback.format_exc())  # the error that ends the run, in its log (the console gets it from Python)
+        if not log.closed:
+            try:
+                log.write(traceback.format_exc())  # the error that ends the run, in its log (Python prints it)
+            except OSError:
+                pass  # a full disk: the console has it
         raise
     finally:
         sys.stdout, sys.stderr = stdout, stderr
         for handler, stream in zip(handlers, streams):
             handler.setStream(stream)
-        log.close()
+        try:
+            log.close()
+        except OSError:  # its last buffered line, on a full disk
+            pass
 
 
 HYDRA_NOISE = (

@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from conf.validate import ConfigError, validate
+from records.disk import ReportUnwritten, disk_full, exception_chain, make_room, what_failed
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, SUMMARY_NAME, TRAIN_LOG
 from records.status import FAILED, FINISHED, PREEMPTED, RUNNING, STOP_SIGNALS, read_status, write_status
 from runtime.console import tee_console
@@ -51,6 +52,7 @@ def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], None]) -> float
     (the objective, or the job's exit code) and exits non-zero when a single run fails."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    trained = False
     with (
         tee_console(run_dir / TRAIN_LOG),
         time_limit_warnings_noted(),
@@ -63,12 +65,24 @@ def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], None]) -> float
             with startup_signals_noted():  # before status.json says running: a signal from then on is kept
                 write_status(run_dir, RUNNING)
                 train(cfg, run_dir)
+            trained = True
+            write_status(run_dir, FINISHED)
         except JobEnded as ended:
             ended.announce(run_dir)
             if not multirun or ended.status == PREEMPTED:
                 sys.exit(ended.exit_code)  # a stopped sweep stops: the same command again resumes it
             return float("nan") if cfg.objective else ended.exit_code  # NaN: a failed trial, to Optuna
         except Exception as error:
+            if (full := disk_full(error)) is not None:  # one line, the status, and how to finish: no traceback
+                ended = JobEnded(1, no_room_line(run_dir, full, error, trained))
+                make_room(run_dir, full)
+                try:
+                    ended.announce(run_dir)
+                except OSError:  # no room even for the status: said all the same
+                    print(f"{ended} (status.json could not be written either)", file=sys.stderr)
+                if not multirun:
+                    sys.exit(1)
+                return float("nan") if cfg.objective else 1
             write_status(run_dir, FAILED, 1, error=f"{type(error).__name__}: {error}")
             if not multirun:
                 raise
@@ -77,8 +91,27 @@ def run_job(cfg: DictConfig, train: Callable[[DictConfig, Path], None]) -> float
         except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without a checkpoint
             write_status(run_dir, FAILED, 128 + signal.SIGINT, error="stopped by a second Ctrl-C, without a checkpoint")
             raise
-        write_status(run_dir, FINISHED)
         return objective_value(cfg, run_dir) if cfg.objective else 0
+
+
+def no_room_line(run_dir: Path, full: OSError, error: BaseException, trained: bool = False) -> str:
+    """The one line a full disk gets: what could not be written, what is kept, and the command that
+    finishes the run once there is room (the report, where training had finished; else the resume)."""
+    what = what_failed(full, run_dir)
+    if trained:  # the run's files are all written: only its status (or W&B's copy of them) failed
+        return f"error: no space left on device writing {what}: the run finished and its files are kept"
+    if any(isinstance(e, ReportUnwritten) for e in exception_chain(error)):
+        return (
+            f"error: no space left on device writing {what}: training finished and its records are kept;"
+            f" once there is room, write the report with: python -m reports.run_report {run_dir}"
+            f" (and the page with: python -m analysis.explorer {run_dir})"
+        )
+    last = run_dir / CHECKPOINTS / LAST_CHECKPOINT
+    kept = f"the last checkpoint ({last}) and" if last.is_file() else "no checkpoint yet, but"
+    return (
+        f"error: no space left on device writing {what}; {kept} the files written before are kept;"
+        f" once there is room, continue with: {resume_command(run_dir)}"
+    )
 
 
 TIME_LIMIT_WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's (sbatch --signal=USR1@90), submitit's
@@ -245,7 +278,12 @@ class ExplorerPage:
         try:
             log_page(self.path, run)
         except Exception as error:  # W&B's copy only: the page is written
-            self.said += f"; not logged to W&B ({type(error).__name__}: {error})"
+            if (full := disk_full(error)) is not None:
+                if full.filename2:
+                    Path(full.filename2).unlink(missing_ok=True)  # W&B's copy, cut short
+                self.said += "; not logged to W&B: no space left on device for its copy"
+            else:
+                self.said += f"; not logged to W&B ({type(error).__name__}: {error})"
 
     def say(self) -> None:
         """Say where the page is, or why it is not."""
