@@ -34,6 +34,7 @@ from models.lit_module import InductionLM
 from models.optimizer import OptimizerSettings
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 from records import wandb_records
+from records.wandb_run import PAGE_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -301,8 +302,9 @@ def snapshot_keys(snap: Snapshot, measures=None, max_pair_keys: int = 300, top_p
 
 def wandb_history(run_dir) -> list[dict]:
     """Every logged row of every W&B run file in the run directory, in start order, minus media
-    references (their file names carry random ids and W&B's own step counter); a chart's table is
-    compared by its digest (``charts/.../sha256``)."""
+    references (their file names carry random ids and W&B's own step counter) and the explorer page's
+    rows (a stopped run logs the page of the run so far, which an uninterrupted one has not); a chart's
+    table is compared by its digest (``charts/.../sha256``)."""
     rows = []
     for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
         rows += [
@@ -312,6 +314,7 @@ def wandb_history(run_dir) -> list[dict]:
                 if not k.startswith(("_", "images/", "validity/table")) and not k.endswith("path")
             }
             for row in wandb_records.history(path)
+            if not any(k.startswith(f"{PAGE_KEY}/") for k in row)
         ]
     return rows
 

@@ -126,8 +126,8 @@ def test_wandb_tells_the_story_first_and_loses_no_csv_key(short_run):
     for entry in story() - {"heads/statistical_induction/top"}:  # a key, or (ending in "/") a family: every KL
         assert any(tracker_key(k) == entry or (entry.endswith("/") and tracker_key(k).startswith(entry)) for k in told)
     scalars = [
-        key for key in logged if not key.startswith(("images/", "validity/table/", "charts/"))
-    ]  # not media or tables
+        key for key in logged if not key.startswith(("images/", "validity/table/", "charts/", "explorer/"))
+    ]  # not media (the page among them) or tables
     assert len(scalars) == len(tracker_keys) + 3  # the tracker's keys, train/loss, epoch, trainer/global_step
     summary = wandb_records.summary(wandb_file(run_dir))
     repeated = series["loss/repeated"][1]
