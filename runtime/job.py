@@ -201,6 +201,7 @@ def training_outcome(run_dir: Path, explorer: bool = False) -> Iterator[Explorer
     except Preempted as stop:
         if page is not None:
             page.publish()  # the page of the run so far, beside its checkpoint, in W&B too
+            page.say()
         finish_wandb(stop.exit_code, preempting=True)
         ended = JobEnded(
             stop.exit_code,
