@@ -26,6 +26,20 @@ from tests.helpers import REPO, module
 pytestmark = pytest.mark.slow
 
 
+def overlapping(page, first: str, second: str) -> list[str]:
+    """The ids of the page's charts in which the first element matching ``first`` overlaps the first
+    matching ``second`` (their bounding boxes in the DOM)."""
+    return page.page.evaluate(
+        """([first, second]) => [...document.querySelectorAll('.js-plotly-plot')].filter(div => {
+            const one = div.querySelector(first), other = div.querySelector(second);
+            if (!one || !other) return false;
+            const a = one.getBoundingClientRect(), b = other.getBoundingClientRect();
+            return !(a.right <= b.left || a.left >= b.right || a.bottom <= b.top || a.top >= b.bottom);
+        }).map(div => div.id)""",
+        [first, second],
+    )
+
+
 def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_run):
     """python train.py as shipped: the page it wrote at its end, at three slider positions, and its
     attention pattern of L1H0 at the last step against the model's own from the saved weights."""
@@ -89,26 +103,9 @@ def test_the_default_runs_page_moves_every_view_to_what_the_run_saved(shipped_ru
             forecast[0]["y"], logged, atol=1e-4
         )
         assert found["y"] == [summary["phase_change/loss_midpoint_step"]] * 2
-        # no legend box over a plot area (bounding boxes from the DOM)
-        overlaps = page.page.evaluate(
-            """() => [...document.querySelectorAll('.js-plotly-plot')].filter(div => {
-                const legend = div.querySelector('g.legend'), plot = div.querySelector('.nsewdrag');
-                if (!legend || !plot) return false;
-                const a = legend.getBoundingClientRect(), b = plot.getBoundingClientRect();
-                return !(a.right <= b.left || a.left >= b.right || a.bottom <= b.top || a.top >= b.bottom);
-            }).map(div => div.id)"""
-        )
-        assert overlaps == []
-        # nor the toolbar over a legend's first entry
-        covered = page.page.evaluate(
-            """() => [...document.querySelectorAll('.js-plotly-plot')].filter(div => {
-                const entry = div.querySelector('g.legend g.traces'), bar = div.querySelector('.modebar');
-                if (!entry || !bar) return false;
-                const a = entry.getBoundingClientRect(), b = bar.getBoundingClientRect();
-                return !(a.right <= b.left || a.left >= b.right || a.bottom <= b.top || a.top >= b.bottom);
-            }).map(div => div.id)"""
-        )
-        assert covered == []
+        # no legend box over a plot area, nor the toolbar over a legend's first entry (boxes from the DOM)
+        assert overlapping(page, "g.legend", ".nsewdrag") == []
+        assert overlapping(page, "g.legend g.traces", ".modebar") == []
         # one curve per head score, its hover naming the head on top at each step (from the CSV's per-head columns)
         scores = [t for t in page.chart("chart-scores") if t["name"].startswith("heads/")]
         assert len({t["name"] for t in scores}) == len(scores) and all(t["name"].endswith("/top") for t in scores)
