@@ -37,9 +37,16 @@ class PhaseChangeForecast(L.Callback):
         self.steps: list[float] = []
         self.values: dict[str, list[float]] = {key: [] for key in SERIES}
         self.passed = False  # the loss has fallen half its first level: nothing left to forecast
+        self.logged: tuple[int, dict[str, float]] | None = None  # the last forecast logged, and its step
+        self.resumed: tuple[int, dict[str, float]] | None = None  # that one, from a checkpoint: logged again
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         latest = self.tracker.latest
+        if latest is not None and self.resumed is not None and latest[0] == self.resumed[0]:
+            # a resumed run logs its checkpoint's step again (its rows from that step on were dropped): the
+            # forecast made there, as it was, not made twice
+            self.log_forecast(trainer, *self.resumed)
+        self.resumed = None
         if latest is None or (self.steps and latest[0] <= self.steps[-1]) or LOSS not in latest[1]:
             return
         step, metrics = latest
@@ -58,14 +65,21 @@ class PhaseChangeForecast(L.Callback):
             if self.forecaster is not None
             else rule_forecast(steps, series[LOSS], self.max_steps, self.window)
         )
-        logged = {k: v for k, v in forecast.metrics().items() if math.isfinite(v)}
+        self.log_forecast(trainer, step, {k: v for k, v in forecast.metrics().items() if math.isfinite(v)})
+
+    def log_forecast(self, trainer, step: int, logged: dict[str, float]) -> None:
+        """``logged`` at ``step`` to every logger; nothing where no value is finite (no empty row)."""
+        if not logged:
+            return
+        self.logged = (step, logged)
         for logger in trainer.loggers:
             logger.log_metrics(logged, step=step)
 
     def state_dict(self) -> dict:
-        return {"steps": self.steps, "values": self.values, "passed": self.passed}
+        return {"steps": self.steps, "values": self.values, "passed": self.passed, "logged": self.logged}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.steps = list(state_dict["steps"])
         self.values = {key: list(values) for key, values in state_dict["values"].items()}
         self.passed = state_dict["passed"]
+        self.resumed = self.logged = state_dict.get("logged")  # checkpoints from before it: none to log again

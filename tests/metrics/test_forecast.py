@@ -144,3 +144,36 @@ def test_the_default_run_forecasts_its_phase_change_and_its_summary_says_what_at
     assert forecast_main(["fit", str(sweep), "--out", str(summary_copy)]) == 2
     assert summary_copy.read_bytes() == before
     assert "exists and this command did not write it" in capsys.readouterr().err
+
+
+def test_a_resumed_run_logs_its_checkpoints_forecast_again_and_makes_no_other():
+    """``callbacks.phase_change_forecast``: a run resumed at a step where it had forecast (its CSV rows from
+    that step on were dropped; the tracker measures that step again) logs that forecast again, as it was;
+    one resumed between snapshots logs nothing twice; a snapshot with no finite forecast logs no empty row."""
+    from types import SimpleNamespace
+
+    from callbacks.phase_change_forecast import PhaseChangeForecast
+
+    class Recorder:
+        def __init__(self):
+            self.rows = []
+
+        def log_metrics(self, metrics, step):
+            self.rows.append((step, dict(metrics)))
+
+    steps = np.arange(0, 1001, 10.0)
+    loss = escape(0.01, 700.0, steps, np.random.default_rng(1))
+    tracker = SimpleNamespace(latest=None)
+    straight, trainer = PhaseChangeForecast(tracker, max_steps=1000, window=5), SimpleNamespace(loggers=[Recorder()])
+    for step, value in zip(steps[:51], loss[:51]):  # to step 500, before the midpoint
+        tracker.latest = (int(step), {LOSS: float(value)})
+        straight.on_train_batch_end(trainer, None, None, None, 0)
+    rows = trainer.loggers[0].rows
+    assert rows and rows[-1][0] == 500 and all(metrics for _, metrics in rows)  # no empty row
+    assert len(rows) < 49  # the first snapshots forecast nothing finite, and logged nothing
+    for latest, again in (((500, {LOSS: float(loss[50])}), [rows[-1]]), (None, [])):
+        resumed, recorder = PhaseChangeForecast(tracker, max_steps=1000, window=5), Recorder()
+        resumed.load_state_dict(straight.state_dict())
+        tracker.latest = latest  # step 500 measured again, or (resumed at 505) no snapshot yet
+        resumed.on_train_batch_end(SimpleNamespace(loggers=[recorder]), None, None, None, 0)
+        assert recorder.rows == again
