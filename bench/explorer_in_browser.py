@@ -66,8 +66,9 @@ class OpenedPage:
     def chart(self, element_id: str) -> list[dict]:
         """The data of the Plotly chart in ``#element_id``, as it is drawn now."""
         return self.page.eval_on_selector(
-            f"#{element_id}", "e => e.data.map(t => ({z: t.z, x: t.x, y: t.y, text: t.text, name: t.name, customdata: t.customdata,"
-            " zmin: t.zmin, zmax: t.zmax, colorbar: t.colorbar}))"
+            f"#{element_id}",
+            "e => e.data.map(t => ({z: t.z, x: t.x, y: t.y, text: t.text, name: t.name, customdata: t.customdata,"
+            " zmin: t.zmin, zmax: t.zmax, colorbar: t.colorbar}))",
         )
 
     def move_slider(self, index: int) -> None:
