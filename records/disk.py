@@ -1,20 +1,12 @@
-"""A full disk: telling it from other failures, clearing the partial files a run was writing, and a
-checkpoint that is replaced whole or not at all.
-
-Lightning's own checkpoint writing (``TorchCheckpointIO``) writes to a temporary file in the system's
-temporary directory and moves it over ``last.ckpt``; where that directory is on another filesystem the
-move is a copy, and a disk that fills during it leaves ``last.ckpt`` cut short: the checkpoint from
-before is gone too. :class:`SameDirectoryCheckpointIO` (a Lightning ``CheckpointIO`` plugin, its public
-switch) writes beside the checkpoint and renames, so the one before stays whole until the new one is."""
+"""A full disk: telling it from other failures and clearing the partial files a run was writing
+(checkpoints replaced whole or not at all: records/checkpoint_writer.py). Imports no Lightning: a run's
+start-up reads it before its config is checked."""
 
 from __future__ import annotations
 
 import errno
-import os
 import traceback
 from pathlib import Path
-
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 PROJECT = Path(__file__).resolve().parent.parent  # the project's folder, left out of a path named
@@ -75,22 +67,6 @@ def make_room(run_dir: Path, full: OSError | None = None) -> list[Path]:
     for path in partial:
         path.unlink(missing_ok=True)
     return partial
-
-
-class SameDirectoryCheckpointIO(TorchCheckpointIO):
-    """Lightning's ``TorchCheckpointIO``, writing each checkpoint to ``.NAME.writing`` beside it and renaming
-    it over ``NAME`` once whole (an atomic replace on one filesystem); a write that fails (a full disk)
-    leaves the checkpoint from before as it was, and its partial file is deleted."""
-
-    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-        path = Path(path)
-        temporary = path.with_name(f".{path.name}{WRITING_SUFFIX}")
-        try:
-            super().save_checkpoint(checkpoint, temporary, storage_options)
-            os.replace(temporary, path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
 
 
 class ReportUnwritten(Exception):

@@ -41,8 +41,8 @@ from metrics.dynamics.forecast import FORECAST_BEHAVIOURS, Forecaster
 from metrics.dynamics.phase_change import SMALLEST_PHASE_CHANGE
 from models.lit_module import InductionLM
 from models.optimizer import OptimizerSettings
+from records.checkpoint_writer import SameDirectoryCheckpointIO
 from records.csv_log import ResumableCSVLogger
-from records.disk import SameDirectoryCheckpointIO
 from records.keys import flatten
 from records.layout import (
     CHECKPOINTS,

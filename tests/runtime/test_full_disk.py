@@ -97,7 +97,7 @@ def test_the_checkpoint_writer_leaves_the_last_checkpoint_whole_when_a_write_fai
     leaves the checkpoint from before byte for byte, and no partial file."""
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-    from records.disk import SameDirectoryCheckpointIO
+    from records.checkpoint_writer import SameDirectoryCheckpointIO
 
     path = tmp_path / "last.ckpt"
     writer = SameDirectoryCheckpointIO()
