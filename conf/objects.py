@@ -81,10 +81,13 @@ def trajectory_events(cfg: DictConfig) -> tuple[int, ...]:
 
 
 def build_probe(cfg: DictConfig) -> ProbeBatch:
-    """The tracker's probe batch, the task's (also what chooses an intervention's heads by score)."""
+    """The tracker's probe batch, the task's (also what chooses an intervention's heads by score): its
+    ``probe_batch_size`` sequences, or with ``probe_positions`` as many as hold that many repeated positions."""
     tracker, task = cfg.tracker, task_of(cfg)
     n = tracker.probe_n if tracker.probe_n is not None else task.probe_block()
-    return task.probe(tracker.probe_seed, tracker.probe_batch_size, n, n_random(cfg))
+    positions = OmegaConf.select(tracker, "probe_positions")  # absent from a config written before it
+    sequences = tracker.probe_batch_size if positions is None else -(-positions // n)
+    return task.probe(tracker.probe_seed, sequences, n, n_random(cfg))
 
 
 def quantity_options(tracker: DictConfig) -> dict:

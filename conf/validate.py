@@ -365,7 +365,13 @@ def tracker_problems(cfg: DictConfig, probe: bool = True) -> list[str]:
     if strategies is not None and strategies.every_n_steps > 0 and strategies.sequences >= 2 and not data_problems(cfg):
         ids = np.arange(HELD_OUT_STRATEGY_IDS, HELD_OUT_STRATEGY_IDS + strategies.sequences)
         problems += task_of(cfg).strategy_problems(ids, n_random(cfg))
-    if probe and (own.probe_n is None or own.probe_n >= 2) and own.probe_batch_size >= 1 and not data_problems(cfg):
+    if (
+        probe
+        and (own.probe_n is None or own.probe_n >= 2)
+        and own.probe_batch_size >= 1
+        and (own.probe_positions is None or own.probe_positions >= 1)
+        and not data_problems(cfg)
+    ):
         probe_len = build_probe(cfg).tokens.shape[-1]
         if probe_len > model.n_ctx:
             problems.append(

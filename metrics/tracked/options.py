@@ -28,6 +28,9 @@ class TrackerOptions:
     chunk_mb: int = DEFAULT_CHUNK_BYTES // 2**20  # memory bound of one all-pairs product block
     cost_report: bool = True  # print what a snapshot costs and the expected overhead, once, early
     probe_batch_size: int = 16
+    # the probe's repeated positions in all: None, probe_batch_size sequences; a number, as many sequences as give
+    # at least this many (ceil(positions / block)), so a longer probe is not also a bigger one (experiment=emergence)
+    probe_positions: int | None = None
     # the probe's block of first occurrences (and its repeat); None: the task's (Task.probe_block: 16 by default)
     probe_n: int | None = None
     probe_seed: int = 0
@@ -58,6 +61,8 @@ class TrackerOptions:
             problems.append(f"tracker.precision={self.precision!r} must be one of {PRECISIONS}")
         if self.num_threads is not None and self.num_threads < 1:
             problems.append(f"tracker.num_threads={self.num_threads} must be >= 1 (or null: automatic)")
+        if self.probe_positions is not None and self.probe_positions < 1:
+            problems.append(f"tracker.probe_positions={self.probe_positions} must be >= 1 (or null: probe_batch_size)")
         if self.probe_n is not None and self.probe_n < 2:
             problems.append(f"tracker.probe_n={self.probe_n} must be >= 2 (or null: half the task's context)")
         return problems

@@ -87,6 +87,7 @@ BAD_INPUTS = [
     (["tracker.share.centre=tokens"], "tracker.share.centre='tokens' must be one of ('sequences', 'none')"),
     (["tracker.share.floor=-1"], "tracker.share.floor=-1.0 must be a finite number >= 0"),
     (["tracker.probe_n=1"], "tracker.probe_n=1 must be >= 2"),
+    (["tracker.probe_positions=0"], "tracker.probe_positions=0 must be >= 1"),
     (["tracker.smoothing_window=0"], "tracker.smoothing_window=0 must be >= 1"),
     (["tracker.chunk_mb=0"], "tracker.chunk_mb=0 must be >= 1"),
     # interventions during training

@@ -68,6 +68,24 @@ def test_the_models_context_the_probe_and_the_repeat_distance_follow_the_tasks_l
 
 
 @pytest.mark.parametrize(
+    "overrides, sequences, length",
+    [
+        ([], 16, 33),  # probe_batch_size's 16 where probe_positions is unset
+        (["experiment=emergence"], 64, 33),  # 1024 positions: 64 blocks of 16
+        (["experiment=emergence", "data.seq_len=257", "data.block=half_context"], 8, 257),  # 8 of 128
+        (["experiment=emergence", "data.seq_len=257", "data.block=fixed"], 64, 33),  # the blocks stay 8-16
+        (["tracker.probe_positions=20", "tracker.probe_n=6"], 4, 13),  # ceil(20 / 6)
+    ],
+)
+def test_probe_positions_sets_as_many_sequences_as_hold_that_many_repeated_positions(overrides, sequences, length):
+    from conf.objects import build_probe
+
+    cfg = composed(*overrides)
+    assert config_problems(cfg) == []
+    assert tuple(build_probe(cfg).tokens.shape) == (sequences, length)
+
+
+@pytest.mark.parametrize(
     "overrides, message",
     [
         (["model.n_ctx=33", "data.seq_len=40"], "exceeds model.n_ctx"),
