@@ -257,9 +257,10 @@ class Part:
 
 def fit_parts(parts: list[Part], sweep_dir: Path, command: str, n_jobs: int) -> list[list[float]]:
     """Train every part, ``n_jobs`` at a time, each in a process of its own with the cores shared among
-    them (as ``runtime.threads.torch_threads`` shares them among joblib's jobs); 1: in this process. A stop
-    signal reaches every part; a preempted part stops the launch once every running part has stopped.
-    Returns each part's values (:func:`fit_ensemble`)."""
+    them (as ``runtime.threads.torch_threads`` shares them among joblib's jobs); 1: in this process. A part
+    starts as soon as one ends (parts of unequal length leave no core idle). A stop signal reaches every
+    running part and starts no other; a preempted part stops the launch once every running part has
+    stopped. Returns each part's values (:func:`fit_ensemble`)."""
     if n_jobs <= 1:
         values = []
         with startup_signals_noted():
@@ -269,39 +270,49 @@ def fit_parts(parts: list[Part], sweep_dir: Path, command: str, n_jobs: int) -> 
                 except EnsemblePreempted as stop:
                     stop_preempted(stop.exit_code)
         return values
+    from multiprocessing.connection import wait
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = max(1, cores // n_jobs)
     context = worker_context()
     results: list[list[float] | None] = [None] * len(parts)
-    preempted_code = None
-    for first in range(0, len(parts), n_jobs):
-        running = []
-        for index in range(first, min(first + n_jobs, len(parts))):
-            receive, send = context.Pipe(duplex=False)
-            process = context.Process(
-                target=fit_part, args=(parts[index], sweep_dir, command, threads, send), name=f"ensemble-part-{index}"
-            )
-            process.start()
-            send.close()
-            running.append((index, process, receive))
-        with forwarded_signals([process for _, process, _ in running]):
-            for index, process, receive in running:
+    waiting = list(range(len(parts)))
+    running: dict = {}  # each running part's end of its pipe: (its index, its process)
+    live: list = []  # the running processes, which a stop signal reaches
+    preempted: list[int] = []  # the exit codes of parts that a stop signal ended
+    with forwarded_signals(live) as signalled:
+        while running or (waiting and not signalled and not preempted):
+            while waiting and not signalled and not preempted and len(running) < n_jobs:
+                index = waiting.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(
+                    target=fit_part,
+                    args=(parts[index], sweep_dir, command, threads, send),
+                    name=f"ensemble-part-{index}",
+                )
+                process.start()
+                send.close()
+                running[receive] = (index, process)
+                live.append(process)
+            for receive in wait(list(running)):
+                index, process = running.pop(receive)
                 try:
                     outcome = receive.recv()
                 except EOFError:  # the worker died without a word (killed)
                     outcome = ("failed", f"its process ended with exit code {process.exitcode}")
                 process.join()
+                live.remove(process)
                 if outcome[0] == "values":
                     results[index] = outcome[1]
                 elif outcome[0] == "preempted":
-                    preempted_code = outcome[1]
+                    preempted.append(outcome[1])
                 else:
                     print(f"ensemble part {index} failed: {outcome[1]}", file=sys.stderr)
                     for job in parts[index].jobs:
                         write_status(job.run_dir, FAILED, 1, error=outcome[1])
                     results[index] = [float("nan") if job.cfg.objective else 1 for job in parts[index].jobs]
-        if preempted_code is not None:
-            stop_preempted(preempted_code)
+    if preempted or (signalled and waiting):  # stopped, or a signal between parts: none started after it
+        stop_preempted(preempted[0] if preempted else signalled[0])
     return results
 
 
@@ -347,17 +358,20 @@ def fit_part(part: Part, sweep_dir: Path, command: str, threads: int, send) -> N
 
 
 @contextmanager
-def forwarded_signals(processes) -> Iterator[None]:
+def forwarded_signals(processes: list) -> Iterator[list[int]]:
     """While the workers run, a stop signal to this process (SLURM's, a user's Ctrl-C) is passed on to
-    each of them, which checkpoints its members and stops (``callbacks.ensemble_members.EnsembleStop``)."""
+    each of ``processes`` (a list the caller keeps current), which checkpoints its members and stops
+    (``callbacks.ensemble_members.EnsembleStop``). Yields a list that holds ``128 + signum`` once one came."""
+    signalled: list[int] = []
 
     def forward(signum: int, frame) -> None:
-        for process in processes:
+        signalled.append(128 + signum)
+        for process in list(processes):
             if process.is_alive():
                 os.kill(process.pid, signum)
 
     with signals_handled(STOP_SIGNALS, forward):
-        yield
+        yield signalled
 
 
 def sweep_command(config: DictConfig, sweep_dir: Path) -> str:

@@ -219,6 +219,24 @@ def test_jobs_of_different_shapes_train_as_one_ensemble_per_shape_said_in_one_li
     assert all(json.loads((tmp_path / str(k) / "status.json").read_text())["status"] == "finished" for k in range(4))
 
 
+def test_with_n_jobs_a_part_starts_as_soon_as_another_ends(tmp_path):
+    """Three parts, two at a time: the third (10 steps) starts when the second (10 steps) ends, while the
+    first (300 steps) still trains, rather than after the first two have both ended."""
+    result = in_process_ensemble(
+        tmp_path,
+        "hydra.launcher.n_jobs=2",
+        "trainer.max_steps=300,10,12",
+        "trainer.num_threads=1",
+        "tracker.enabled=false",
+        "trajectory.enabled=false",
+        NO_FIGURES,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ensemble: 3 jobs in 3 groups" in result.stdout
+    ended = {job: (tmp_path / job / "status.json").stat().st_mtime for job in "012"}
+    assert ended["1"] < ended["2"] < ended["0"], ended  # two at a time, the third ends before the first
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
