@@ -101,3 +101,21 @@ def test_a_preset_states_only_what_differs_from_the_schema_and_its_parent(preset
     value = lambda cfg, key: OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}), resolve=True)
     restated = [f"{key}={value(ours, key)['v']}" for key in keys if value(ours, key) == value(theirs, key)]
     assert not restated, f"conf/experiment/{preset}.yaml restates: {restated}"
+
+
+def test_the_emergence_grid_is_one_the_law_can_be_read_from():
+    """experiment=emergence (docs/emergence.md): at least 4 values of the batch size and the context, the
+    largest at least 7x the smallest, both meanings of the context, 3 seeds a cell, trained as ensembles
+    two at a time; the measures that do not time the phase change at a period, not at every snapshot."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=emergence"], return_hydra_config=True)
+    params = {key: str(value).split(",") for key, value in cfg.hydra.sweeper.params.items()}
+    for variable in ("data.batch_size", "data.seq_len"):
+        values = sorted(map(int, params[variable]))
+        assert len(values) >= 4 and values[-1] >= 7 * values[0], (variable, values)
+    assert sorted(params["data.block"]) == ["fixed", "half_context"] and len(params["seed"]) >= 3
+    assert cfg.hydra.launcher._target_.endswith("EnsembleLauncher") and cfg.hydra.launcher.n_jobs == 2
+    tracker = cfg.tracker
+    assert tracker.stop_after_phase_change and tracker.probe_positions == 1024
+    for part in ("all_measures", "whitening"):  # 0 would mean every snapshot
+        assert tracker[part].every_n_steps > tracker.every_n_steps
