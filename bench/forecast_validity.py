@@ -43,10 +43,12 @@ from metrics.dynamics.forecast import (
     features_along,
     forecast_at,
     forecasts_along,
+    no_induction_circuit,
     past_midpoint,
     rule_forecast,
 )
 from metrics.dynamics.phase_change import SMOOTHING_WINDOW
+from models.interventions import plan_of, silenced_throughout
 from reports.sweep_report import SEED_KEYS, Job, read_jobs
 
 ALARM_P = 0.8
@@ -152,19 +154,38 @@ def print_table(title: str, results: dict[str, list]) -> None:
         print(f"{name:<14}{summary(rows)}")
 
 
+def why_no_forecast(job: Job) -> str | None:
+    """Why a run makes no forecast at all, as ``runtime.build`` decides: its model cannot form an
+    induction circuit (:func:`metrics.dynamics.forecast.no_induction_circuit`)."""
+    model = job.config.get("model") or {}
+    n_layers, n_heads = int(model.get("n_layers", 2)), int(model.get("n_heads", 2))
+    return no_induction_circuit(
+        n_layers, n_heads, silenced_throughout(plan_of(job.config.get("intervention")), n_heads)
+    )
+
+
 def false_alarms(runs, fitted_on) -> None:
-    """Runs without a cliff: how many get a forecast midpoint before ``max_steps`` with ``p_before_end`` ≥ 0.8."""
+    """Runs without a cliff: how many get a forecast midpoint before ``max_steps`` with ``p_before_end`` ≥ 0.8,
+    as the run makes them (none where its model cannot form an induction circuit) and, beside it, what the
+    forecaster alone would say on every run."""
     print(f"\nfalse alarms (a forecast midpoint before max_steps with p_before_end >= {ALARM_P}), runs without a cliff")
+    gated = [why for job, _, _ in runs if (why := why_no_forecast(job))]
+    print(f"no forecast made on {len(gated)} of {len(runs)} runs: their model cannot form an induction circuit")
     fitted = forecasters(fitted_on)
     for name in ("rule", "fitted + law", "fitted"):
-        alarms, snapshots, total = 0, 0, 0
-        for _, h, a in runs:
+        alarms, snapshots, total, ungated = 0, 0, 0, 0
+        for job, h, a in runs:
             made = [f for f in fitted[name](h, a) if not math.isnan(f.midpoint)]
             hits = [f for f in made if f.midpoint < h.max_steps and f.p_before_end >= ALARM_P]
+            ungated += bool(hits)
+            if why_no_forecast(job):
+                continue
             alarms += bool(hits)
             snapshots += len(hits)
             total += len(made)
-        print(f"{name:<14}{alarms} of {len(runs)} runs ({snapshots} of {total} forecasts)")
+        print(
+            f"{name:<14}{alarms} of {len(runs)} runs ({snapshots} of {total} forecasts); the forecaster alone: {ungated}"
+        )
 
 
 def forecast_seconds(history: History, repeats: int = 5) -> tuple[float, int]:

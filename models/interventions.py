@@ -277,6 +277,21 @@ def head_name(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
+def silenced_throughout(plan: Sequence[Intervention], n_heads: int) -> set[tuple[int, int]]:
+    """The heads ``(layer, head)`` an ``ablate`` intervention replaces from step 0 to the end of training
+    (whatever it keeps, no head reads their tokens through them). A head chosen by its score at a step
+    (:data:`CHOSEN`) is not known before the run: not counted."""
+    silenced = set()
+    for intervention in plan:
+        if intervention.kind != "ablate" or intervention.from_step > 0 or intervention.until_step is not None:
+            continue
+        for name in intervention.heads:
+            if named := HEAD_NAME.match(name):
+                heads = range(n_heads) if named[2] is None else [int(named[2])]
+                silenced |= {(int(named[1]), head) for head in heads}
+    return silenced
+
+
 def plan_of(node: dict | None) -> list[Intervention]:
     """A run's interventions from its config's ``intervention`` (a dict; None or kind none: none),
     the main entry first, then those of ``also``."""

@@ -37,8 +37,9 @@ from conf.objects import (
 )
 from conf.validate import llc_calibration_warning
 from data.datamodule import TokenDataModule
-from metrics.dynamics.forecast import FORECAST_BEHAVIOURS, Forecaster
+from metrics.dynamics.forecast import FORECAST_BEHAVIOURS, Forecaster, no_induction_circuit
 from metrics.dynamics.phase_change import SMALLEST_PHASE_CHANGE
+from models.interventions import silenced_throughout
 from models.lit_module import InductionLM
 from models.optimizer import OptimizerSettings
 from records.checkpoint_writer import SameDirectoryCheckpointIO
@@ -131,7 +132,11 @@ def build_callbacks(
     if (
         tracker is not None and tr.forecast and task_of(cfg).reader_behaviour in FORECAST_BEHAVIOURS
     ):  # after the tracker
-        callbacks.append(build_forecast(cfg, tracker))
+        silenced = silenced_throughout(intervention_plan(cfg), cfg.model.n_heads)
+        if why := no_induction_circuit(cfg.model.n_layers, cfg.model.n_heads, silenced):
+            print(f"forecast: none ({why})")
+        else:
+            callbacks.append(build_forecast(cfg, tracker))
     if tracker is not None and tr.stop_after_phase_change:  # after the tracker: it reads its snapshot
         callbacks.append(StopAfterPhaseChange(tracker, SMALLEST_PHASE_CHANGE, tr.smoothing_window))
     if tracker is not None:

@@ -316,6 +316,8 @@ def test_one_layer_control_shows_no_cliff(tmp_path):
     switches = [v for k, v in summary.items() if k.startswith("strategies/switch/") and isinstance(v, str)]
     assert not any(s.endswith("induction") for s in switches), switches
     assert "phase_change/loss_onset_step" not in summary  # no fall is reported as the induction cliff
+    assert "forecast: none (a 1-layer model has no earlier layer for an induction head to read)" in result.stdout
+    assert not [k for k in summary if k.startswith("forecast/")]  # its fall by copying is not forecast as the cliff
     assert "no validity table: the model has no earlier->later head pairs" in result.stdout
     assert not (tmp_path / "validity.csv").exists()
     assert (tmp_path / "phase_change.png").is_file()  # a one-layer run's figures: no pairs, no validity table

@@ -74,6 +74,19 @@ class Forecast:
         return dict(zip(FORECAST_KEYS, (self.midpoint, self.low, self.high, self.p_before_end)))
 
 
+def no_induction_circuit(n_layers: int, n_heads: int, silenced: set[tuple[int, int]]) -> str | None:
+    """Why a model cannot form an induction circuit, or None where it can. An induction head's keys read
+    a previous-token head of an earlier layer (K-composition; Elhage et al. 2021, Olsson et al. 2022): it
+    needs two layers and a head below the last that is not silenced (``silenced``: ``(layer, head)``
+    ablated for the whole run, :func:`models.interventions.silenced_throughout`). The forecast is of
+    that circuit's cliff; where it cannot form, none is made (a loss that falls by copying is not it)."""
+    if n_layers < 2:
+        return f"a {n_layers}-layer model has no earlier layer for an induction head to read"
+    if all((layer, head) in silenced for layer in range(n_layers - 1) for head in range(n_heads)):
+        return "every head below the last layer is ablated from step 0 to the end"
+    return None
+
+
 def smoothed(values: np.ndarray, window: int) -> np.ndarray:
     """Centred moving average ``[n] -> [n]`` whose window shrinks at the edges: the last point averages
     only points up to it (what :func:`metrics.dynamics.phase_change.smooth` does, in numpy)."""

@@ -177,3 +177,25 @@ def test_a_resumed_run_logs_its_checkpoints_forecast_again_and_makes_no_other():
         tracker.latest = latest  # step 500 measured again, or (resumed at 505) no snapshot yet
         resumed.on_train_batch_end(SimpleNamespace(loggers=[recorder]), None, None, None, 0)
         assert recorder.rows == again
+
+
+@pytest.mark.parametrize(
+    "intervention, n_layers, why",
+    [
+        (None, 2, None),
+        (None, 1, "a 1-layer model has no earlier layer"),
+        ({"kind": "ablate", "heads": ["L0"]}, 2, "every head below the last layer is ablated"),
+        ({"kind": "ablate", "heads": ["L0H0"]}, 2, None),  # L0H1 can still be read
+        ({"kind": "ablate", "heads": ["L0"]}, 3, None),  # layer 1 can be read by layer 2
+        ({"kind": "ablate", "heads": ["L0"], "from_step": 100}, 2, None),  # free before step 100
+        ({"kind": "ablate", "heads": ["L0"], "until_step": 500}, 2, None),  # free after step 500
+        ({"kind": "clamp", "heads": ["L0"]}, 2, None),
+        ({"kind": "ablate", "heads": ["L0H0"], "also": [{"kind": "ablate", "heads": ["L0H1"]}]}, 2, "ablated"),
+    ],
+)
+def test_no_forecast_where_the_model_cannot_form_an_induction_circuit(intervention, n_layers, why):
+    from metrics.dynamics.forecast import no_induction_circuit
+    from models.interventions import plan_of, silenced_throughout
+
+    said = no_induction_circuit(n_layers, 2, silenced_throughout(plan_of(intervention), 2))
+    assert said == why if why is None else why in said
