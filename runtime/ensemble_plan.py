@@ -5,8 +5,8 @@ batch and sequence sizes, the steps and the trainer's settings (``COMPATIBILITY`
 anything else: seed (initialisation and data), learning rate, weight decay, betas, warmup, gradient
 clipping, the data's own options, the interventions during training, the tracker's, the trajectory's
 and the LLC estimates' settings. A sweep whose jobs
-differ in a shape is split into groups, each trained as its own ensemble (``hydra.launcher.n_jobs``
-of them at once).
+differ in a shape, or in a key of ``hydra.launcher.split_by``, is split into groups, each trained as its
+own ensemble (``hydra.launcher.n_jobs`` of them at once).
 """
 
 from __future__ import annotations
@@ -40,11 +40,14 @@ class EnsembleError(ValueError):
     """A sweep that cannot be trained as an ensemble: the one-line reason."""
 
 
-def compatibility(cfg: DictConfig, resume_step: int | None) -> tuple:
-    """The values of ``COMPATIBILITY`` (and the step a resumed member continues from): jobs with equal
-    keys train as one ensemble."""
+def compatibility(cfg: DictConfig, resume_step: int | None, split_by: tuple[str, ...] = ()) -> tuple:
+    """The values of ``COMPATIBILITY`` and of ``split_by`` (``hydra.launcher.split_by``), and the step a
+    resumed member continues from: jobs with equal keys train as one ensemble."""
     values = []
-    for key in COMPATIBILITY:
+    for key in split_by:
+        if OmegaConf.select(cfg, key, default=EnsembleError) is EnsembleError:
+            raise EnsembleError(f"hydra.launcher.split_by names {key}, which the config does not have")
+    for key in (*COMPATIBILITY, *split_by):
         value = OmegaConf.select(cfg, key)
         if isinstance(value, DictConfig):
             value = {k: str(v) for k, v in value.items() if k not in ("init", "init_std")}

@@ -16,7 +16,7 @@ import logging
 import secrets
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -34,14 +34,18 @@ class EnsembleLauncherConf:
     # ensembles trained at once, each in a process of its own with the cores shared among them: a
     # group of jobs is split into this many ensembles (1: one ensemble per group, in this process)
     n_jobs: int = 1
+    # config keys whose values also split the jobs into ensembles (e.g. [data.block]): members that stop at
+    # different times (tracker.stop_after_phase_change) apart, as a stopped member's share is still computed
+    split_by: list[str] = field(default_factory=list)
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="ensemble", node=EnsembleLauncherConf, provider="ensemble")
 
 
 class EnsembleLauncher(Launcher):
-    def __init__(self, n_jobs: int = 1) -> None:
+    def __init__(self, n_jobs: int = 1, split_by: Sequence[str] = ()) -> None:
         self.n_jobs = n_jobs
+        self.split_by = tuple(split_by)
         self.config: DictConfig | None = None
         self.hydra_context = None
         self.task_function = None
@@ -92,7 +96,7 @@ class EnsembleLauncher(Launcher):
                 resumed = cfg.resume is not None and resume_checkpoint(cfg.resume).is_file()
                 step = resume_step(cfg) if resumed else None  # a single run's checkpoint: said first
                 validate(cfg, multirun=True, ensemble=True)
-                keys[num] = compatibility(cfg, step)
+                keys[num] = compatibility(cfg, step, self.split_by)
             except (ConfigError, EnsembleError) as error:
                 problems.append(f"job {num} ({' '.join(filter_overrides(overrides))}): {error}")
         if problems:

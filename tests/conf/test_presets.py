@@ -115,6 +115,7 @@ def test_the_emergence_grid_is_one_the_law_can_be_read_from():
         assert len(values) >= 4 and values[-1] >= 7 * values[0], (variable, values)
     assert sorted(params["data.block"]) == ["fixed", "half_context"] and len(params["seed"]) >= 3
     assert cfg.hydra.launcher._target_.endswith("EnsembleLauncher") and cfg.hydra.launcher.n_jobs == 2
+    assert list(cfg.hydra.launcher.split_by) == ["data.block"]  # the meanings stop at different steps
     tracker = cfg.tracker
     assert tracker.stop_after_phase_change and tracker.probe_positions == 1024
     for part in ("all_measures", "whitening"):  # 0 would mean every snapshot

@@ -219,6 +219,19 @@ def test_jobs_of_different_shapes_train_as_one_ensemble_per_shape_said_in_one_li
     assert all(json.loads((tmp_path / str(k) / "status.json").read_text())["status"] == "finished" for k in range(4))
 
 
+def test_split_by_trains_the_jobs_of_each_value_as_an_ensemble_of_their_own(tmp_path):
+    """``hydra.launcher.split_by=[data.block]``: jobs of one shape split by that key's value (as
+    experiment=emergence splits its two context meanings, which stop at different steps)."""
+    args = ["data.block=fixed,half_context", "seed=0,1", "trainer.max_steps=3", "tracker.enabled=false"]
+    result = in_process_ensemble(tmp_path, "hydra.launcher.split_by=[data.block]", *args, "trajectory.enabled=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ensemble: 4 jobs in 2 groups that differ in data.block (jobs 0,1 | 2,3)" in result.stdout
+    unknown = in_process_ensemble(tmp_path / "unknown", "hydra.launcher.split_by=[data.blok]", *args)
+    assert unknown.returncode == 1 and not (tmp_path / "unknown" / "0").exists()
+    (line,) = [line for line in unknown.stderr.splitlines() if line.strip()]
+    assert "hydra.launcher.split_by names data.blok, which the config does not have" in line
+
+
 def test_with_n_jobs_a_part_starts_as_soon_as_another_ends(tmp_path):
     """Three parts, two at a time: the third (10 steps) starts when the second (10 steps) ends, while the
     first (300 steps) still trains, rather than after the first two have both ended."""
