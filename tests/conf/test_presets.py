@@ -120,3 +120,9 @@ def test_the_emergence_grid_is_one_the_law_can_be_read_from():
     assert tracker.stop_after_phase_change and tracker.probe_positions == 1024
     for part in ("all_measures", "whitening"):  # 0 would mean every snapshot
         assert tracker[part].every_n_steps > tracker.every_n_steps
+    for launcher in ("submitit_slurm", "joblib", "basic"):  # another launcher replaces its options whole
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            other = compose(
+                "config", overrides=["experiment=emergence", f"hydra/launcher={launcher}"], return_hydra_config=True
+            )
+        assert "split_by" not in other.hydra.launcher
