@@ -18,9 +18,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
-    # each pytest-xdist worker (and every train.py it starts) gets its share of the cores: with torch's
-    # default of every core in each worker, small kernels wait on threads descheduled by the other worker
-    # (the suite took 478 s with it, 426 s without, on 2 cores and 2 workers)
+    # each pytest-xdist worker (and every train.py it starts) gets its share of the cores, at least one:
+    # with torch's default of every core in each worker, small kernels wait on threads descheduled by
+    # another worker (the suite took 478 s with it, 426 s without, on 2 cores and 2 workers)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 # random baselines and head-behaviour nulls are cached on disk: keep the tests' cache out of the user's home

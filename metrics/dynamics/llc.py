@@ -167,9 +167,9 @@ def estimate_llc(
     started = time.perf_counter()
     reference = batch_losses(model.eval(), rows, batch, loss_fn).cpu()  # L_j(w*), j = 0 .. batches - 1
     masks = param_masks or {name: None for name, _ in model.named_parameters()}
-    # devinterp calls gc.collect() around every chain; frozen, the objects alive now are not walked
-    # again (0.3 s a call in a process that has imported W&B and Lightning)
-    gc.collect()
+    # devinterp calls gc.collect() around every chain: frozen, the objects that exist now are not walked
+    # by them (0.3 s a call in a process that has imported W&B and Lightning); any garbage among them
+    # waits for the first collection after gc.unfreeze() below
     gc.freeze()
     try:
         with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():  # a tqdm bar per chain

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 STEPS = 300
 """Long enough that the warning reaches the job while it trains, however late a loaded machine delivers
 it: sent at step 15, it has ~285 steps (6 s at 20 ms a step alone, 17 s at the 60 ms measured beside the
-suite's two workers) to arrive; a signal after training ends meets Lightning's own SLURM handler, which
+suite's workers) to arrive; a signal after training ends meets Lightning's own SLURM handler, which
 requeues the finished job without our checkpoint (a CI run once lost the race at 120 steps, ~2 s)."""
 
 
