@@ -195,25 +195,41 @@ def test_the_extensions_reach_wandb_the_csv_the_store_and_the_summary(trained):
     assert "validity/top_direction/final_spearman_loss" in summary
 
 
-@pytest.mark.slow
-def test_the_new_score_is_the_attention_to_bos_of_the_saved_weights_on_the_tasks_probe(trained, extension):
-    """The last logged score, recomputed by hand from the saved final weights on the task's own
-    probe (gap 2: the repeat starts 2 tokens after the block): an independent reading."""
-
+@pytest.fixture(scope="module")
+def read_with_the_extension(extension) -> dict:
+    """What a process that has the extension reads (one process for both: its imports are ~5 s): the task's
+    probe (``probe``: gap, repeat start, tokens) and, on the gapped copy and on the repeated tokens, the
+    behaviours a head is scored and typed by (``behaviours``)."""
     code = f"""
 import json, torch
 from conf.schema import register_schemas
 from conf.objects import build_probe
+from data.task import tasks
+from metrics.tracked.head_behaviour import HeadBehaviour
 from tests.helpers import composed
 register_schemas()
 probe = build_probe(composed(*{RUN!r}))
-print(json.dumps([probe.gap, probe.repeat_start, probe.tokens.tolist()]))
+tokens = torch.randint(0, 8, (4, 12), generator=torch.Generator().manual_seed(0))
+behaviours = {{}}
+for task in ("gapped_copy", "repeated"):
+    targets, typed_by, _, _ = HeadBehaviour().for_task(tasks()[task](), n_random=8).targets_of(tokens, torch.device("cpu"))
+    behaviours[task] = {{"scored": list(targets.names), "typed_by": list(typed_by)}}
+print(json.dumps({{"probe": [probe.gap, probe.repeat_start, probe.tokens.tolist()], "behaviours": behaviours}}))
 """
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env_with(extension), capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    gap, repeat_start, tokens = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_new_score_is_the_attention_to_bos_of_the_saved_weights_on_the_tasks_probe(
+    trained, read_with_the_extension
+):
+    """The last logged score, recomputed by hand from the saved final weights on the task's own
+    probe (gap 2: the repeat starts 2 tokens after the block): an independent reading."""
+    gap, repeat_start, tokens = read_with_the_extension["probe"]
     assert (gap, repeat_start) == (2, 1 + 12 + 2)
     tokens = torch.tensor(tokens)
     assert torch.equal(tokens[:, 1:13], tokens[:, 15:27])  # the block, the gap, the block again
@@ -236,7 +252,7 @@ def history_names(run_dir) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_tasks_behaviour_is_scored_typed_and_drawn_on_its_task_only(trained, extension):
+def test_the_tasks_behaviour_is_scored_typed_and_drawn_on_its_task_only(trained, read_with_the_extension):
     """``two_back`` names the gapped copy: its run logs and types heads by it, its report and page read
     the labelled axis; on another task (the repeated tokens', in a process that has the extension) it is
     neither scored nor stored, so no report can type a head by it."""
@@ -250,22 +266,7 @@ def test_the_tasks_behaviour_is_scored_typed_and_drawn_on_its_task_only(trained,
     }
     history = read_head_history(trained / "tensors")
     assert "two_back" in history.behaviours and history.type_names[-1] == "two_back"
-    code = """
-import json, torch
-from data.task import tasks
-from metrics.tracked.head_behaviour import HeadBehaviour
-tokens = torch.randint(0, 8, (4, 12), generator=torch.Generator().manual_seed(0))
-read = {}
-for task in ("gapped_copy", "repeated"):
-    targets, behaviours, _, _ = HeadBehaviour().for_task(tasks()[task](), n_random=8).targets_of(tokens, torch.device("cpu"))
-    read[task] = {"scored": list(targets.names), "typed_by": list(behaviours)}
-print(json.dumps(read))
-"""
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env_with(extension), capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    read = json.loads(out.stdout.strip().splitlines()[-1])
+    read = read_with_the_extension["behaviours"]
     assert (
         read["gapped_copy"]["scored"] == [*BUILT_IN_BEHAVIOURS, "two_back"]
         and "two_back" in read["gapped_copy"]["typed_by"]
