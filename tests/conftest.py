@@ -32,8 +32,8 @@ os.environ.setdefault(
 def pytest_collection_modifyitems(config, items) -> None:
     """The test files with the most slow tests (those that train, most through a subprocess) first, each
     file's tests in their own order: pytest-xdist hands a worker one file at a time in this order
-    (``make test``: ``--dist loadfile --no-loadscope-reorder``), so the long files start early and the two
-    workers end together, rather than a worker starting a long file as the other runs out of work."""
+    (``make test``: ``--dist loadfile --no-loadscope-reorder``), so the long files start early and the
+    workers end together, rather than a worker starting a long file as the others run out of work."""
     file_of = lambda item: item.nodeid.split("::", 1)[0]
     slow, count = {}, {}
     for item in items:
