@@ -73,7 +73,7 @@ def shipped_run(tmp_path_factory, worker_id) -> FinishedRun:
     """``python train.py`` as shipped: 1500 steps, the default tracker, its figures, W&B offline."""
     from tests.helpers import WITH_WANDB
 
-    return trained_once(tmp_path_factory, worker_id, "shipped_run", ["figures=true", WITH_WANDB])
+    return trained_once(tmp_path_factory, worker_id, "shipped_run", ["figures=true", "explorer=true", WITH_WANDB])
 
 
 @pytest.fixture(scope="session")

@@ -409,6 +409,10 @@ NO_WANDB = "logger.wandb.enabled=false"
 
 WITH_WANDB = "logger.wandb.enabled=true"
 
+NO_EXPLORER = "explorer=false"
+"""What every test run starts with as well: no explorer page at its end (~0.13 s a 30-step run). A test
+that reads a run's or a sweep's page says ``explorer=true`` in its own overrides."""
+
 
 def train_env(**extra: str) -> dict[str, str]:
     return dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1", **extra)
@@ -551,30 +555,34 @@ def composed(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-def run_train(args: list[str], run_dir: Path, threads: int | None = None) -> subprocess.CompletedProcess:
+def run_train(
+    args: list[str], run_dir: Path, threads: int | None = None, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``python [-m] train.py hydra.run.dir=RUN_DIR ARGS`` in this process: train.py's own ``main`` under its
     own ``StartupErrors``, as ``__main__`` runs it (Hydra composing the command line, the run guard, the
-    job), without a new interpreter's ~6 s of imports; no figures and no W&B run unless ARGS ask
-    (:data:`NO_FIGURES`, :data:`NO_WANDB`). ``threads``: torch's threads for
-    the run (as ``OMP_NUM_THREADS`` would set them in a subprocess). Returns what a subprocess would
-    (:func:`in_this_process`)."""
-    import train
-    from runtime.console import StartupErrors
-
+    job), without a new interpreter's ~6 s of imports; no figures, no W&B run and no explorer page
+    unless ARGS ask (:data:`NO_FIGURES`, :data:`NO_WANDB`, :data:`NO_EXPLORER`). ``threads``: torch's threads for
+    the run (as ``OMP_NUM_THREADS`` would set them in a subprocess); ``environ``: the run's whole
+    environment (default: this one, W&B offline). Returns what a subprocess would (:func:`in_this_process`)."""
     flags = [a for a in args if a in ("-m", "--multirun")]  # before the overrides, as argparse wants them
     location = f"hydra.sweep.dir={run_dir}" if flags else f"hydra.run.dir={run_dir}"
     args = [a for a in args if a not in flags]
+    argv = ["train.py", *flags, location, "trainer.enable_progress_bar=false", NO_FIGURES, NO_WANDB, NO_EXPLORER, *args]
+    return in_this_process(train_as_main, argv, threads, environ)
 
-    def main() -> None:
-        startup_errors, train.startup_errors = train.startup_errors, StartupErrors()
-        try:
-            with train.startup_errors:
-                train.main()
-        finally:
-            train.startup_errors = startup_errors
 
-    argv = ["train.py", *flags, location, "trainer.enable_progress_bar=false", NO_FIGURES, NO_WANDB, *args]
-    return in_this_process(main, argv, threads)
+def train_as_main() -> None:
+    """train.py's ``main`` under its own ``StartupErrors``, as ``python train.py`` runs it (with
+    :func:`in_this_process`: ``sys.argv`` its command line)."""
+    import train
+    from runtime.console import StartupErrors
+
+    startup_errors, train.startup_errors = train.startup_errors, StartupErrors()
+    try:
+        with train.startup_errors:
+            train.main()
+    finally:
+        train.startup_errors = startup_errors
 
 
 def module(name: str, *args) -> subprocess.CompletedProcess:
@@ -584,22 +592,29 @@ def module(name: str, *args) -> subprocess.CompletedProcess:
     return in_this_process(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True), [name, *map(str, args)])
 
 
-def in_this_process(main, argv: list[str], threads: int | None = None) -> subprocess.CompletedProcess:
-    """``main()`` with ``sys.argv`` = ``argv``, W&B offline, as a process would run it, returning what a
-    subprocess would: the exit status (a ``SystemExit`` carrying a message counts as the interpreter
-    counts it: the message on stderr, status 1; an exception escaping: its traceback, status 1) and what
-    it printed. What a run changes in the process (torch's threads and default dtype, the environment,
-    the root logger's handlers, ``sys.argv``) is put back after it, and W&B's service ended."""
+def in_this_process(
+    main, argv: list[str], threads: int | None = None, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``main()`` with ``sys.argv`` = ``argv`` and ``os.environ`` = ``environ`` (default: this process's, W&B
+    offline), as a process would run it, returning what a subprocess would: the exit status (a
+    ``SystemExit`` carrying a message counts as the interpreter counts it: the message on stderr, status
+    1; an exception escaping: its traceback, status 1) and what it printed. What a run changes in the
+    process (torch's threads and default dtype, the environment, the root logger's handlers,
+    ``sys.argv``) is put back after it, and W&B's service ended."""
     import contextlib
     import logging
     import tempfile
     import traceback
 
-    saved_argv, environ = sys.argv, dict(os.environ)
+    saved_argv, saved_environ = sys.argv, dict(os.environ)
     threads_before, dtype_before = torch.get_num_threads(), torch.get_default_dtype()
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    if environ is None:
+        os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    else:
+        os.environ.clear()
+        os.environ.update(environ)
     sys.argv = list(argv)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -621,7 +636,7 @@ def in_this_process(main, argv: list[str], threads: int | None = None) -> subpro
                 sys.modules["wandb"].teardown()
             sys.argv = saved_argv
             os.environ.clear()
-            os.environ.update(environ)
+            os.environ.update(saved_environ)
             os.environ.pop("WANDB_SERVICE", None)  # the service ended above, whoever started it
             torch.set_num_threads(threads_before)
             torch.set_default_dtype(dtype_before)

@@ -331,6 +331,7 @@ def test_markov_icl_tracks_its_strategies_against_the_truth(tmp_path):
         "trainer.max_steps=200",
         "tracker.images.every_n_steps=0",
         "figures=true",
+        "explorer=true",
         WITH_WANDB,
     ]
     result = run_train(args, tmp_path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 from conf.objects import llc_sequences, sgld_settings
 from records.trajectory import Trajectory
 from reports.run_report import read_series
-from tests.helpers import REPO, TINY, composed, require_extra, run_train, train_env
+from tests.helpers import TINY, composed, require_extra, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -48,15 +47,10 @@ def test_llc_every_n_steps_is_logged_and_leaves_training_unchanged(tmp_path):
         assert list(logged[key][1]) == list(plain[key][1]), key
 
 
-def test_without_the_extra_llc_during_training_is_a_config_error(tmp_path):
-    blocked = "import sys, runpy; sys.modules['devinterp'] = None; sys.argv[0] = 'train.py'; runpy.run_path('train.py', run_name='__main__')"
-    result = subprocess.run(
-        [sys.executable, "-c", blocked, "stages.llc.every_n_steps=10", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=REPO,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-    )
+def test_without_the_extra_llc_during_training_is_a_config_error(tmp_path, monkeypatch):
+    """devinterp made unimportable (None in sys.modules), as on an install without the extra."""
+    monkeypatch.setitem(sys.modules, "devinterp", None)
+    result = run_train(["stages.llc.every_n_steps=10"], tmp_path / "run")
     assert result.returncode != 0 and not (tmp_path / "run").exists()
     assert (
         "config error: stages.llc.every_n_steps=10: the local learning coefficient needs devinterp, the 'llc' extra"

@@ -20,7 +20,7 @@ import pytest
 
 from records import wandb_records
 from records.wandb_reach import effective_mode, server_url, sync_command
-from tests.helpers import REPO
+from tests.helpers import REPO, WITH_WANDB, run_train
 
 
 @pytest.fixture(autouse=True)
@@ -130,21 +130,13 @@ def test_server_url_from_wandb_settings_file(tmp_path):
     assert result.stdout.strip().splitlines()[-1] == "http://wandb.internal:8080", result.stderr[-2000:]
 
 
-def train_online(args: list[str], run_dir, timeout: int = 120):
-    """``run_train`` as a user runs it: W&B online from the config, no ``$WANDB_MODE`` in the environment."""
+def train_online(args: list[str], run_dir):
+    """:func:`~tests.helpers.run_train` as a user runs it: W&B online from the config, no ``$WANDB_MODE`` in
+    the environment (in this process: the fallback is train.py's, not the interpreter's)."""
     env = {key: value for key, value in os.environ.items() if key != "WANDB_MODE"}
-    env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1")
-    command = [
-        sys.executable,
-        str(REPO / "train.py"),
-        f"hydra.run.dir={run_dir}",
-        "trainer.enable_progress_bar=false",
-        "logger.wandb.mode=online",
-        "trainer.max_steps=20",
-        "tracker.enabled=false",
-        *args,
-    ]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    env.update(WANDB_SILENT="true")
+    online = [WITH_WANDB, "logger.wandb.mode=online", "trainer.max_steps=20", "tracker.enabled=false", *args]
+    return run_train(online, run_dir, environ=env)
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ BIG = [  # 4 x 8 x 256 x 32, every part at its two steps, so every key it can lo
     "tracker.images.every_n_steps=1",
     "tracker.baseline_samples=50",
     "figures=true",  # the report's images have their panels too
+    "explorer=true",  # and the run's page
     WITH_WANDB,
 ]
 

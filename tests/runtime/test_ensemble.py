@@ -120,7 +120,9 @@ def float64_ensemble(tmp_path_factory):
     files and W&B runs are what these tests read; the process's signals are tested below)."""
     require_extra("devinterp", "llc")
     sweep = tmp_path_factory.mktemp("ensemble")
-    result = run_train(["-m", "hydra/launcher=ensemble", "seed=0,1", *EQUAL, WITH_WANDB], sweep, threads=1)
+    result = run_train(
+        ["-m", "hydra/launcher=ensemble", "seed=0,1", *EQUAL, "explorer=true", WITH_WANDB], sweep, threads=1
+    )  # the members' pages and the sweep's
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep, result.stdout
 

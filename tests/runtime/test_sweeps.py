@@ -27,11 +27,13 @@ from tests.helpers import (
     NO_FIGURES,
     REPO,
     WITH_WANDB,
+    in_this_process,
     job_field,
     require_extra,
     run_train,
     slurm_is_up,
     start_requeued_job_now,
+    train_as_main,
     train_env,
     wait_for,
     wandb_history,
@@ -64,7 +66,8 @@ def failing_sweep(tmp_path_factory):
     """A 4-job sweep, in this process: one job diverges, two have a bad value, one finishes."""
     sweep = tmp_path_factory.mktemp("failing_sweep")
     result = run_train(
-        ["-m", *QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1", WITH_WANDB], sweep
+        ["-m", *QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1", "explorer=true", WITH_WANDB],
+        sweep,
     )
     return sweep, result
 
@@ -326,7 +329,9 @@ def test_each_wandb_sweep_spec_runs_train_py_as_an_agent_would(spec_file, tmp_pa
         "tracker.enabled=false",
         "trainer.enable_progress_bar=false",
     ]
-    result = subprocess.run(command + shorter, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    # train.py with the agent's arguments and environment, in this process (the interpreter that
+    # /usr/bin/env starts is not what is tested: how train.py reads what the agent passes is)
+    result = in_this_process(train_as_main, command[2:] + shorter, environ=env)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_records.run_id(run_file) == "agentrun1"  # the agent's run, not one of ours
