@@ -347,7 +347,8 @@ class Config:
     objective_cliff_by: int | None = None
     explorer: bool = True  # write RUN_DIR/explorer.html at the end of the run (analysis/explorer.py)
     # draw the end-of-run figures (phase_change.png, composition.png, ...); false: the summary, validity table
-    # and W&B's numbers only, the figures drawn later by `python -m reports.run_report RUN_DIR` (sweeps of many jobs)
+    # and W&B's numbers only, the figures drawn later by `python -m reports.run_report RUN_DIR` (sweeps of many jobs),
+    # and a sweep's end its tables only (`python -m reports.sweep_report SWEEP_DIR` draws its figures)
     figures: bool = True
     model: ModelConfig = MISSING
     optim: OptimizerSettings = field(default_factory=OptimizerSettings)

@@ -164,9 +164,13 @@ def verdict_rows(laws: list[EmergenceLaw]) -> list[dict]:
     return rows
 
 
-def write_emergence(laws: list[EmergenceLaw], notes: list[str], directory: Path) -> dict[str, Path]:
-    """``emergence.csv``, ``emergence.json`` and ``emergence.png`` in ``directory``."""
-    files = {name: directory / name for name in (EMERGENCE_TABLE, EMERGENCE_RECORD, EMERGENCE_FIGURE)}
+def write_emergence(
+    laws: list[EmergenceLaw], notes: list[str], directory: Path, figure: bool = True
+) -> dict[str, Path]:
+    """``emergence.csv``, ``emergence.json`` and, with ``figure``, ``emergence.png`` in ``directory``: the
+    files written, by name."""
+    names = (EMERGENCE_TABLE, EMERGENCE_RECORD, *((EMERGENCE_FIGURE,) if figure else ()))
+    files = {name: directory / name for name in names}
     write_rows(files[EMERGENCE_TABLE], verdict_rows(laws))
     record = {
         "notes": notes,
@@ -185,7 +189,8 @@ def write_emergence(laws: list[EmergenceLaw], notes: list[str], directory: Path)
     temporary = files[EMERGENCE_RECORD].with_suffix(".json.tmp")
     temporary.write_text(json.dumps(record, indent=1, default=float))
     temporary.replace(files[EMERGENCE_RECORD])
-    draw_emergence(laws, files[EMERGENCE_FIGURE])
+    if figure:
+        draw_emergence(laws, files[EMERGENCE_FIGURE])
     return files
 
 

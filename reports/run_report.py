@@ -273,9 +273,10 @@ def render(run_dir: Path, window: int, figures: bool = True, meanwhile: Callable
     timeline = read_timeline(series, store_dir)
     if timeline is not None:
         summary.update(timeline_summary(timeline))
-    summary = without_false_cliff(summary, timeline, generic_strategies(config_value(run_dir, "data.name")))
+    task = config_value(run_dir, "data.name")
+    summary = without_false_cliff(summary, timeline, generic_strategies(task))
     summary.update(forecast_summary(series, summary.get("phase_change/loss_midpoint_step")))
-    history = read_head_history(store_dir, reader_behaviour(config_value(run_dir, "data.name")))
+    history = read_head_history(store_dir, reader_behaviour(task))
     if history is not None:
         summary.update(head_summary(history))
     rows = validity.validity_rows(series, change)

@@ -18,7 +18,8 @@ seeds) and ``sweep_aligned.png`` (every job's curves against the step relative t
 prints both tables, and with ``--analysis NAME`` each job's columns of that analysis (what its
 ``analysis.json`` lists: stage boundaries, an LLC calibration's pick, ...) with their mean ± sd over
 seeds. At the end of a multirun, ``runtime/sweep_callback.py`` runs it and logs
-the tables and figures to a W&B summary run of the sweep's group.
+the tables and figures to a W&B summary run of the sweep's group (a sweep run with ``figures=false``:
+the tables alone, which this command completes).
 """
 
 from __future__ import annotations
@@ -469,6 +470,7 @@ class SweepReport:
     analysis_columns: list[str] = field(default_factory=list)  # the analysis's own columns, in its order
     analysis_title: str = ""
     training_validity: list[dict] = field(default_factory=list)  # with interventions: intervention_report
+    drawn: bool = True  # its figures drawn (a sweep run with figures=false: its tables only)
 
     @property
     def intervened(self) -> bool:
@@ -478,6 +480,15 @@ class SweepReport:
     @property
     def failed(self) -> list[Job]:
         return [job for job in self.jobs if job.status != FINISHED]
+
+    def figures(self) -> list[str]:
+        """The names of the figures the report draws (drawn or not)."""
+        return [
+            SWEEP_CURVES_FIGURE,
+            SWEEP_MIDPOINTS_FIGURE,
+            SWEEP_ALIGNED_FIGURE,
+            *((SWEEP_INTERVENTIONS_FIGURE,) if self.intervened else ()),
+        ]
 
     def files(self) -> dict[str, Path]:
         return {
@@ -523,10 +534,13 @@ def read_jobs_and_analyses(paths: list[Path], analysis: str | None = None) -> tu
     return jobs, records
 
 
-def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str | None = None) -> SweepReport:
+def sweep_report(
+    paths: list[Path], out_dir: Path | None = None, analysis: str | None = None, figures: bool = True
+) -> SweepReport:
     """Read the jobs under ``paths`` and write the tables and figures into ``out_dir`` (default: the
     first path); ``analysis``: with each job's analysis of that name (``analysis/NAME/``: its columns,
-    or a re-scoring's numbers), where it has one. Raises FileNotFoundError when there is no run
+    or a re-scoring's numbers), where it has one; without ``figures``, the tables alone (a sweep run
+    with ``figures=false``, as a run's end draws none). Raises FileNotFoundError when there is no run
     directory under ``paths``."""
     paths = [Path(p) for p in paths]
     jobs, records = read_jobs_and_analyses(paths, analysis)
@@ -534,6 +548,7 @@ def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str |
     settings = [k for k in swept if k not in SEED_KEYS]
     first = paths[0] if paths[0].is_dir() and not paths[0].name.startswith("offline-run-") else paths[0].parent
     report = SweepReport(Path(out_dir or first), jobs, swept, job_rows(jobs, swept), group_rows(jobs, swept))
+    report.drawn = figures
     report.analysis_columns = list(dict.fromkeys(column for record in records for column in record["columns"]))
     report.analysis_title = next((record["columns_title"] for record in records if record.get("columns_title")), "")
     report.directory.mkdir(parents=True, exist_ok=True)
@@ -541,11 +556,13 @@ def sweep_report(paths: list[Path], out_dir: Path | None = None, analysis: str |
     write_rows(files[SWEEP_JOBS_TABLE], report.job_table)
     write_rows(files[SWEEP_GROUPS_TABLE], report.group_table)
     colour_by = settings[0] if settings else (swept[0] if swept else None)
-    draw_loss_curves(jobs, colour_by, files[SWEEP_CURVES_FIGURE])
-    draw_aligned(jobs, colour_by, files[SWEEP_ALIGNED_FIGURE])
-    draw_midpoints(jobs, settings, files[SWEEP_MIDPOINTS_FIGURE])
+    if figures:
+        draw_loss_curves(jobs, colour_by, files[SWEEP_CURVES_FIGURE])
+        draw_aligned(jobs, colour_by, files[SWEEP_ALIGNED_FIGURE])
+        draw_midpoints(jobs, settings, files[SWEEP_MIDPOINTS_FIGURE])
     if report.intervened:
-        intervention_report.draw_groups(jobs, settings, files[SWEEP_INTERVENTIONS_FIGURE])
+        if figures:
+            intervention_report.draw_groups(jobs, settings, files[SWEEP_INTERVENTIONS_FIGURE])
         report.training_validity = intervention_report.validity_rows(jobs, settings)
         write_rows(files[SWEEP_TRAINING_VALIDITY], report.training_validity)
     return report
@@ -592,9 +609,10 @@ def print_sweep_report(report: SweepReport) -> None:
             f" ({report.files()[SWEEP_TRAINING_VALIDITY]})"
         )
         print(format_table(report.training_validity, list(report.training_validity[0])))
-    figures = [SWEEP_CURVES_FIGURE, SWEEP_MIDPOINTS_FIGURE, SWEEP_ALIGNED_FIGURE]
-    figures += [SWEEP_INTERVENTIONS_FIGURE] if report.intervened else []
-    print(f"figures: {', '.join(str(report.files()[name]) for name in figures)}")
+    if report.drawn:
+        print(f"figures: {', '.join(str(report.files()[name]) for name in report.figures())}")
+    else:
+        print(f"figures: none (figures=false); python -m reports.sweep_report {report.directory} draws them")
     for job in report.failed:
         print(
             f"not finished: job {job.run_dir.name} ({' '.join(f'{k}={v}' for k, v in job.overrides.items())}): {job.status}"

@@ -29,7 +29,7 @@ class SweepEndReport(Callback):
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
-            report = sweep_report([sweep_dir])
+            report = sweep_report([sweep_dir], figures=config.figures)  # figures=false: as a run's end, none
         except FileNotFoundError as error:
             print(f"no sweep report: {error}", file=sys.stderr)
             return
@@ -50,7 +50,7 @@ def emergence_law(report):
     if not numeric_variables(report.jobs):
         return None
     laws, notes = emergence_laws(report.jobs)
-    files = write_emergence(laws, notes, report.directory)
+    files = write_emergence(laws, notes, report.directory, figure=report.drawn)
     print_emergence(laws, notes, files)
     return laws, files
 
@@ -116,6 +116,8 @@ def log_to_wandb(config: DictConfig, report, law=None, page: Path | None = None)
             columns=law_columns, data=[[str(row.get(c, "")) for c in law_columns] for row in rows]
         )
         figures["emergence"] = EMERGENCE_FIGURE
+    if not report.drawn:  # a sweep run with figures=false: its tables and charts, no images
+        figures = {}
     log_row(  # one row: the report has no step
         run,
         {

@@ -66,15 +66,15 @@ def failing_sweep(tmp_path_factory):
     """A 4-job sweep, in this process: one job diverges, two have a bad value, one finishes."""
     sweep = tmp_path_factory.mktemp("failing_sweep")
     result = run_train(
-        ["-m", *QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1", "explorer=true", WITH_WANDB],
-        sweep,
+        ["-m", *QUICK, "optim.warmup_steps=0", "optim.lr=1e6,3e-3", "model.n_heads=2,-1", WITH_WANDB], sweep
     )
     return sweep, result
 
 
 def test_a_failing_job_does_not_stop_the_others_and_is_marked(failing_sweep):
     """One job diverges (W&B: failed), two have a bad value (no W&B run at all), one finishes; the
-    sweep exits non-zero and its report marks the three failures."""
+    sweep exits non-zero and its report marks the three failures. Run with ``figures=false``, its end
+    writes the tables and W&B's tables and charts, no figure (the next test draws them)."""
     tmp_path, result = failing_sweep
     assert result.returncode != 0, result.stderr[-3000:]
     rows = {(float(row["optim.lr"]), int(row["model.n_heads"])): row for row in job_table(tmp_path)}
@@ -86,19 +86,15 @@ def test_a_failing_job_does_not_stop_the_others_and_is_marked(failing_sweep):
     (run_file,) = diverged.glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_records.exit_code(run_file) == 1  # marked failed in W&B, not successful
     assert not list((tmp_path / rows[(3e-3, -1)]["job"]).glob("wandb"))  # refused before W&B started
-    for name in (
-        "sweep_jobs.csv",
-        "sweep_groups.csv",
-        "sweep_loss_curves.png",
-        "sweep_midpoints.png",
-        "sweep_aligned.png",
-    ):
-        assert (tmp_path / name).is_file(), name
+    assert (tmp_path / "sweep_jobs.csv").is_file() and (tmp_path / "sweep_groups.csv").is_file()
+    assert not list(tmp_path.glob("*.png"))
+    assert f"figures: none (figures=false); python -m reports.sweep_report {tmp_path} draws them" in result.stdout
     (report_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # the sweep's summary run, in its group
     report_run = wandb_records.run(report_file)
     assert report_run["display_name"] == "sweep report" and report_run["run_group"] == str(tmp_path)
     (logged,) = wandb_records.history(report_file)
-    assert logged["sweep/jobs/nrows"] == 4 and "sweep/midpoints/path" in logged
+    images = {"sweep/loss_curves/path", "sweep/midpoints/path", "sweep/aligned/path"}
+    assert logged["sweep/jobs/nrows"] == 4 and not images & set(logged)
     chart = json.loads((report_file.parent / "files" / logged["sweep/loss_curves_chart_table/path"]).read_text())
     finished = tmp_path / rows[(3e-3, 2)]["job"]
     curve = {step: value for step, line, value in chart["data"] if line.startswith(f"{finished.name}:")}
@@ -116,6 +112,7 @@ sweep = Path(sys.argv[1])
 config = OmegaConf.load(sweep / "multirun.yaml")  # what Hydra hands the callback at the multirun's end
 with open_dict(config):
     config.hydra.sweep.dir = str(sweep)
+    config.figures = config.explorer = True  # as a sweep run with the defaults ends
 try:
     SweepEndReport().on_multirun_end(config)
 except SystemExit as end:
@@ -125,11 +122,11 @@ print("lightning" in sys.modules)
 
 
 def test_a_sweeps_end_imports_no_lightning(failing_sweep, tmp_path):
-    """The sweep's end (the callback Hydra calls, ``SweepEndReport.on_multirun_end``: the report, the
-    sweep's explorer page, its W&B run, the exit) runs in the launching process, which trains nothing (the
-    jobs run in joblib's, submitit's or the ensemble's processes): it imports no Lightning, which with
-    torchmetrics's optional packages took 5 s at every sweep's end. In a fresh interpreter (this one has
-    Lightning loaded), on a copy of the sweep above."""
+    """The sweep's end (the callback Hydra calls, ``SweepEndReport.on_multirun_end``: the report and its
+    figures, the sweep's explorer page, its W&B run, the exit) runs in the launching process, which trains
+    nothing (the jobs run in joblib's, submitit's or the ensemble's processes): it imports no Lightning,
+    which with torchmetrics's optional packages took 5 s at every sweep's end. In a fresh interpreter
+    (this one has Lightning loaded), on a copy of the sweep above, with the defaults' figures and page."""
     sweep, _ = failing_sweep
     copy = tmp_path / "sweep"
     shutil.copytree(sweep, copy, ignore=lambda folder, names: ["wandb"] if Path(folder) == sweep else [])
@@ -141,8 +138,12 @@ def test_a_sweeps_end_imports_no_lightning(failing_sweep, tmp_path):
     (report_file,) = copy.glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_records.run(report_file)["display_name"] == "sweep report"
     assert wandb_records.exit_code(report_file) == 1  # three of its jobs failed
-    (logged,) = copy.glob("wandb/offline-run-*/files/media/html/explorer_*.html")  # its page, as HTML media
-    assert logged.read_bytes() == (copy / "explorer.html").read_bytes()
+    (page,) = copy.glob("wandb/offline-run-*/files/media/html/explorer_*.html")  # its page, as HTML media
+    assert page.read_bytes() == (copy / "explorer.html").read_bytes()
+    for name in ("sweep_loss_curves.png", "sweep_midpoints.png", "sweep_aligned.png"):
+        assert (copy / name).is_file(), name
+    (logged,) = wandb_records.history(report_file)
+    assert {"sweep/loss_curves/path", "sweep/midpoints/path", "sweep/aligned/path"} <= set(logged)
 
 
 def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(tmp_path):
