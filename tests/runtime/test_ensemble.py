@@ -188,9 +188,10 @@ def test_each_member_is_a_whole_run_with_its_own_wandb_run_in_the_sweeps_group(f
         (run_file,) = member.glob("wandb/offline-run-*/run-*.wandb")
         assert wandb_records.exit_code(run_file) == 0
         ids.add(run_file.parent.name)
-        report = module("reports.run_report", member)  # the reports read it unchanged: its figures drawn
-        assert report.returncode == 0 and "final/loss/repeated" in report.stdout, report.stderr[-2000:]
-        assert (member / "phase_change.png").is_file() and (member / "strategies.png").is_file()
+    member = sweep / "1"  # the reports read a member unchanged: its figures drawn (one is enough: ~2.5 s each)
+    report = module("reports.run_report", member)
+    assert report.returncode == 0 and "final/loss/repeated" in report.stdout, report.stderr[-2000:]
+    assert (member / "phase_change.png").is_file() and (member / "strategies.png").is_file()
     assert len(ids) == 2
     assert (sweep / "sweep_jobs.csv").is_file() and (sweep / "explorer.html").is_file()
 
