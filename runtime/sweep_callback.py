@@ -115,7 +115,7 @@ def log_to_wandb(config: DictConfig, report, law=None, page: Path | None = None)
         tables["sweep/emergence"] = wandb.Table(
             columns=law_columns, data=[[str(row.get(c, "")) for c in law_columns] for row in rows]
         )
-        figures["emergence"] = EMERGENCE_FIGURE
+        figures["emergence_law"] = EMERGENCE_FIGURE  # beside the table's key, not over it
     if not report.drawn:  # a sweep run with figures=false: its tables and charts, no images
         figures = {}
     log_row(  # one row: the report has no step

@@ -144,6 +144,7 @@ def test_a_sweeps_end_imports_no_lightning(failing_sweep, tmp_path):
         assert (copy / name).is_file(), name
     (logged,) = wandb_records.history(report_file)
     assert {"sweep/loss_curves/path", "sweep/midpoints/path", "sweep/aligned/path"} <= set(logged)
+    assert logged["sweep/emergence_law/_type"] == "image-file" and logged["sweep/emergence/_type"] == "table-file"
 
 
 def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(tmp_path):
