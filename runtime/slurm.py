@@ -9,6 +9,7 @@ train.py resumes, in place, the run directory it recorded for that job id.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def requeued_slurm_run() -> Path | None:
     """The run directory this SLURM job wrote before it was requeued (``SLURM_RESTART_COUNT`` >= 1)
     when that directory has a checkpoint to resume from; else None."""
     key = slurm_job_key()
-    if key is None or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) < 1:
+    if key is None or restart_count() < 1:
         return None
     record = SLURM_RUNS / key
     if not record.is_file():
@@ -55,11 +56,31 @@ def requeue_this_job() -> tuple[bool, str | None]:
         if "Requeue=1" not in shown.stdout:
             return False, f"SLURM job {key} does not allow requeueing (sbatch --requeue): not requeued"
         done = subprocess.run(["scontrol", "requeue", key], capture_output=True, text=True, timeout=30)
+        # SLURM ends this attempt (SIGTERM to every process of the job) as it requeues it, and that signal
+        # can reach scontrol before scontrol answers: the job's restart count says what happened
+        requeued = done.returncode == 0 or restarts(key) > restart_count()
     except (OSError, subprocess.TimeoutExpired) as error:
         return False, f"SLURM job {key} not requeued: {error}"
-    if done.returncode != 0:
+    if not requeued and done.returncode < 0:
+        return False, (
+            f"SLURM job {key}: scontrol requeue was ended by signal {-done.returncode} before it answered;"
+            f" `scontrol show job {key}` says whether the job was requeued"
+        )
+    if not requeued:
         return False, f"SLURM job {key} not requeued: {(done.stderr or done.stdout).strip()}"
     return True, f"SLURM job {key} requeued: it will resume from the checkpoint"
+
+
+def restart_count() -> int:
+    """How many times SLURM has requeued this job so far (``SLURM_RESTART_COUNT``; 0 for its first attempt)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def restarts(key: str) -> int:
+    """The job's restart count as SLURM shows it now (``Restarts=`` of ``scontrol show job``); -1 if unknown."""
+    shown = subprocess.run(["scontrol", "show", "job", key], capture_output=True, text=True, timeout=30).stdout
+    found = re.search(r"\bRestarts=(\d+)", shown)
+    return int(found.group(1)) if found else -1
 
 
 def remember_slurm_sweep(sweep_dir: Path) -> None:
@@ -73,7 +94,7 @@ def remember_slurm_sweep(sweep_dir: Path) -> None:
 def requeued_slurm_sweep() -> Path | None:
     """The sweep directory this SLURM job's ensemble wrote before it was requeued; else None."""
     key = slurm_job_key()
-    if key is None or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) < 1:
+    if key is None or restart_count() < 1:
         return None
     record = SLURM_RUNS / f"{key}.sweep"
     return Path(record.read_text().strip()) if record.is_file() else None

@@ -116,3 +116,26 @@ def test_a_warned_slurm_ensemble_requeues_and_resumes_every_member_in_its_sweep_
         assert train_loss_steps(sweep_dir / member) == list(range(STEPS))
         checkpoint = torch.load(sweep_dir / member / "checkpoints" / "last.ckpt", weights_only=True)
         assert checkpoint["global_step"] == STEPS
+
+
+def test_a_job_that_asks_to_be_requeued_is_and_its_restart_count_says_so(monkeypatch):
+    """``requeue_this_job`` as a running job calls it: SLURM requeues the job, and the job's restart count,
+    which decides when a signal cut ``scontrol requeue`` off before it answered, goes from 0 to 1."""
+    from runtime.slurm import requeue_this_job, restarts
+
+    if not slurm_is_up():
+        if os.environ.get("REQUIRE_SLURM"):
+            pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
+        pytest.skip('no SLURM cluster here: eval "$(.ci/start-local-slurm)" starts one (root, Debian)')
+    submit = ["sbatch", "--parsable", "--requeue", "--output=/dev/null", "--wrap", "sleep 300"]
+    job = subprocess.run(submit, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        wait_for(lambda: job_field(job, "JobState") == "RUNNING", 180, "the job to start")
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+        monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+        assert restarts(job) == 0
+        assert requeue_this_job() == (True, f"SLURM job {job} requeued: it will resume from the checkpoint")
+        assert restarts(job) == 1 and job_field(job, "Restarts") == "1"
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
