@@ -56,6 +56,10 @@ SYNCS = {
 TO_HOST = {torch.Tensor.cpu, torch.Tensor.numpy}
 MOVES = {torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.copy_}
 INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
+QUERIES = {torch._has_compatible_shallow_copy_type}
+"""Compare tensors without computing: ``Module.to`` asks it of a parameter and its moved copy."""
+SET_DATA = torch.Tensor.data.__set__
+"""``param.data = moved``: how ``Module.to`` moves a parameter (compare with ==, as :data:`DEVICE_OF`)."""
 WIDE = {torch.float64, torch.complex128}
 NOT_ON_MPS = {torch.linalg.eigvals, torch.linalg.eig}
 """Not implemented on Apple's MPS in torch 2.13 (and serial, with a host sync, on CUDA)."""
@@ -103,7 +107,7 @@ class SimulatedAccelerator(TorchFunctionMode):
     def __init__(self, strict: bool = True) -> None:
         super().__init__()
         self.strict = strict
-        self.host: dict[int, weakref.ref] = {}  # id -> the host tensor (a WeakSet would compare tensors with ==)
+        self.host: dict[int, weakref.ref] = {}  # data_ptr -> a host storage; id -> an empty host tensor
         self.syncs = 0
         self.sync_sites: list[str] = []
         self.missing_device: list[str] = []
@@ -117,7 +121,7 @@ class SimulatedAccelerator(TorchFunctionMode):
 
         def from_numpy(array):
             tensor = original(array)
-            self.host[id(tensor)] = weakref.ref(tensor)
+            self.mark_host(tensor)
             return tensor
 
         torch.from_numpy = from_numpy
@@ -131,11 +135,26 @@ class SimulatedAccelerator(TorchFunctionMode):
         """Mark tensors made before entering as the host's, as a GPU run holds them (a probe's tokens):
         moving one to the device then copies it, under whatever inference mode is on, as CUDA does."""
         for tensor in tensors:
-            self.host[id(tensor)] = weakref.ref(tensor)
+            self.mark_host(tensor)
+
+    def mark_host(self, tensor: torch.Tensor) -> None:
+        """``tensor``'s storage is the host's: so is every tensor on it (a view; an ``nn.Parameter`` made of
+        it, which torch function modes do not see made, as a model built with ``device="cpu"`` has), until
+        ``param.data`` is set to another's. A move between devices copies (see ``__torch_function__``)."""
+        key, held = self.key(tensor)
+        self.host[key] = weakref.ref(held)
 
     def on_host(self, tensor) -> bool:
-        known = self.host.get(id(tensor))
-        return known is not None and known() is tensor
+        key, held = self.key(tensor)
+        known = self.host.get(key)
+        return known is not None and known() is held
+
+    @staticmethod
+    def key(tensor: torch.Tensor):
+        """(key, object) that stand for where ``tensor`` lives: its storage (torch keeps a storage's Python
+        object while the storage lives), or, for an empty one (no address), the tensor itself."""
+        storage = tensor.untyped_storage()
+        return (storage.data_ptr(), storage) if storage.nbytes() else (id(tensor), tensor)
 
     def mistake(self, kind: list[str], message: str) -> None:
         kind.append(message)
@@ -160,7 +179,8 @@ class SimulatedAccelerator(TorchFunctionMode):
         if syncs and device_inputs:
             self.syncs += 1
             self.sync_sites.append(where(frame) if frame is not None else f"library: {func.__name__}")
-        if frame is not None and func not in MOVES and func not in INDEXING and device_inputs:
+        moves = func in MOVES or func == SET_DATA
+        if frame is not None and not moves and func not in INDEXING | QUERIES and device_inputs:
             host = [t for t in inputs if self.on_host(t) and t.dim() > 0]
             if host:
                 self.mistake(
@@ -187,7 +207,7 @@ class SimulatedAccelerator(TorchFunctionMode):
         outputs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
         for output in outputs:
             if host:
-                self.host[id(output)] = weakref.ref(output)
+                self.mark_host(output)
             elif output.dtype in WIDE and frame is not None:
                 self.mistake(
                     self.float64_on_device,
