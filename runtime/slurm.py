@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from records.layout import CHECKPOINTS, LAST_CHECKPOINT, SLURM_RUNS
@@ -47,17 +49,23 @@ def requeued_slurm_run() -> Path | None:
 
 def requeue_this_job() -> tuple[bool, str | None]:
     """Ask SLURM to requeue this job, when there is one and it may be requeued (``Requeue=1``).
-    Returns (whether it was requeued, what happened for the console; None outside SLURM)."""
+    Returns (whether it was requeued, what happened for the console; None outside SLURM).
+
+    SLURM ends the job's attempt as it requeues it (SIGTERM to every process of the job): this process,
+    which leaves next, ignores SIGTERM from here on, and so does ``scontrol`` (an ignored signal stays
+    ignored across ``exec``), which then answers rather than being cut off."""
     key = slurm_job_key()
     if key is None:
         return False, None
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         shown = subprocess.run(["scontrol", "show", "job", key], capture_output=True, text=True, timeout=30)
         if "Requeue=1" not in shown.stdout:
             return False, f"SLURM job {key} does not allow requeueing (sbatch --requeue): not requeued"
         done = subprocess.run(["scontrol", "requeue", key], capture_output=True, text=True, timeout=30)
-        # SLURM ends this attempt (SIGTERM to every process of the job) as it requeues it, and that signal
-        # can reach scontrol before scontrol answers: the job's restart count says what happened
+        # where scontrol could not answer all the same (a signal other than SIGTERM, say), the job's
+        # restart count says what happened
         requeued = done.returncode == 0 or restarts(key) > restart_count()
     except (OSError, subprocess.TimeoutExpired) as error:
         return False, f"SLURM job {key} not requeued: {error}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,7 @@ def warned_and_requeued(tmp_path_factory) -> dict[str, Path]:
         )
         assert job_field(job, "Restarts") == "1", printed[-3000:]
         assert "stopped by SIGUSR1 at step" in printed and f"SLURM job {job} requeued" in printed
+        assert "SIGTERM received" not in printed  # SLURM's SIGTERM to the requeued attempt is not a new stop
     return {name: log.parent for name, (_, log) in jobs.items()}
 
 
@@ -119,14 +121,16 @@ def test_a_warned_slurm_ensemble_requeues_and_resumes_every_member_in_its_sweep_
 
 
 def test_a_job_that_asks_to_be_requeued_is_and_its_restart_count_says_so(monkeypatch):
-    """``requeue_this_job`` as a running job calls it: SLURM requeues the job, and the job's restart count,
-    which decides when a signal cut ``scontrol requeue`` off before it answered, goes from 0 to 1."""
+    """``requeue_this_job`` as a running job calls it: SLURM requeues the job, the job's restart count (which
+    decides where ``scontrol requeue`` could not answer) goes from 0 to 1, and SLURM's SIGTERM to the
+    requeued attempt is ignored from then on."""
     from runtime.slurm import requeue_this_job, restarts
 
     if not slurm_is_up():
         if os.environ.get("REQUIRE_SLURM"):
             pytest.fail("REQUIRE_SLURM is set but no SLURM cluster answers (sinfo)")
         pytest.skip('no SLURM cluster here: eval "$(.ci/start-local-slurm)" starts one (root, Debian)')
+    sigterm = signal.getsignal(signal.SIGTERM)
     submit = ["sbatch", "--parsable", "--requeue", "--output=/dev/null", "--wrap", "sleep 300"]
     job = subprocess.run(submit, capture_output=True, text=True, check=True).stdout.strip()
     try:
@@ -136,6 +140,8 @@ def test_a_job_that_asks_to_be_requeued_is_and_its_restart_count_says_so(monkeyp
         monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
         assert restarts(job) == 0
         assert requeue_this_job() == (True, f"SLURM job {job} requeued: it will resume from the checkpoint")
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # SLURM's SIGTERM to the leaving job
         assert restarts(job) == 1 and job_field(job, "Restarts") == "1"
     finally:
+        signal.signal(signal.SIGTERM, sigterm)  # this test process is not leaving
         subprocess.run(["scancel", job], capture_output=True)
