@@ -134,8 +134,9 @@ class CompositionTracker(L.Callback):
         """Get ready to measure ``model`` from ``first_step`` on: the snapshot's threads, the random
         baselines (sampled once per shape and cached on disk: a one-time cost, so it is paid here and
         left out of the cost report's estimate), each quantity's own one-time work on the probe
-        (:meth:`~metrics.tracked.base.TrackedQuantity.prepare`), and the tensor store, cut back to
-        before ``first_step`` (a resumed run measures its first step again)."""
+        (:meth:`~metrics.tracked.base.TrackedQuantity.prepare`: the head behaviours' random nulls, also
+        cached once per machine), and the tensor store, cut back to before ``first_step`` (a resumed run
+        measures its first step again)."""
         composition = self.quantity("composition")
         measures = tuple(composition.options.measures) if composition is not None else ()
         if self.num_threads is None:
@@ -146,8 +147,8 @@ class CompositionTracker(L.Callback):
         for quantity in self.quantities:
             quantity.prepare(self.probe, model)
         if (seconds := time.perf_counter() - started) > 1.0:
-            print(
-                f"random baselines for d_model {model.shape.d_model}, d_head {model.shape.d_head}: sampled once in {seconds:.1f} s"
+            print(  # most of it the head behaviours' random nulls where the probe is large (the Markov-chain task's)
+                f"random baselines and nulls for this shape and probe: computed once in {seconds:.1f} s"
                 f" (cached in {cache_directory()})"
             )
         if self.store_dir is not None:
