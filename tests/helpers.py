@@ -419,10 +419,11 @@ def train_env(**extra: str) -> dict[str, str]:
 
 
 def run_train_process(args: list[str], tmp_path: Path, timeout: int = 300, env: dict[str, str] | None = None):
-    """``python train.py ARGS`` in a subprocess with its outputs under ``tmp_path`` (no figures and no W&B run unless ARGS
-    ask: :data:`NO_FIGURES`, :data:`NO_WANDB`): for tests of the process itself (signals, exit codes, its environment); every
-    other test trains in process (:func:`run_train`)."""
-    import subprocess
+    """``python train.py ARGS`` in a process of its own with its outputs under ``tmp_path`` (no figures and no W&B run
+    unless ARGS ask: :data:`NO_FIGURES`, :data:`NO_WANDB`), started warm where ``env`` allows (:mod:`tests.warm_start`):
+    for tests of the process itself (signals, exit codes, its environment); every other test trains in process
+    (:func:`run_train`)."""
+    from tests import warm_start
 
     command = [
         sys.executable,
@@ -433,7 +434,7 @@ def run_train_process(args: list[str], tmp_path: Path, timeout: int = 300, env: 
         NO_WANDB,
         *args,
     ]
-    return subprocess.run(command, cwd=REPO, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
+    return warm_start.run(command, REPO, env or train_env(), timeout)
 
 
 def run_tiny_sweep(directory: Path, *overrides: str) -> str:
@@ -453,10 +454,11 @@ def run_train_until(
     timeout: int = 300,
     multirun: bool = False,
 ):
-    """Run ``python train.py [-m] ARGS`` (no figures and no W&B run unless ARGS ask: :data:`NO_FIGURES`,
-    :data:`NO_WANDB`) and send it ``signum``
-    once it reports step ``step`` (a progress line every step). Returns (exit code, everything it printed)."""
-    import subprocess
+    """Run ``python train.py [-m] ARGS`` in a process of its own, started warm where ``env`` allows
+    (:mod:`tests.warm_start`; no figures and no W&B run unless ARGS ask: :data:`NO_FIGURES`, :data:`NO_WANDB`), and
+    send it ``signum`` once it reports step ``step`` (a progress line every step). Returns (exit code, everything it
+    printed)."""
+    from tests import warm_start
 
     command = [
         sys.executable,
@@ -468,9 +470,7 @@ def run_train_until(
         NO_WANDB,
         *args,
     ]
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env or train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = warm_start.popen(command, REPO, env or train_env(), subprocess.PIPE, subprocess.STDOUT)
     printed, sent = [], False
     try:
         for line in process.stdout:

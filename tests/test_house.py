@@ -160,7 +160,7 @@ def test_tests_mirror_the_rooms_and_never_import_each_other():
         assert not others, f"{path.relative_to(REPO)} imports {others}: shared code goes to tests/helpers.py"
 
 
-STARTS_TRAIN_PY = {"run_train", "run_train_process", "run_train_until", "run_tiny_sweep", "sweep", "Popen"}
+STARTS_TRAIN_PY = {"run_train", "run_train_process", "run_train_until", "run_tiny_sweep", "sweep", "Popen", "popen"}
 
 
 def is_slow(node: ast.FunctionDef, module_slow: bool) -> bool:

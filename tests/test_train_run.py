@@ -6,9 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -20,8 +18,9 @@ from records import wandb_records
 from records.tensor_store import read_tensor_store
 from records.wandb_sections import story, tracker_key, wandb_key
 from reports.run_report import read_series
+from tests import warm_start
 from tests.browser import opened, page_checks
-from tests.helpers import REPO, WITH_WANDB, module, run_train
+from tests.helpers import REPO, WITH_WANDB, module, run_train, train_env
 
 pytestmark = pytest.mark.slow
 
@@ -305,7 +304,9 @@ def test_default_experiment_shows_the_phase_change(shipped_run):
 
 
 def test_one_layer_control_shows_no_cliff(tmp_path):
-    result = run_train(["experiment=one_layer", "tracker.images.every_n_steps=0", "figures=true"], tmp_path)
+    # 800 steps: twice as long as two layers take to their cliff (steps 333-464 with the default config)
+    args = ["experiment=one_layer", "trainer.max_steps=800", "tracker.images.every_n_steps=0", "figures=true"]
+    result = run_train(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     _, repeated = curve(tmp_path, "loss/repeated")
     _, induction = curve(tmp_path, "heads/induction/top")
@@ -368,7 +369,6 @@ def test_markov_icl_tracks_its_strategies_against_the_truth(tmp_path):
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
     """Two jobs launched at once (a sweep on a cluster) must not share, and mix, one run directory."""
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
     command = [
         sys.executable,
         str(REPO / "train.py"),
@@ -377,12 +377,11 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
         "logger=csv",
         "trainer.enable_progress_bar=false",
     ]
-    jobs = [
-        subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for _ in range(2)
-    ]
-    for job in jobs:
-        assert job.wait(timeout=300) == 0, job.stderr.read().decode()[-2000:]
+    logs = [tmp_path / f"job{i}.log" for i in range(2)]
+    with logs[0].open("w") as first, logs[1].open("w") as second:
+        jobs = [warm_start.popen(command, tmp_path, train_env(), log, log) for log in (first, second)]  # at once
+        codes = [job.wait(timeout=300) for job in jobs]
+    assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
     run_dirs = sorted(p.parent for p in tmp_path.glob("outputs/*/*/.hydra"))
     assert len(run_dirs) == 2, run_dirs  # two directories, each with its own resolved config
     assert all((run_dir / ".hydra" / "config.yaml").is_file() for run_dir in run_dirs)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from records import wandb_records
+from tests import warm_start
 from tests.helpers import NO_FIGURES, REPO, TINY, digest, module, require_extra, run_train, train_env
 
 pytestmark = pytest.mark.slow
@@ -89,10 +90,7 @@ def test_an_interrupted_analysis_continues_where_it_stopped(trained):
     command = [sys.executable, "-m", "analysis.stages", str(trained), *args, "--name", "cut"]
     # a shell that starts jobs in the background (`... &`, as CI scripts may) hands them SIGINT
     # ignored, and Python then keeps it ignored: restore the default, so Ctrl-C is KeyboardInterrupt
-    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
-    process = subprocess.Popen(
-        command, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, text=True, preexec_fn=default_sigint
-    )
+    process = warm_start.popen(command, REPO, train_env(), subprocess.PIPE, sigint="default")
     printed = ""
     for line in process.stdout:
         printed += line

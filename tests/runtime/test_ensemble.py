@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from records import wandb_records
+from tests import warm_start
 from tests.helpers import (
     NO_FIGURES,
     NO_WANDB,
@@ -65,8 +66,8 @@ EQUAL = [*FLOAT64, *INTERVENED, *LLC]  # the LLC: the llc extra (require_extra i
 
 
 def ensemble(sweep_dir, *overrides: str, env=SINGLE_THREAD) -> subprocess.CompletedProcess:
-    """``python train.py -m hydra/launcher=ensemble OVERRIDES`` in a subprocess, no figures and no
-    W&B run unless OVERRIDES ask (:data:`NO_FIGURES`, :data:`NO_WANDB`)."""
+    """``python train.py -m hydra/launcher=ensemble OVERRIDES`` in a process of its own, started warm where ``env``
+    allows (:mod:`tests.warm_start`), no figures and no W&B run unless OVERRIDES ask (:data:`NO_FIGURES`, :data:`NO_WANDB`)."""
     command = [
         sys.executable,
         "train.py",
@@ -77,7 +78,7 @@ def ensemble(sweep_dir, *overrides: str, env=SINGLE_THREAD) -> subprocess.Comple
         NO_WANDB,
         *overrides,
     ]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return warm_start.run(command, REPO, env, timeout=600)
 
 
 def in_process_ensemble(sweep_dir, *overrides: str) -> subprocess.CompletedProcess:
@@ -286,7 +287,7 @@ def test_resuming_a_single_run_as_an_ensemble_is_refused_in_one_line(float64_sin
 def test_resuming_one_member_alone_is_refused_in_one_line(float64_ensemble):
     sweep, _ = float64_ensemble
     command = [sys.executable, "train.py", f"resume={sweep / '0'}", "trainer.max_steps=80"]
-    result = subprocess.run(command, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=300)
+    result = warm_start.run(command, REPO, train_env(), timeout=300)
     assert result.returncode == 1
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert "is a member of an ensemble" in line and "hydra/launcher=ensemble" in line

@@ -22,6 +22,7 @@ import pytest
 
 from records import wandb_records
 from reports.run_report import read_series
+from tests import warm_start
 from tests.helpers import (
     FINISHED,
     NO_FIGURES,
@@ -207,9 +208,7 @@ def test_submitit_slurm_sweep_survives_a_pre_timeout_signal(tmp_path):
         "trainer.log_every_n_steps=1",
         "trainer.progress_every_n_steps=10",
     ]
-    process = subprocess.Popen(
-        command, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = warm_start.popen(command, REPO, train_env(), subprocess.PIPE, subprocess.STDOUT)
     try:
         log = wait_for(lambda: next(iter(tmp_path.glob(".submitit/*_0/*_0_0_log.out")), None), 180, "job 0 to start")
         wait_for(lambda: "step 50/" in log.read_text(), 180, "job 0 to reach step 50")
@@ -259,7 +258,7 @@ def test_an_interrupted_sweep_rerun_finishes_as_if_uninterrupted(tmp_path):
         NO_FIGURES,
         *args,
     ]
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = warm_start.popen(command, REPO, env, subprocess.PIPE, subprocess.STDOUT)
     printed, signalled = [], False
     for line in process.stdout:
         printed.append(line)

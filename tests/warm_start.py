@@ -1,0 +1,258 @@
+"""``python train.py ARGS`` (or ``python -m MODULE ARGS``) as a real process of its own that starts warm:
+forked from a server that has imported what Lightning imports (torch, torchmetrics) once for this test
+worker and run nothing, as the ensemble forks its parts (``runtime/ensemble_job.py``, ``worker_context``). The child is what a fresh
+interpreter would be from there on: it imports the project's own modules itself, has its own pid, gets
+its own signals, prints to its own stdout and stderr, runs in the environment and working directory it
+was given, and leaves as ``python train.py`` leaves (``SystemExit``'s status, an escaping exception's
+traceback, with the warm start's two frames above the script's, and status 1, atexit handlers and the interpreter's finalization, or the signal that killed
+it). What it skips is most of the ~6.5 s of CPU a fresh interpreter spends importing torch and Lightning
+(with every extra installed), about 15 times a suite.
+
+What a warm child cannot honour is an environment that Python or what the server imported read while
+starting (``OMP_NUM_THREADS``, ``LD_PRELOAD``, ``PYTHONPROFILEIMPORTTIME``, ...): :func:`popen` starts a
+fresh interpreter for a command whose environment differs from the server's there (``PYTHONPATH`` is
+honoured: the child's ``sys.path`` is laid out as a fresh interpreter's would be), and the tests of start-up
+itself (a signal while a run starts, what a refusal imports) start ``python`` themselves.
+``TESTS_START_FRESH=1`` starts every process fresh (to compare, or to rule the warm start out).
+
+Written by hand because multiprocessing's fork server (the ensemble's) runs a child's target and ends
+it with ``os._exit``: no atexit handler, no finalization (W&B's and Lightning's exit paths, which these
+tests are about), and the child writes to the server's stdout, not to a pipe of the test's.
+
+The server is this file run as a script (:class:`Server`); a child leaves the server's loop by returning
+from :func:`serve` and becomes the command (:func:`become`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+STARTED_AT_IMPORT = (
+    *("PYTHON", "LANG", "LC_", "LD_", "MALLOC", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NUMPY_", "SCIPY_"),
+    *("TORCH", "PYTORCH", "CUDA", "HF_", "TRANSFORMERS_", "TOKENIZERS_"),
+)
+"""Environment variables read while Python and what the server imports start (by prefix): a command whose
+values differ from the server's starts a fresh interpreter."""
+
+HONOURED = ("PYTHONPATH",)
+"""Variables of :data:`STARTED_AT_IMPORT` a warm child honours all the same."""
+
+
+# --- the test's side ------------------------------------------------------------------------------
+
+
+def read_at_start(environ: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k.startswith(STARTED_AT_IMPORT) and k not in HONOURED}
+
+
+class Server:
+    """This worker's fork server: started on the first warm command, ended when the worker ends (its
+    end of the socket closes). ``exits``: the exit status of each child that has ended, by pid."""
+
+    def __init__(self, environ: dict[str, str]):
+        self.environ = dict(environ)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, str(theirs.fileno())], env=self.environ, pass_fds=[theirs.fileno()]
+        )
+        theirs.close()
+        self.channel, self.exits, self.next_id = ours, {}, 0
+
+    def start(self, argv: list[str], cwd: str, environ: dict[str, str], stdout: int, stderr: int, sigint: str) -> int:
+        """Fork a child that runs ``argv`` (``["train.py", ...]`` or ``["-m", "module", ...]``); its pid."""
+        self.next_id += 1
+        request = {"id": self.next_id, "argv": argv, "cwd": cwd, "env": environ, "sigint": sigint}
+        socket.send_fds(self.channel, [json.dumps(request).encode()], [stdout, stderr])
+        while True:
+            message = self.receive(None)
+            if message.get("id") == self.next_id:
+                return message["pid"]
+
+    def receive(self, timeout: float | None) -> dict:
+        """The server's next message (an exit is noted in :attr:`exits`); ``{}`` after ``timeout``."""
+        ready, _, _ = select.select([self.channel], [], [], timeout)
+        if not ready:
+            return {}
+        data = self.channel.recv(1 << 16)
+        if not data:
+            raise RuntimeError(f"the warm-start server ended (exit status {self.process.poll()})")
+        message = json.loads(data)
+        if "exit" in message:
+            self.exits[message["pid"]] = message["exit"]
+        return message
+
+
+_server: Server | None = None
+
+
+def server_for(environ: dict[str, str]) -> Server | None:
+    """The fork server whose children can run in ``environ``, started on first use; None where a fresh
+    interpreter must start instead (:data:`STARTED_AT_IMPORT`)."""
+    global _server
+    if os.environ.get("TESTS_START_FRESH"):  # every process a fresh interpreter, as before the warm start
+        return None
+    if _server is None:
+        _server = Server({**os.environ, **read_at_start(environ)})
+    return _server if read_at_start(_server.environ) == read_at_start(environ) else None
+
+
+class WarmProcess:
+    """A child of the server, with what the tests use of :class:`subprocess.Popen`: ``pid``, ``stdout``
+    (with ``stdout=PIPE``), ``returncode``, :meth:`poll`, :meth:`wait`, :meth:`send_signal`, :meth:`kill`,
+    :meth:`communicate`."""
+
+    def __init__(self, server: Server, pid: int, stdout):
+        self.server, self.pid, self.stdout, self.returncode = server, pid, stdout, None
+
+    def poll(self) -> int | None:
+        while self.returncode is None and self.pid not in self.server.exits and self.server.receive(0):
+            pass
+        if self.pid in self.server.exits:
+            self.returncode = self.server.exits[self.pid]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.pid, timeout)
+            self.server.receive(left)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, None]:
+        printed = self.stdout.read() if self.stdout is not None else None
+        self.wait(timeout)
+        return printed, None
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def popen(
+    command: list[str], cwd, env: dict[str, str], stdout=None, stderr=None, sigint: str = "inherited"
+) -> WarmProcess | subprocess.Popen:
+    """``subprocess.Popen(command, cwd=cwd, env=env, stdout=..., stderr=..., text=True)`` for a command
+    ``[sys.executable, SCRIPT or -m MODULE, ...]``, warm where ``env`` allows (:func:`server_for`).
+    ``stdout``: None (inherited), ``subprocess.PIPE`` or a file; ``stderr``: None, a file or
+    ``subprocess.STDOUT``. ``sigint="default"``: the child starts with Ctrl-C as KeyboardInterrupt even
+    where this process ignores it (a fresh interpreter given SIGINT's default disposition)."""
+    assert command[0] == sys.executable, command
+    server = server_for(env)
+    if server is None:
+        restore = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint == "default" else None
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True, preexec_fn=restore)
+    pipe = None
+    if stdout == subprocess.PIPE:
+        pipe, out = os.pipe()
+    else:
+        out = 1 if stdout is None else stdout.fileno()
+    err = out if stderr == subprocess.STDOUT else 2 if stderr is None else stderr.fileno()
+    try:
+        pid = server.start(list(map(str, command[1:])), str(cwd), dict(env), out, err, sigint)
+    finally:
+        if pipe is not None:
+            os.close(out)
+    return WarmProcess(server, pid, None if pipe is None else open(pipe, encoding="utf-8"))
+
+
+def run(command: list[str], cwd, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)``,
+    warm where ``env`` allows (:func:`popen`)."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as out, tempfile.TemporaryFile("w+", encoding="utf-8") as err:
+        process = popen(command, cwd, env, out, err)
+        try:
+            process.wait(timeout)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, process.returncode, out.read(), err.read())
+
+
+# --- the server's side ----------------------------------------------------------------------------
+
+
+def serve(channel: socket.socket) -> tuple[dict, list[int]]:
+    """Fork a child for each request, and tell the test each child's pid and, when it ends, its exit
+    status (negative: the signal that ended it, as :class:`subprocess.Popen` says). Returns (in a child
+    only) its request and its stdout and stderr."""
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([channel], [], [], 0.05 if children else None)
+        for pid in list(children):
+            ended, status = os.waitpid(pid, os.WNOHANG)
+            if ended:
+                children.discard(pid)
+                channel.send(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}).encode())
+        if not ready:
+            continue
+        data, fds, _, _ = socket.recv_fds(channel, 1 << 20, 2)
+        if not data:  # the test worker has ended
+            os._exit(0)
+        request = json.loads(data)
+        pid = os.fork()
+        if pid == 0:
+            channel.close()
+            return request, fds
+        for fd in fds:
+            os.close(fd)
+        children.add(pid)
+        channel.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+def become(request: dict, fds: list[int], path_after_start: list[str]) -> None:
+    """Turn this forked child into ``python ARGV`` as a fresh interpreter would start it: its stdout and
+    stderr, working directory, environment, ``sys.argv`` and ``sys.path`` (the script's directory or the
+    working directory first, then ``PYTHONPATH``, then the interpreter's own), then run it as ``__main__``."""
+    import runpy
+
+    for fd, target in zip(fds, (1, 2)):
+        os.dup2(fd, target)
+    for fd in set(fds) - {1, 2}:
+        os.close(fd)
+    if not sys.stdout.write_through:  # line-buffered where a fresh interpreter's stdout would be: a terminal
+        sys.stdout.reconfigure(line_buffering=os.isatty(1))
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if request["sigint"] == "default":
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    argv = request["argv"]
+    extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if argv[0] == "-m":
+        sys.path[:] = [os.getcwd(), *extra, *path_after_start]
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = os.path.abspath(argv[0])
+        sys.path[:] = [os.path.dirname(os.path.realpath(script)), *extra, *path_after_start]
+        sys.argv = list(argv)
+        runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    # sys.path as a fresh interpreter has it after its script's directory and PYTHONPATH
+    start = 1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    path_after_start = sys.path[start:]
+    channel = socket.socket(fileno=int(sys.argv[1]))
+    # what Lightning imports (torch, its compiler front end, torchmetrics with SciPy and transformers), not
+    # Lightning itself: its import reads the logging set-up the command has made by then (lightning.pytorch adds a
+    # console handler of its own where the root logger has none; train.py imports it after Hydra's set-up)
+    import torch._dynamo  # noqa: F401
+    import torchmetrics  # noqa: F401
+
+    request, fds = serve(channel)
+    become(request, fds, path_after_start)
