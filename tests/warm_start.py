@@ -1,12 +1,13 @@
 """``python train.py ARGS`` (or ``python -m MODULE ARGS``) as a real process of its own that starts warm:
 forked from a server that has imported what Lightning imports (torch, torchmetrics) once for this test
-worker and run nothing, as the ensemble forks its parts (``runtime/ensemble_job.py``, ``worker_context``). The child is what a fresh
-interpreter would be from there on: it imports the project's own modules itself, has its own pid, gets
-its own signals, prints to its own stdout and stderr, runs in the environment and working directory it
-was given, and leaves as ``python train.py`` leaves (``SystemExit``'s status, an escaping exception's
-traceback, with the warm start's two frames above the script's, and status 1, atexit handlers and the interpreter's finalization, or the signal that killed
-it). What it skips is most of the ~6.5 s of CPU a fresh interpreter spends importing torch and Lightning
-(with every extra installed), about 15 times a suite.
+worker and run nothing, as the ensemble forks its parts (``runtime/ensemble_job.py``, ``worker_context``).
+The child is what a fresh interpreter would be from there on: it imports the project's own modules
+itself, has its own pid, gets its own signals, prints to its own stdout and stderr, runs in the
+environment and working directory it was given, and leaves as ``python train.py`` leaves
+(``SystemExit``'s status; an escaping exception's traceback, the warm start's two frames above the
+script's, and status 1; atexit handlers and the interpreter's finalization; or the signal that killed
+it). What it skips is ~5.5 of the ~6.5 s of CPU a fresh interpreter spends importing torch and Lightning
+with every extra installed (a one-step run: 1.6 s of CPU warm, 7.5 s fresh), about 30 times a suite.
 
 What a warm child cannot honour is an environment that Python or what the server imported read while
 starting (``OMP_NUM_THREADS``, ``LD_PRELOAD``, ``PYTHONPROFILEIMPORTTIME``, ...): :func:`popen` starts a

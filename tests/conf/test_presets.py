@@ -1,5 +1,5 @@
 """Every experiment preset in conf/experiment/ composes to a valid config, and trains a few steps
-with the real train.py when shrunk (its model, batch and schedules; everything else as the preset)."""
+with the real train.py when shrunk (its model, batch, probe and schedules; everything else as the preset)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ SHRUNK = [
     "tracker.matching.every_n_steps=2",
     "tracker.images.every_n_steps=0",
     "tracker.baseline_samples=50",
+    "tracker.probe_batch_size=8",  # the probe too: its random nulls, computed once a machine, scale with it
+    "tracker.probe_positions=null",
     "trajectory.every_n_steps=2",
     "trajectory.log_steps=2",
     "logger=csv",
