@@ -1,6 +1,6 @@
 """What the tests share: a hand-built induction circuit, small models, the real train.py in a
-subprocess, readers of W&B histories, SLURM helpers. Test modules import from here, never from
-each other."""
+process of its own (started warm: tests/warm_start.py) or in this one, readers of W&B histories, SLURM
+helpers. Test modules import from here, never from each other."""
 
 from __future__ import annotations
 
@@ -377,7 +377,7 @@ def start_requeued_job_now(job: str) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
 
 
-# --- the real train.py, in a subprocess ------------------------------------------------------
+# --- the real train.py, in a process of its own or in this one ----------------------------------
 
 
 def random_model(
