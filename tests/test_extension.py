@@ -7,7 +7,6 @@ error before any work."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 
@@ -21,6 +20,7 @@ from records.tensor_store import read_tensor_store, tensor_labels
 from records.trajectory import Trajectory
 from reports.head_types import read_head_history
 from reports.run_report import read_series
+from tests import warm_start
 from tests.helpers import REPO, WITH_WANDB, run_train_process, train_env
 
 MEASURE = '''
@@ -216,9 +216,7 @@ for task in ("gapped_copy", "repeated"):
     behaviours[task] = {{"scored": list(targets.names), "typed_by": list(typed_by)}}
 print(json.dumps({{"probe": [probe.gap, probe.repeat_start, probe.tokens.tolist()], "behaviours": behaviours}}))
 """
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env_with(extension), capture_output=True, text=True
-    )
+    out = warm_start.run([sys.executable, "-c", code], REPO, env_with(extension), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -3,6 +3,7 @@ the same script, run both ways, must see and leave the same process."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -65,3 +66,10 @@ def test_an_environment_read_while_python_and_torch_start_gets_a_fresh_interpret
     for name, value in [("OMP_NUM_THREADS", "7"), ("PYTHONPROFILEIMPORTTIME", "1"), ("LD_PRELOAD", "x.so")]:
         assert warm_start.server_for(train_env(**{name: value})) is None, name
     assert warm_start.server_for(dict(train_env(), PYTHONPATH="/elsewhere", WANDB_MODE="disabled")) is not None
+
+
+def test_a_warm_python_c_runs_its_code_as_main_with_the_working_directory_first(tmp_path):
+    code = "import json, sys; print(json.dumps([sys.argv, sys.path[0], __name__, 'torch' in sys.modules]))"
+    result = warm_start.run([sys.executable, "-c", code, "an argument"], tmp_path, train_env(), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [["-c", "an argument"], "", "__main__", True]  # torch: the server's

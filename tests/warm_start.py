@@ -1,4 +1,4 @@
-"""``python train.py ARGS`` (or ``python -m MODULE ARGS``) as a real process of its own that starts warm:
+"""``python train.py ARGS`` (or ``python -m MODULE ARGS``, ``python -c CODE ARGS``) as a real process of its own that starts warm:
 forked from a server that has imported what Lightning imports (torch, torchmetrics) once for this test
 worker and run nothing, as the ensemble forks its parts (``runtime/ensemble_job.py``, ``worker_context``).
 The child is what a fresh interpreter would be from there on: it imports the project's own modules
@@ -67,7 +67,8 @@ class Server:
         self.channel, self.exits, self.next_id = ours, {}, 0
 
     def start(self, argv: list[str], cwd: str, environ: dict[str, str], stdout: int, stderr: int, sigint: str) -> int:
-        """Fork a child that runs ``argv`` (``["train.py", ...]`` or ``["-m", "module", ...]``); its pid."""
+        """Fork a child that runs ``argv`` (``["train.py", ...]``, ``["-m", "module", ...]`` or ``["-c", code, ...]``);
+        its pid."""
         self.next_id += 1
         request = {"id": self.next_id, "argv": argv, "cwd": cwd, "env": environ, "sigint": sigint}
         socket.send_fds(self.channel, [json.dumps(request).encode()], [stdout, stderr])
@@ -145,7 +146,7 @@ def popen(
     command: list[str], cwd, env: dict[str, str], stdout=None, stderr=None, sigint: str = "inherited"
 ) -> WarmProcess | subprocess.Popen:
     """``subprocess.Popen(command, cwd=cwd, env=env, stdout=..., stderr=..., text=True)`` for a command
-    ``[sys.executable, SCRIPT or -m MODULE, ...]``, warm where ``env`` allows (:func:`server_for`).
+    ``[sys.executable, SCRIPT or -m MODULE or -c CODE, ...]``, warm where ``env`` allows (:func:`server_for`).
     ``stdout``: None (inherited), ``subprocess.PIPE`` or a file; ``stderr``: None, a file or
     ``subprocess.STDOUT``. ``sigint="default"``: the child starts with Ctrl-C as KeyboardInterrupt even
     where this process ignores it (a fresh interpreter given SIGINT's default disposition)."""
@@ -216,8 +217,9 @@ def serve(channel: socket.socket) -> tuple[dict, list[int]]:
 
 def become(request: dict, fds: list[int], path_after_start: list[str]) -> None:
     """Turn this forked child into ``python ARGV`` as a fresh interpreter would start it: its stdout and
-    stderr, working directory, environment, ``sys.argv`` and ``sys.path`` (the script's directory or the
-    working directory first, then ``PYTHONPATH``, then the interpreter's own), then run it as ``__main__``."""
+    stderr, working directory, environment, ``sys.argv`` and ``sys.path`` (the script's directory, the
+    working directory or ``''`` first, then ``PYTHONPATH``, then the interpreter's own), then run it as
+    ``__main__``."""
     import runpy
 
     for fd, target in zip(fds, (1, 2)):
@@ -233,7 +235,14 @@ def become(request: dict, fds: list[int], path_after_start: list[str]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = request["argv"]
     extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if argv[0] == "-m":
+    if argv[0] == "-c":  # the code runs in a __main__ of its own, the working directory first on the path ('')
+        import types
+
+        sys.path[:] = ["", *extra, *path_after_start]
+        sys.argv = ["-c", *argv[2:]]
+        main = sys.modules["__main__"] = types.ModuleType("__main__")
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    elif argv[0] == "-m":
         sys.path[:] = [os.getcwd(), *extra, *path_after_start]
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -198,7 +198,7 @@ def test_without_the_llc_extra_asking_for_the_llc_is_one_line_naming_it(trained,
 
 def test_training_never_imports_devinterp():
     code = "import sys, train, runtime.build, analysis.rescore, reports.sweep_report; print('devinterp' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=train_env(), capture_output=True, text=True)
+    result = warm_start.run([sys.executable, "-c", code], REPO, train_env(), timeout=120)  # devinterp: not the server's
     assert result.stdout.strip() == "False", result.stderr[-2000:]
 
 

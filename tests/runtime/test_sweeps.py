@@ -126,13 +126,14 @@ def test_a_sweeps_end_imports_no_lightning(failing_sweep, tmp_path):
     """The sweep's end (the callback Hydra calls, ``SweepEndReport.on_multirun_end``: the report and its
     figures, the sweep's explorer page, its W&B run, the exit) runs in the launching process, which trains
     nothing (the jobs run in joblib's, submitit's or the ensemble's processes): it imports no Lightning,
-    which with torchmetrics's optional packages took 5 s at every sweep's end. In a fresh interpreter
-    (this one has Lightning loaded), on a copy of the sweep above, with the defaults' figures and page."""
+    which with torchmetrics's optional packages took 5 s at every sweep's end. In a process of its own (this
+    one has Lightning loaded; a warm start's has torch and torchmetrics, not Lightning), on a copy of the
+    sweep above, with the defaults' figures and page."""
     sweep, _ = failing_sweep
     copy = tmp_path / "sweep"
     shutil.copytree(sweep, copy, ignore=lambda folder, names: ["wandb"] if Path(folder) == sweep else [])
     command = [sys.executable, "-c", SWEEP_END, str(copy)]
-    result = subprocess.run(command, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=300)
+    result = warm_start.run(command, REPO, train_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split()[-1:] == ["False"], result.stdout[-2000:]
     assert "exit: error: 3 of 4 jobs did not finish" in result.stdout and (copy / "explorer.html").is_file()
