@@ -14,7 +14,8 @@ starting (``OMP_NUM_THREADS``, ``LD_PRELOAD``, ``PYTHONPROFILEIMPORTTIME``, ...)
 fresh interpreter for a command whose environment differs from the server's there (``PYTHONPATH`` is
 honoured: the child's ``sys.path`` is laid out as a fresh interpreter's would be), and the tests of start-up
 itself (a signal while a run starts, what a refusal imports) start ``python`` themselves.
-``TESTS_START_FRESH=1`` starts every process fresh (to compare, or to rule the warm start out).
+``TESTS_START_FRESH=1`` starts every process fresh (to compare, or to rule the warm start out), as does a
+platform without ``os.fork``.
 
 Written by hand because multiprocessing's fork server (the ensemble's) runs a child's target and ends
 it with ``os._exit``: no atexit handler, no finalization (W&B's and Lightning's exit paths, which these
@@ -98,7 +99,7 @@ def server_for(environ: dict[str, str]) -> Server | None:
     """The fork server whose children can run in ``environ``, started on first use; None where a fresh
     interpreter must start instead (:data:`STARTED_AT_IMPORT`)."""
     global _server
-    if os.environ.get("TESTS_START_FRESH"):  # every process a fresh interpreter, as before the warm start
+    if os.environ.get("TESTS_START_FRESH") or not hasattr(os, "fork"):  # asked, or no fork (Windows)
         return None
     if _server is None:
         _server = Server({**os.environ, **read_at_start(environ)})
