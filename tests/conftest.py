@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from filelock import FileLock
 
 from runtime.threads import bounded_spinning
+from tests import warm_start
 
 os.environ.update(bounded_spinning(os.environ))  # as train.py, before torch loads
 
@@ -27,6 +29,18 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
 os.environ.setdefault(
     "INDUCTION_TRACKER_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"induction-tracker-tests-{os.getuid()}")
 )
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist the workers share one warm-start server for their process tests (tests/warm_start.py):
+    the controller says where it listens, the first worker to need it starts it, the controller ends it."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        warm_start.share(tempfile.mkdtemp(prefix="warm-start-"))
+
+
+def pytest_unconfigure(config) -> None:
+    if not hasattr(config, "workerinput"):
+        warm_start.stop_shared()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -1,13 +1,14 @@
 """``python train.py ARGS`` (or ``python -m MODULE ARGS``, ``python -c CODE ARGS``) as a real process of its own that starts warm:
-forked from a server that has imported what Lightning imports (torch, torchmetrics) once for this test
-worker and run nothing, as the ensemble forks its parts (``runtime/ensemble_job.py``, ``worker_context``).
+forked from a server that has imported what Lightning imports (torch, torchmetrics) once for the test
+session and run nothing (pytest-xdist's workers share it; a shell script's commands reach one with
+``--via``), as the ensemble forks its parts (``runtime/ensemble_job.py``, ``worker_context``).
 The child is what a fresh interpreter would be from there on: it imports the project's own modules
 itself, has its own pid, gets its own signals, prints to its own stdout and stderr, runs in the
 environment and working directory it was given, and leaves as ``python train.py`` leaves
 (``SystemExit``'s status; an escaping exception's traceback, the warm start's two frames above the
 script's, and status 1; atexit handlers and the interpreter's finalization; or the signal that killed
 it). What it skips is ~5.5 of the ~6.5 s of CPU a fresh interpreter spends importing torch and Lightning
-with every extra installed (a one-step run: 1.6 s of CPU warm, 7.5 s fresh), about 30 times a suite.
+with every extra installed (a one-step run: 1.6 s of CPU warm, 7.5 s fresh), about 35 times a suite.
 
 What a warm child cannot honour is an environment that Python or what the server imported read while
 starting (``OMP_NUM_THREADS``, ``LD_PRELOAD``, ``PYTHONPROFILEIMPORTTIME``, ...): :func:`popen` starts a
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,17 +57,22 @@ def read_at_start(environ: dict[str, str]) -> dict[str, str]:
 
 
 class Server:
-    """This worker's fork server: started on the first warm command, ended when the worker ends (its
-    end of the socket closes). ``exits``: the exit status of each child that has ended, by pid."""
+    """A fork server: started on the first warm command, ended when the test session ends. Under pytest-xdist
+    the workers share one (:data:`SHARED`), listening at a path, started by the first worker that needs it;
+    else this process has one of its own on a socket pair, ended when this process ends. ``exits``: the
+    exit status of each of this process's children that has ended, by pid."""
 
     def __init__(self, environ: dict[str, str]):
+        self.exits, self.next_id = {}, 0
+        shared = os.environ.get(SHARED)
+        if shared:
+            self.channel, self.environ = connect_shared(shared, environ)
+            return
         self.environ = dict(environ)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, str(theirs.fileno())], env=self.environ, pass_fds=[theirs.fileno()]
-        )
+        subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], env=self.environ, pass_fds=[theirs.fileno()])
         theirs.close()
-        self.channel, self.exits, self.next_id = ours, {}, 0
+        self.channel = ours
 
     def start(self, argv: list[str], cwd: str, environ: dict[str, str], stdout: int, stderr: int, sigint: str) -> int:
         """Fork a child that runs ``argv`` (``["train.py", ...]``, ``["-m", "module", ...]`` or ``["-c", code, ...]``);
@@ -85,11 +92,72 @@ class Server:
             return {}
         data = self.channel.recv(1 << 16)
         if not data:
-            raise RuntimeError(f"the warm-start server ended (exit status {self.process.poll()})")
+            raise RuntimeError("the warm-start server has ended")
         message = json.loads(data)
         if "exit" in message:
             self.exits[message["pid"]] = message["exit"]
         return message
+
+
+SHARED = "TESTS_WARM_START_SOCKET"
+"""Where the session's shared server listens (set by the pytest-xdist controller, :func:`share`)."""
+
+
+def share(directory: str) -> None:
+    """Have this process's children (pytest-xdist's workers) share one server, listening in ``directory``."""
+    os.environ[SHARED] = os.path.join(directory, "server.sock")
+    os.environ[OWNER] = str(os.getpid())
+
+
+OWNER = "TESTS_WARM_START_OWNER"
+"""The pid of the process that asked for a shared server: the server ends when it has."""
+
+
+def stop_shared() -> None:
+    """End the shared server, if one was started, and remove its directory (the controller, at the session's end)."""
+    path = os.environ.get(SHARED)
+    if not path:
+        return
+    if os.path.exists(path + ".json"):
+        with open(path + ".json") as file:
+            pid = json.load(file)["pid"]
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def connect_shared(path: str, environ: dict[str, str]) -> tuple[socket.socket, dict[str, str]]:
+    """A channel to the shared server at ``path`` and the environment it started in; the first worker to ask
+    starts it (in its environment with ``environ``'s start-up variables), under a lock the others wait on."""
+    import fcntl
+
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(path + ".json"):
+            started = {**os.environ, **read_at_start(environ)}
+            server = subprocess.Popen([sys.executable, __file__, "--listen", path], env=started)
+            with open(path + ".json", "w") as file:
+                json.dump({"pid": server.pid, "environ": started}, file)
+        with open(path + ".json") as file:
+            started = json.load(file)["environ"]
+    return connect(path), started
+
+
+def connect(path: str, patience: float = 300) -> socket.socket:
+    """A channel to the server listening at ``path``, once it listens (it binds once it has imported what it
+    preloads)."""
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            channel.connect(path)
+            return channel
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no warm-start server answers at {path}") from None
+            time.sleep(0.05)
 
 
 _server: Server | None = None
@@ -188,32 +256,44 @@ def run(command: list[str], cwd, env: dict[str, str], timeout: float) -> subproc
 # --- the server's side ----------------------------------------------------------------------------
 
 
-def serve(channel: socket.socket) -> tuple[dict, list[int]]:
-    """Fork a child for each request, and tell the test each child's pid and, when it ends, its exit
-    status (negative: the signal that ended it, as :class:`subprocess.Popen` says). Returns (in a child
-    only) its request and its stdout and stderr."""
-    children: set[int] = set()
+def serve(channels: list[socket.socket], listener: socket.socket | None = None) -> tuple[dict, list[int]]:
+    """Fork a child for each request on ``channels`` (and on each connection ``listener`` accepts), and tell
+    the requester the child's pid and, when it ends, its exit status (negative: the signal that ended it, as
+    :class:`subprocess.Popen` says). Without a listener the server ends when its last channel closes (its
+    test worker has ended). Returns (in a child only) its request and its stdout and stderr."""
+    children: dict[int, socket.socket] = {}
     while True:
-        ready, _, _ = select.select([channel], [], [], 0.05 if children else None)
-        for pid in list(children):
+        waiting = [*channels, *([listener] if listener else [])]
+        ready, _, _ = select.select(waiting, [], [], 0.05 if children else 1.0 if listener else None)
+        if listener is not None and not owner_alive():
+            os._exit(0)
+        for pid, channel in list(children.items()):
             ended, status = os.waitpid(pid, os.WNOHANG)
             if ended:
-                children.discard(pid)
-                channel.send(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}).encode())
-        if not ready:
-            continue
-        data, fds, _, _ = socket.recv_fds(channel, 1 << 20, 2)
-        if not data:  # the test worker has ended
-            os._exit(0)
-        request = json.loads(data)
-        pid = os.fork()
-        if pid == 0:
-            channel.close()
-            return request, fds
-        for fd in fds:
-            os.close(fd)
-        children.add(pid)
-        channel.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+                del children[pid]
+                if channel in channels:  # else its requester has gone
+                    channel.send(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}).encode())
+        for channel in ready:
+            if channel is listener:
+                channels.append(listener.accept()[0])
+                continue
+            data, fds, _, _ = socket.recv_fds(channel, 1 << 20, 2)
+            if not data:
+                channels.remove(channel)
+                channel.close()
+                if listener is None and not channels:
+                    os._exit(0)
+                continue
+            request = json.loads(data)
+            pid = os.fork()
+            if pid == 0:
+                for own in waiting:
+                    own.close()
+                return request, fds
+            for fd in fds:
+                os.close(fd)
+            children[pid] = channel
+            channel.send(json.dumps({"id": request["id"], "pid": pid}).encode())
 
 
 def become(request: dict, fds: list[int], path_after_start: list[str]) -> None:
@@ -254,16 +334,67 @@ def become(request: dict, fds: list[int], path_after_start: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def via(path: str, argv: list[str]) -> None:
+    """``python warm_start.py --via PATH ARGV``: run ``python ARGV`` as a child of the server listening at
+    ``PATH`` (:func:`listen`), with this process's stdout, stderr, working directory and environment, and
+    leave as it leaves (its exit status, or the signal that ended it); a signal sent here is not passed on.
+    For a shell script's commands (``"$PY" tests/warm_start.py --via "$SOCKET" train.py ...``): this process
+    imports nothing heavy."""
+    channel = connect(path)
+    request = {"id": 1, "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "sigint": "inherited"}
+    socket.send_fds(channel, [json.dumps(request).encode()], [1, 2])
+    pid = json.loads(channel.recv(1 << 16))["pid"]
+    while True:
+        data = channel.recv(1 << 16)
+        if not data:
+            sys.exit("error: the warm-start server ended before its child")
+        message = json.loads(data)
+        if message.get("pid") == pid and "exit" in message:
+            break
+    code = message["exit"]
+    if code < 0:  # ended by a signal: so is this process
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+def owner_alive() -> bool:
+    """Whether the process that asked for this listening server (:data:`OWNER`) still runs (True if none did)."""
+    try:
+        os.kill(int(os.environ[OWNER]), 0)
+    except KeyError:
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, in a user namespace of its own
+        return True
+    return True
+
+
+def listen(path: str) -> socket.socket:
+    """The server's socket at ``path`` (bound once the server has imported what it preloads)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen()
+    return listener
+
+
 if __name__ == "__main__":
+    # python warm_start.py FD (a worker's server, on its end of a socket pair), --listen PATH (a server for
+    # --via clients), or --via PATH ARGV... (a client)
+    if sys.argv[1] == "--via":
+        via(sys.argv[2], sys.argv[3:])
     # sys.path as a fresh interpreter has it after its script's directory and PYTHONPATH
     start = 1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     path_after_start = sys.path[start:]
-    channel = socket.socket(fileno=int(sys.argv[1]))
     # what Lightning imports (torch, its compiler front end, torchmetrics with SciPy and transformers), not
     # Lightning itself: its import reads the logging set-up the command has made by then (lightning.pytorch adds a
     # console handler of its own where the root logger has none; train.py imports it after Hydra's set-up)
     import torch._dynamo  # noqa: F401
     import torchmetrics  # noqa: F401
 
-    request, fds = serve(channel)
+    if sys.argv[1] == "--listen":
+        request, fds = serve([], listen(sys.argv[2]))
+    else:
+        request, fds = serve([socket.socket(fileno=int(sys.argv[1]))])
     become(request, fds, path_after_start)

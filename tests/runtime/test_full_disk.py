@@ -26,8 +26,16 @@ SMALL = ["trainer.max_steps=120", "trainer.checkpoint_every_n_steps=40", "traine
 SCRIPT = r"""
 set -u
 mount -t tmpfs -o size=64m tmpfs "$DISK/mid" && mount -t tmpfs -o size=64k tmpfs "$DISK/start" || exit 99
+if [ -n "${TESTS_START_FRESH:-}" ]; then
+  python() { "$PY" "$@"; }
+else  # each python below starts warm (tests/warm_start.py), forked inside this namespace
+  "$PY" tests/warm_start.py --listen "$OUT/warm.sock" &
+  server=$!
+  trap 'kill $server 2> /dev/null' EXIT
+  python() { "$PY" tests/warm_start.py --via "$OUT/warm.sock" "$@"; }
+fi
 RUN="$DISK/mid/run"
-"$PY" train.py hydra.run.dir="$RUN" "$@" > "$OUT/mid.out" 2> "$OUT/mid.err" &
+python train.py hydra.run.dir="$RUN" "$@" > "$OUT/mid.out" 2> "$OUT/mid.err" &
 pid=$!
 while [ ! -f "$RUN/checkpoints/last.ckpt" ] && kill -0 $pid 2> /dev/null; do sleep 0.02; done
 dd if=/dev/zero of="$DISK/mid/filler" bs=64k 2> /dev/null  # the disk is full from here on
@@ -35,9 +43,9 @@ wait $pid; echo $? > "$OUT/mid.code"
 cp "$RUN/status.json" "$OUT/mid.status.json"; cp "$RUN/checkpoints/last.ckpt" "$OUT/kept.ckpt"
 rm "$DISK/mid/filler"  # room made: the command the line gave, as a user would run it
 resume=$(sed -n 's/.*continue with: python //p' "$OUT/mid.err")
-"$PY" $resume > "$OUT/resumed.out" 2> "$OUT/resumed.err"; echo $? > "$OUT/resumed.code"
+python $resume > "$OUT/resumed.out" 2> "$OUT/resumed.err"; echo $? > "$OUT/resumed.code"
 cp "$RUN/status.json" "$OUT/resumed.status.json"; cp "$RUN/checkpoints/last.ckpt" "$OUT/resumed.ckpt"
-"$PY" train.py hydra.run.dir="$DISK/start/run" "$@" > "$OUT/start.out" 2> "$OUT/start.err"; echo $? > "$OUT/start.code"
+python train.py hydra.run.dir="$DISK/start/run" "$@" > "$OUT/start.out" 2> "$OUT/start.err"; echo $? > "$OUT/start.code"
 cp "$DISK/start/run/status.json" "$OUT/start.status.json"
 """
 
