@@ -271,8 +271,10 @@ def serve(channels: list[socket.socket], listener: socket.socket | None = None) 
             ended, status = os.waitpid(pid, os.WNOHANG)
             if ended:
                 del children[pid]
-                if channel in channels:  # else its requester has gone
+                try:
                     channel.send(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}).encode())
+                except OSError:  # its requester has gone
+                    pass
         for channel in ready:
             if channel is listener:
                 channels.append(listener.accept()[0])
