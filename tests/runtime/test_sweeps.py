@@ -180,10 +180,7 @@ def test_joblib_runs_jobs_in_parallel_each_one_w_and_b_run_in_the_sweeps_group(t
 
 def test_submitit_local_runs_a_two_job_sweep(tmp_path):
     require_extra("hydra_plugins.hydra_submitit_launcher", "sweeps")
-    # what is tested is the launcher: its jobs train without the tracker (each is a fresh interpreter of its own)
-    result = run_train(
-        ["-m", *QUICK, "tracker.enabled=false", "hydra/launcher=submitit_local", "seed=0,1", "logger=csv"], tmp_path
-    )
+    result = run_train(["-m", *QUICK, "hydra/launcher=submitit_local", "seed=0,1", "logger=csv"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [row["status"] for row in job_table(tmp_path)] == ["finished", "finished"]
     assert list(tmp_path.glob(".submitit/*/*_result.pkl"))  # submitit ran them
