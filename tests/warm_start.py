@@ -103,14 +103,14 @@ SHARED = "TESTS_WARM_START_SOCKET"
 """Where the session's shared server listens (set by the pytest-xdist controller, :func:`share`)."""
 
 
+OWNER = "TESTS_WARM_START_OWNER"
+"""The pid of the process that asked for a shared server: the server ends when it has."""
+
+
 def share(directory: str) -> None:
     """Have this process's children (pytest-xdist's workers) share one server, listening in ``directory``."""
     os.environ[SHARED] = os.path.join(directory, "server.sock")
     os.environ[OWNER] = str(os.getpid())
-
-
-OWNER = "TESTS_WARM_START_OWNER"
-"""The pid of the process that asked for a shared server: the server ends when it has."""
 
 
 def stop_shared() -> None:
@@ -364,12 +364,10 @@ def owner_alive() -> bool:
     """Whether the process that asked for this listening server (:data:`OWNER`) still runs (True if none did)."""
     try:
         os.kill(int(os.environ[OWNER]), 0)
-    except KeyError:
-        return True
     except ProcessLookupError:
         return False
-    except PermissionError:  # there, in a user namespace of its own
-        return True
+    except (KeyError, PermissionError):  # none asked; or it runs, outside this user namespace
+        pass
     return True
 
 
