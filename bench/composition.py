@@ -250,12 +250,15 @@ def time_interleaved(
     return {name: statistics.median(s) if s else None for name, s in samples.items()}, failed
 
 
-def warm_up() -> None:
-    """Pay one-time costs (lazy imports, LAPACK and thread-pool start-up) on the small shape."""
+def warm_up(sides: tuple[str, ...] = ("ours", "tl")) -> None:
+    """Pay one-time costs (lazy imports, LAPACK and thread-pool start-up) on the small shape, for the
+    ``sides`` a process times or probes: a probe of ours alone never imports TransformerLens."""
     model = build_model(SHAPES["small"])
-    ours_composition(model, WEIGHTED, probe_residual(model))
-    frobenius_k_alone(model)[0]()
-    tl_scores(build_tl_model(model), "K")
+    if "ours" in sides:
+        ours_composition(model, WEIGHTED, probe_residual(model))
+        frobenius_k_alone(model)[0]()
+    if "tl" in sides:
+        tl_scores(build_tl_model(model), "K")
 
 
 def set_threads(threads: int | None) -> None:
@@ -281,7 +284,7 @@ def peak_extra_memory_job(side: str, shape_name: str, threads: int | None) -> di
     """Run in a fresh process: build the model (and TL's), warm up, then the peak RSS of the side's
     work (ours: all measures; TL: Q, K, V) minus the RSS just before it."""
     set_threads(threads)
-    warm_up()
+    warm_up((side,))
     model = build_model(SHAPES[shape_name])
     residual = probe_residual(model)
     if side == "ours":
@@ -301,7 +304,7 @@ def peak_extra_memory_job(side: str, shape_name: str, threads: int | None) -> di
 def tl_timing_job(shape_name: str, repeats: int, threads: int | None) -> dict[str, float | None]:
     """Run in a fresh process: TL's float32 seconds per mode (median over ``repeats``)."""
     set_threads(threads)
-    warm_up()
+    warm_up(("tl",))
     tl = build_tl_model(build_model(SHAPES[shape_name]))
     seconds, failed = time_interleaved({f"tl_{m}": (lambda m=m: tl_scores(tl, m)) for m in KINDS}, repeats)
     return {"seconds": seconds, "failed": failed}
