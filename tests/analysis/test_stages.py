@@ -82,9 +82,9 @@ def test_a_diverged_chain_is_nan_named_and_the_rest_of_the_trajectory_goes_on(tr
 
 
 def test_an_interrupted_analysis_continues_where_it_stopped(trained):
-    # 40 draws a step (~1 s, ~8 steps): the Ctrl-C after the first step's line must land while steps
-    # remain, however far a loaded machine lets this process fall behind reading the analysis's output
-    args = [*QUICK, "stages.llc.heads=false", "stages.llc.draws=40"]
+    # 25 draws a step (~0.6 s on 2 cores, 6 steps): the Ctrl-C after the first step's line must land while
+    # steps remain (~3 s of them), however far a loaded machine lets this process fall behind reading the output
+    args = [*QUICK, "stages.llc.heads=false", "stages.llc.draws=25"]
     whole = module("analysis.stages", trained, *args, "--name", "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     command = [sys.executable, "-m", "analysis.stages", str(trained), *args, "--name", "cut"]
