@@ -585,11 +585,13 @@ def train_as_main() -> None:
         train.startup_errors = startup_errors
 
 
-def module(name: str, *args) -> subprocess.CompletedProcess:
-    """``python -m NAME ARGS`` in this process (:func:`in_this_process`): the module run as ``__main__``."""
+def module(name: str, *args, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m NAME ARGS`` in this process (:func:`in_this_process`, ``environ`` its whole environment): the
+    module run as ``__main__``."""
     import runpy
 
-    return in_this_process(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True), [name, *map(str, args)])
+    run = lambda: runpy.run_module(name, run_name="__main__", alter_sys=True)
+    return in_this_process(run, [name, *map(str, args)], environ=environ)
 
 
 def in_this_process(

@@ -4,14 +4,12 @@ default run and a 4 x 8 x 256 x 32 one in summary mode), and --dry-run prints it
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
 from records import wandb_records
 from reports.wandb_workspace import SECTIONS, build_workspace
-from tests.helpers import REPO, WITH_WANDB, run_train
+from tests.helpers import WITH_WANDB, module, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -87,21 +85,13 @@ def test_dry_run_prints_the_workspace_and_saves_nothing():
     assert [s.name for s in workspace.sections] == ["Phase change", "Composition", "Ground truth", "Per pair", "Sweep"]
     assert workspace.sections[0].is_open and not workspace.sections[3].is_open
     assert len(workspace.sections[4].panels) == 2 + 2  # two grouped line plots, one scatter per swept key
-    result = subprocess.run(
-        [sys.executable, "-m", "reports.wandb_workspace", "--entity", "e", "--project", "p", "--dry-run"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"},
-        timeout=120,
-    )
+    bare = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"}  # no W&B key, no network: nothing can be saved
+    result = module("reports.wandb_workspace", "--entity", "e", "--project", "p", "--dry-run", environ=bare)
     assert result.returncode == 0, result.stderr
     assert (
         "Phase change (open): 11 panels" in result.stdout
         and "media_keys=['explorer']" in result.stdout
         and "1_story/loss/repeated" in result.stdout
     )
-    missing = subprocess.run(
-        [sys.executable, "-m", "reports.wandb_workspace", "--project", "p"], cwd=REPO, capture_output=True, text=True
-    )
+    missing = module("reports.wandb_workspace", "--project", "p")
     assert missing.returncode == 2 and "--entity" in missing.stderr
