@@ -85,7 +85,7 @@ def test_dry_run_prints_the_workspace_and_saves_nothing():
     assert [s.name for s in workspace.sections] == ["Phase change", "Composition", "Ground truth", "Per pair", "Sweep"]
     assert workspace.sections[0].is_open and not workspace.sections[3].is_open
     assert len(workspace.sections[4].panels) == 2 + 2  # two grouped line plots, one scatter per swept key
-    bare = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"}  # no W&B key, no network: nothing can be saved
+    bare = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"}  # no W&B key, offline: a user without an account
     result = module("reports.wandb_workspace", "--entity", "e", "--project", "p", "--dry-run", environ=bare)
     assert result.returncode == 0, result.stderr
     assert (
