@@ -3,7 +3,7 @@ quantity on (every measure, the exact ablation and the attribution, every head b
 in float32 and in float64, each against the CPU's float64 snapshot, beside the CPU's own float32
 error as the yardstick; and what a snapshot takes on each, at the default shape and at paper scale.
 
-    python -m bench.cuda [--steps 400] [--repeats 5] [--out results.json]
+    python -m bench.cuda [--steps 400] [--repeats 5] [--shapes default,paper] [--out results.json]
 
 Needs a CUDA device (exits 2 without one). Training here is a plain torch loop on the GPU (AdamW at
 the default experiment's settings, repeated random tokens), so the snapshot reads a model with an
@@ -30,6 +30,18 @@ from metrics.snapshot import take_snapshot
 from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 PAPER = TransformerShape(n_layers=2, n_heads=12, d_model=768, d_head=64, n_ctx=33, d_vocab=257)
+SHAPES = {"default": DEFAULT, "paper": PAPER}
+
+
+def shapes_named(text: str) -> dict[str, TransformerShape]:
+    """``"default,paper"`` -> the shapes of those names, in :data:`SHAPES`' order (argparse's ``type``)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(SHAPES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"not a shape: {', '.join(unknown) or repr(text)} (one of {', '.join(SHAPES)})"
+        )
+    return {name: shape for name, shape in SHAPES.items() if name in names}
 
 
 def results_of(snap) -> dict[str, torch.Tensor]:
@@ -83,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument(
+        "--shapes",
+        type=shapes_named,
+        default=SHAPES,
+        help="the shapes a snapshot is timed at, comma-separated (default: default,paper)",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="the CPU in the GPU's place (checks the script, not a GPU)"
     )
     args = parser.parse_args(argv)
@@ -111,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     errors.setdefault(name, {})[run] = relative_error(got[name], want)
     report["relative_error_against_cpu_float64"] = errors
     timing = {}
-    for label, shape, where in (("default", DEFAULT, ("cpu", device)), ("paper", PAPER, (device,))):
+    for label, shape in args.shapes.items():
+        where = dict.fromkeys(("cpu", device) if shape is DEFAULT else (device,))  # the CPU once in a dry run
         torch.manual_seed(0)
         timed = AttentionOnlyTransformer(shape)
         timed_probe = make_probe_batch(0, 16 if shape is DEFAULT else 32, 16, shape.d_vocab - 1)
@@ -122,10 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report['device']}, torch {report['torch']}; a snapshot of every quantity after {args.steps} steps")
     print("relative error against the CPU's float64 snapshot (largest |diff| / largest |value|):")
     columns = sorted({c for row in errors.values() for c in row})
-    print("  " + "quantity".ljust(34) + "".join(c.rjust(14) for c in columns))
+    width = max(map(len, errors)) + 2
+    print("  " + "quantity".ljust(width) + "".join(c.rjust(14) for c in columns))
     for name, row in errors.items():
         cells = "".join((f"{row[c]:.1e}" if c in row and math.isfinite(row[c]) else "-").rjust(14) for c in columns)
-        print("  " + name.ljust(34) + cells)
+        print("  " + name.ljust(width) + cells)
     print("seconds per snapshot (median):")
     for key, value in timing.items():
         print(f"  {key:<28}{value:>10.4f}")
