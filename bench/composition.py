@@ -38,7 +38,6 @@ import copy
 import functools
 import gc
 import inspect
-import json
 import math
 import os
 import re
@@ -57,6 +56,7 @@ import torch
 from torch import Tensor
 
 from analysis.export import hooked_transformer
+from bench.results_file import check_out, write_results
 from data.probe import make_probe_batch
 from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.composition.scores import composition_of
@@ -739,6 +739,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--mem-limit-gb", type=float, help="address-space limit per process (default: 90%% of MemAvailable)"
     )
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     require_transformer_lens()
     load = os.getloadavg()[0]  # before this process adds to it
     mem_limit = args.mem_limit_gb or 0.9 * available_gigabytes()
@@ -764,7 +765,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(report_targets(results))
     print(f"load average at the end {results['load_average_end']:.1f} on {results['cpu_count']} CPUs")
     if args.out:
-        args.out.write_text(json.dumps(results, indent=2, default=str))
+        write_results(args.out, "composition", results)
     return results
 
 

@@ -3,7 +3,7 @@ quantity on (every measure, the exact ablation and the attribution, every head b
 in float32 and in float64, each against the CPU's float64 snapshot, beside the CPU's own float32
 error as the yardstick; and what a snapshot takes on each, at the default shape and at paper scale.
 
-    python -m bench.cuda [--steps 400] [--repeats 5] [--shapes default,paper] [--out results.json]
+    python -m bench.cuda [--steps 400] [--repeats 5] [--shapes default paper] [--out results.json]
 
 Needs a CUDA device (exits 2 without one). Training here is a plain torch loop on the GPU (AdamW at
 the default experiment's settings, repeated random tokens), so the snapshot reads a model with an
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import statistics
 import sys
@@ -24,6 +23,7 @@ import torch
 
 from bench.axiom_table import SHAPE as DEFAULT
 from bench.axiom_table import train_small_model
+from bench.results_file import check_out, write_results
 from data.probe import make_probe_batch
 from metrics.composition.measures import WEIGHT_MEASURES
 from metrics.snapshot import take_snapshot
@@ -31,17 +31,6 @@ from models.transformer import AttentionOnlyTransformer, TransformerShape
 
 PAPER = TransformerShape(n_layers=2, n_heads=12, d_model=768, d_head=64, n_ctx=33, d_vocab=257)
 SHAPES = {"default": DEFAULT, "paper": PAPER}
-
-
-def shapes_named(text: str) -> dict[str, TransformerShape]:
-    """``"default,paper"`` -> the shapes of those names, in :data:`SHAPES`' order (argparse's ``type``)."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = sorted(set(names) - set(SHAPES))
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"not a shape: {', '.join(unknown) or repr(text)} (one of {', '.join(SHAPES)})"
-        )
-    return {name: shape for name, shape in SHAPES.items() if name in names}
 
 
 def results_of(snap) -> dict[str, torch.Tensor]:
@@ -95,15 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument(
-        "--shapes",
-        type=shapes_named,
-        default=SHAPES,
-        help="the shapes a snapshot is timed at, comma-separated (default: default,paper)",
+        "--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES), help="the shapes timed (default: both)"
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="the CPU in the GPU's place (checks the script, not a GPU)"
     )
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA device visible to torch", file=sys.stderr)
@@ -129,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                     errors.setdefault(name, {})[run] = relative_error(got[name], want)
     report["relative_error_against_cpu_float64"] = errors
     timing = {}
-    for label, shape in args.shapes.items():
+    for label in dict.fromkeys(args.shapes):  # each once, in the order given
+        shape = SHAPES[label]
         where = dict.fromkeys(("cpu", device) if shape is DEFAULT else (device,))  # the CPU once in a dry run
         torch.manual_seed(0)
         timed = AttentionOnlyTransformer(shape)
@@ -150,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in timing.items():
         print(f"  {key:<28}{value:>10.4f}")
     if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(report, handle, indent=1)
+        write_results(args.out, "cuda", report)
     return 0
 
 

@@ -12,13 +12,13 @@ a clamp costs at most ``--max-ratio`` (1.5) times a step without intervention. E
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
+from bench.results_file import check_out, write_results
 from bench.throughput import compose_config, run_bare
 from models.interventions import HeadChange
 
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default experiment")
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     cfg = compose_config(args.steps, args.overrides)
     seconds: dict[str, list[float]] = {name: [] for name in SETUPS}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps x {args.repeats} repeats")
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     ok = worst <= args.max_ratio
     print(f"clamp / none: {worst:.2f}x (target <= {args.max_ratio}x): {'met' if ok else 'MISSED'}")
     if args.out:
-        args.out.write_text(json.dumps({"steps": args.steps, "repeats": args.repeats, "results": results}, indent=2))
+        write_results(args.out, "interventions", {"steps": args.steps, "repeats": args.repeats, "results": results})
     if not ok:
         sys.exit(1)
     return results

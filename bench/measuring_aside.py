@@ -19,7 +19,6 @@ cores are left over.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import pickle
 import statistics
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from bench.results_file import check_out, write_results
 from bench.throughput import compose_config, make_tracker, quiet_lightning, run_lightning
 from runtime.build import build_module
 
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--period-ms", type=float, default=115.0, help="milliseconds between the aside snapshots")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     if args.steps < 1 or args.repeats < 1 or args.period_ms < 0:
         parser.error("--steps and --repeats must be >= 1, --period-ms >= 0")
     if sys.platform != "linux":
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"alone {alone:.2f} s, aside {aside:.2f} s (medians of {args.repeats}): training {aside / alone - 1:+.1%}")
     results = {"steps": args.steps, "period_ms": args.period_ms, "seconds": seconds, "slowdown": aside / alone - 1}
     if args.out is not None:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        write_results(args.out, "measuring_aside", results)
     return results
 
 

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from bench.results_file import check_out, write_results
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SHAPES = ("default", "head_types", "elhage_2l")
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
         "largest_head_difference": agreement,
     }
     if args.out:
-        args.out.write_text(json.dumps(results, indent=2))
+        write_results(args.out, "refined_llc", results)
     return results
 
 

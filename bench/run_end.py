@@ -16,7 +16,6 @@ meanwhile (``bench.startup.stolen_seconds``), and each checkout's median.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results_file import check_out, write_results
 from bench.startup import REPO, stolen_seconds
 from bench.tracker_wall import SHAPE
 
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*", help=f"train.py overrides (default: {' '.join(SHAPE)})")
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if args.repo is not None and not (args.repo / "train.py").is_file():
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for repo, seconds in ends.items():
         print(f"{repo}: median {statistics.median(seconds):.2f} s ({min(seconds):.2f}-{max(seconds):.2f})")
     if args.out:
-        args.out.write_text(json.dumps({"overrides": overrides, "seconds": ends}, indent=2) + "\n")
+        write_results(args.out, "run_end", {"overrides": overrides, "seconds": ends})
     return 0
 
 

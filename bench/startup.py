@@ -12,7 +12,6 @@ one-step run at most 2.0x the import floor. Run directories go to a temporary fo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -21,6 +20,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.results_file import check_out, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_RATIO = 2.0
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     floor, run = [], []
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {seconds:6.3f}  {name}")
     if args.out:
         record = {"repo": str(args.repo), "floor_s": floor, "one_step_s": run, "ratio": ratio, "imports": imports}
-        args.out.write_text(json.dumps(record, indent=2))
+        write_results(args.out, "startup", record)
     return 0 if ratio <= MAX_RATIO else 1
 
 

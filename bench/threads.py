@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from bench.results_file import check_out, write_results
 from bench.startup import REPO
 
 SETTINGS = ("none", "torch_same", "torch_1_back", "openmp_1_back")
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setting", choices=SETTINGS, help=argparse.SUPPRESS)  # one measurement, in this process
     parser.add_argument("overrides", nargs="*", help=f"model overrides (default: {' '.join(SHAPE)})")
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     overrides = args.overrides or SHAPE
     if args.setting:
         print(json.dumps(step_times(overrides, args.setting, args.steps)))
@@ -114,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for setting, values in ratios.items():
         print(f"  {setting:14s} {statistics.median(values):.3f}   ({', '.join(f'{v:.3f}' for v in values)})")
     if args.out:
-        with open(args.out, "w") as out:
-            json.dump({"overrides": overrides, "ratios": ratios}, out, indent=2)
+        write_results(args.out, "threads", {"overrides": overrides, "ratios": ratios})
     return 0
 
 

@@ -28,7 +28,6 @@ that steals time only lengthens a run, and a longer denominator flatters the tra
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shlex
 import statistics
@@ -45,6 +44,7 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
+from bench.results_file import check_out, write_results
 from callbacks.tracker import CompositionTracker, tracker_from_config  # noqa: E402
 from conf.objects import build_sampler, model_shape  # noqa: E402
 from conf.schema import register_schemas  # noqa: E402
@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default experiment")
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     if args.steps < 1 or args.repeats < 1:
         parser.error("--steps and --repeats must be >= 1")
     quiet_lightning()
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
         "tracker_measures": list(cfg.tracker.measures),
     }
     if args.out is not None:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        write_results(args.out, "throughput", results)
     return results
 
 

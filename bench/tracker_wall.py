@@ -18,12 +18,12 @@ when the median wall ratio is above ``--max-ratio``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+from bench.results_file import check_out, write_results
 from bench.startup import REPO, Timing, timed
 
 SHAPE = ["model.n_layers=4", "model.n_heads=8", "model.d_model=256", "model.d_head=32", "trainer.max_steps=200"]
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*", help=f"train.py overrides (default: {' '.join(SHAPE)})")
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     overrides = args.overrides or SHAPE
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_of_fastest": fastest,
             "cpu_ratio": cpu_ratio,
         }
-        args.out.write_text(json.dumps(results, indent=2))
+        write_results(args.out, "tracker_wall", results)
     return 0 if ratio <= args.max_ratio else 1
 
 

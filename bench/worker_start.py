@@ -12,7 +12,6 @@ worker also waits for the server's own imports (a one-time cost per launch); the
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
@@ -20,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.results_file import check_out, write_results
 from runtime.ensemble_job import WORKER_PRELOAD, worker_context
 
 
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workers", type=int, default=4, help="workers started per start method")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    check_out(args.out)  # before any work: never over a file no benchmark wrote
     if args.workers < 2:
         parser.error("--workers must be >= 2 (the first and the later ones)")
     results = {}
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
             f" median of {len(later)}"
         )
     if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        write_results(args.out, "worker_start", results)
     return results
 
 

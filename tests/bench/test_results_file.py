@@ -1,0 +1,56 @@
+"""A benchmark's ``--out``: a file no benchmark wrote is refused in one line before any work and left as it
+was; what a benchmark wrote carries the mark, and a later run may write over it."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+from bench.results_file import check_out, write_results
+
+BENCHES = [
+    "composition",
+    "cuda",
+    "interventions",
+    "measuring_aside",
+    "refined_llc",
+    "run_end",
+    "startup",
+    "threads",
+    "throughput",
+    "tracker_wall",
+    "worker_start",
+]
+"""Every ``python -m bench.NAME`` that writes its results to ``--out FILE``."""
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_a_file_no_benchmark_wrote_is_refused_before_any_work_and_left_as_it_was(name, tmp_path, capsys):
+    summary = tmp_path / "summary.json"
+    summary.write_text('{"final/loss/repeated": 1.25}\n')  # a run's, say
+    with pytest.raises(SystemExit) as refused:
+        importlib.import_module(f"bench.{name}").main(["--out", str(summary)])
+    message = str(refused.value.code)
+    assert (
+        message == f"error: --out {summary} exists and this command did not write it: name a new file (nothing written)"
+    )
+    assert summary.read_text() == '{"final/loss/repeated": 1.25}\n'
+    assert capsys.readouterr().out == ""  # nothing measured, nothing printed
+
+
+def test_what_a_benchmark_wrote_carries_its_mark_and_may_be_written_over(tmp_path):
+    out = tmp_path / "results.json"
+    check_out(out)  # a new file in an existing directory
+    write_results(out, "cuda", {"steps": 30, "timing": {"default exact cpu": 0.03}})
+    written = json.loads(out.read_text())
+    assert written == {
+        "kind": "induction-composition-tracker bench.cuda",
+        "steps": 30,
+        "timing": {"default exact cpu": 0.03},
+    }
+    check_out(out)  # its own results: written over by the next run
+    for where, why in ((tmp_path, "is a directory"), (tmp_path / "no" / "results.json", "no directory")):
+        with pytest.raises(SystemExit, match=why):
+            check_out(where)
