@@ -1,8 +1,8 @@
 """bench.cuda, dry-run on the CPU (the CPU in the GPU's place): the script runs end to end, its CPU
 float32 column reads float32 rounding, and its float64 column is the reference itself where float64
 reaches; without a GPU the real run is refused in one line. The dry run times the default shape only
-(``--shapes default``): the paper shape's snapshots and its write-side null on an empty cache took 21 of
-the test's 23 CPU seconds, through the same lines with other sizes."""
+(``--shapes default``): the paper shape's snapshots and its write-side null on an empty cache took 24 of
+the test's 25 CPU seconds, through the same lines with other sizes."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ def test_the_dry_run_compares_every_quantity_and_times_each_snapshot(tmp_path):
 
 
 def test_a_shape_it_does_not_know_is_refused_before_any_work(capsys):
-    with pytest.raises(SystemExit) as exit:
+    with pytest.raises(SystemExit) as refused:
         cuda.main(["--dry-run", "--shapes", "default", "giant"])
-    assert exit.value.code == 2 and "invalid choice: 'giant'" in capsys.readouterr().err
+    assert refused.value.code == 2 and "invalid choice: 'giant'" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="refuses only where there is no GPU")
