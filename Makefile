@@ -40,12 +40,16 @@ train: $(STAMP)
 # a signal or SLURM (2026-12-07, empty cache: 484-529 s in the checkout, 482-584 s from a fresh clone;
 # 749-850 s in the checkout while the VM ran 1.5 times as slow that morning; bench/README.md)
 TEST_WORKERS ?= 3
+# the suite keeps Python's bytecode (__pycache__/, git-ignored) even where PYTHONDONTWRITEBYTECODE is set (the
+# development VM's image sets it): else each of the suite's ~60 processes compiles the project's modules again
+# (~0.3 core-seconds each) and each worker of a later suite rewrites every test file's asserts (~3.7 each)
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: lint browser
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-fast: lint browser
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" $(ARGS)
+	$(PYTEST) -m "not slow" $(ARGS)
 
 lint: $(EXTRAS_STAMP)
 	$(BIN)/ruff check .
