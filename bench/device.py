@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results_file import MARK, write_results
+
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("gemm", "sizes", "overhead", "tracked", "cuda")
 MIN_PART_S = 20  # a part is not started with less left
@@ -443,6 +445,24 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def foreign_output(out: Path) -> str | None:
+    """Why ``--out DIR`` must not be written (one line), None where it may: ``DIR`` is new, or each of
+    its files this command writes is absent or a benchmark's own (``device.json`` and ``cuda.json`` carry
+    :data:`bench.results_file.MARK`, ``device.log`` starts with ``bench.device``)."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file: name a directory (nothing written)"
+    for name, mark in (("device.json", MARK), ("cuda.json", MARK), ("device.log", "bench.device")):
+        path = out / name
+        if path.is_dir():
+            return f"--out {out}: {path} is a directory (nothing written)"
+        if path.exists():
+            with open(path, "rb") as handle:
+                head = handle.read(4096)
+            if not (head.startswith(mark.encode()) if name == "device.log" else mark.encode() in head):
+                return f"--out {out}: {path} exists and bench.device did not write it: name another directory (nothing written)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "device")
@@ -460,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, default=0, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the overhead part (default shape: none)")
     args = parser.parse_args(argv)
+    if args.part is None and (why := foreign_output(args.out)):
+        raise SystemExit(f"error: {why}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "gemm":
         gemm_part(args.cpu, args.out)
@@ -482,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         "parts": runner.parts,
     }
     json_path = args.out / "device.json"
-    save = lambda: json_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    save = lambda: write_results(json_path, "device", results)
     print(
         f"bench.device: {args.budget:.0f} s for the parts {', '.join(p for p in PARTS if p not in skip)}"
         f" ({'CPU dry run' if args.cpu else 'CUDA'}); log {runner.log}",

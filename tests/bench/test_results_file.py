@@ -54,3 +54,34 @@ def test_what_a_benchmark_wrote_carries_its_mark_and_may_be_written_over(tmp_pat
     for where, why in ((tmp_path, "is a directory"), (tmp_path / "no" / "results.json", "no directory")):
         with pytest.raises(SystemExit, match=why):
             check_out(where)
+
+
+def test_the_device_bench_refuses_a_directory_holding_files_it_did_not_write(tmp_path, capsys):
+    """``python -m bench.device --out DIR`` writes ``device.json``, ``device.log`` and ``cuda.json`` into DIR:
+    one it did not write is refused in one line before any part runs, and DIR is left as it was."""
+    from bench.device import foreign_output, main
+
+    assert foreign_output(tmp_path / "new") is None and foreign_output(tmp_path) is None  # new, or empty
+    for name, text in (("device.json", '{"mine": 1}\n'), ("device.log", "my notes\n"), ("cuda.json", "{}\n")):
+        out = tmp_path / name.replace(".", "_")
+        out.mkdir()
+        (out / name).write_text(text)
+        with pytest.raises(SystemExit) as refused:
+            main(["--out", str(out), "--cpu"])
+        assert str(refused.value.code) == (
+            f"error: --out {out}: {out / name} exists and bench.device did not write it: name another directory"
+            " (nothing written)"
+        )
+        assert [p.name for p in out.iterdir()] == [name] and (out / name).read_text() == text
+    assert capsys.readouterr().out == ""  # no part started
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    write_results(ours / "device.json", "device", {"parts": {}})
+    (ours / "device.log").write_text("bench.device --cpu\n")
+    write_results(ours / "cuda.json", "cuda", {})
+    assert foreign_output(ours) is None  # a later run writes over its own
+    (tmp_path / "a_file").write_text("x")
+    assert (
+        foreign_output(tmp_path / "a_file")
+        == f"--out {tmp_path / 'a_file'} is a file: name a directory (nothing written)"
+    )
