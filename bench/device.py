@@ -102,7 +102,7 @@ class Runner:
         """Run ``command`` from the repository; its output, wall, peak RSS, exit code and whether it ran out."""
         limit = self.limit(cap)
         if limit is None:
-            self.skipped(name, f"{self.left():.0f} s left of the budget")
+            self.skipped(name, f"{max(0.0, self.left()):.0f} s left of the budget")
             return None
         print(f"[{name}] {' '.join(command)}  (limit {limit:.0f} s)", flush=True)
         with tempfile.TemporaryFile("w+", errors="replace") as output:
@@ -571,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if "cuda" not in skip:
         cuda_json = args.out / "cuda.json"
+        # a cuda.json here is a previous run's (foreign_output refused any other): gone, so that a cuda part
+        # that fails or is never started leaves none to be read as this run's
+        cuda_json.unlink(missing_ok=True)
         command = [
             *python(),
             "-m",

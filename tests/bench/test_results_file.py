@@ -85,3 +85,14 @@ def test_the_device_bench_refuses_a_directory_holding_files_it_did_not_write(tmp
         foreign_output(tmp_path / "a_file")
         == f"--out {tmp_path / 'a_file'} is a file: name a directory (nothing written)"
     )
+
+
+def test_a_device_run_whose_cuda_part_does_not_run_reports_no_earlier_runs_cuda_results(tmp_path):
+    """A DIR that a previous ``bench.device`` run wrote holds its ``cuda.json``: a run whose cuda part never
+    starts (no budget left) or fails reports no cuda results and leaves no cuda.json of the earlier run."""
+    from bench.device import main
+
+    write_results(tmp_path / "cuda.json", "cuda", {"steps": 30, "timing": {"default exact cpu": 0.03}})
+    assert main(["--out", str(tmp_path), "--cpu", "--budget", "0", "--skip", "gemm,sizes,overhead,tracked"]) == 0
+    device = json.loads((tmp_path / "device.json").read_text())
+    assert "cuda" not in device and not (tmp_path / "cuda.json").exists()
