@@ -39,7 +39,7 @@ train: $(STAMP)
 # tests first (tests/conftest.py): on 2 cores a third worker runs while another waits on a subprocess,
 # a signal or SLURM (2026-12-07, empty cache: 484-598 s in the checkout, 482-651 s from a fresh clone;
 # 749-850 s in the checkout while the VM ran 1.5 times as slow that morning, 721-733 s in the checkout and
-# 731 s from a fresh clone that afternoon, two workers 681-718 s beside them; bench/README.md)
+# 687-731 s from a fresh clone that afternoon, two workers 681-718 s beside them; bench/README.md)
 TEST_WORKERS ?= 3
 # the suite keeps Python's bytecode (__pycache__/, git-ignored) even where PYTHONDONTWRITEBYTECODE is set (the
 # development VM's image sets it): else each of the suite's ~60 processes compiles the project's modules again
