@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 from bench.results_file import MARK, write_results
+from records.outputs import foreign_out
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("gemm", "sizes", "overhead", "tracked", "cuda")
@@ -447,19 +448,19 @@ def table(results: dict) -> str:
 
 def foreign_output(out: Path) -> str | None:
     """Why ``--out DIR`` must not be written (one line), None where it may: ``DIR`` is new, or each of
-    its files this command writes is absent or a benchmark's own (``device.json`` and ``cuda.json`` carry
-    :data:`bench.results_file.MARK`, ``device.log`` starts with ``bench.device``)."""
+    its files this command writes is absent or a benchmark's own, by :func:`records.outputs.foreign_out`'s rule
+    (``device.json`` and ``cuda.json`` carry :data:`bench.results_file.MARK`, ``device.log`` ``bench.device``)."""
     if out.exists() and not out.is_dir():
         return f"--out {out} is a file: name a directory (nothing written)"
     for name, mark in (("device.json", MARK), ("cuda.json", MARK), ("device.log", "bench.device")):
         path = out / name
-        if path.is_dir():
-            return f"--out {out}: {path} is a directory (nothing written)"
-        if path.exists():
-            with open(path, "rb") as handle:
-                head = handle.read(4096)
-            if not (head.startswith(mark.encode()) if name == "device.log" else mark.encode() in head):
-                return f"--out {out}: {path} exists and bench.device did not write it: name another directory (nothing written)"
+        if path.exists() and foreign_out(path, mark):
+            what = (
+                "is a directory"
+                if path.is_dir()
+                else "exists and bench.device did not write it: name another directory"
+            )
+            return f"--out {out}: {path} {what} (nothing written)"
     return None
 
 
