@@ -446,6 +446,18 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def part_results(path: Path) -> dict | None:
+    """The JSON results a part wrote at ``path``; None where it wrote none, or where the file is damaged (a part
+    killed while writing it), which is said in one line naming it."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        print(f"bench.device: {path} is damaged ({type(error).__name__}): its results left out", flush=True)
+        return None
+
+
 def foreign_output(out: Path) -> str | None:
     """Why ``--out DIR`` must not be written (one line), None where it may: ``DIR`` is new, or each of
     its files this command writes is absent or a benchmark's own, by :func:`records.outputs.foreign_out`'s rule
@@ -524,8 +536,8 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, subprocess.SubprocessError) as error:
                 results["nvidia_smi"] = f"failed: {error}"
         runner.run("gemm", [*me, "--part", "gemm"], CAP_GEMM)
-        if (scratch / "gemm.json").exists():
-            results["gemm"] = json.loads((scratch / "gemm.json").read_text())
+        if (gemm := part_results(scratch / "gemm.json")) is not None:
+            results["gemm"] = gemm
         save()
 
     if "sizes" not in skip:
@@ -588,8 +600,8 @@ def main(argv: list[str] | None = None) -> int:
             *(["--dry-run"] if args.cpu else []),
         ]
         runner.run("cuda", command, CAP_CUDA)
-        if cuda_json.exists():
-            results["cuda"] = json.loads(cuda_json.read_text())
+        if (cuda := part_results(cuda_json)) is not None:
+            results["cuda"] = cuda
 
     results["whole_s"] = time.monotonic() - started
     save()

@@ -96,3 +96,15 @@ def test_a_device_run_whose_cuda_part_does_not_run_reports_no_earlier_runs_cuda_
     assert main(["--out", str(tmp_path), "--cpu", "--budget", "0", "--skip", "gemm,sizes,overhead,tracked"]) == 0
     device = json.loads((tmp_path / "device.json").read_text())
     assert "cuda" not in device and not (tmp_path / "cuda.json").exists()
+
+
+def test_a_damaged_part_file_is_one_line_naming_it_and_its_results_are_left_out(tmp_path, capsys):
+    from bench.device import part_results
+
+    damaged = tmp_path / "cuda.json"
+    damaged.write_text('{"kind": "induction-composition-tracker bench.cuda", "steps": 3')  # cut while written
+    assert part_results(damaged) is None and part_results(tmp_path / "absent.json") is None
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line == f"bench.device: {damaged} is damaged (JSONDecodeError): its results left out"
+    write_results(damaged, "cuda", {"steps": 3})
+    assert part_results(damaged)["steps"] == 3
