@@ -38,7 +38,7 @@ train: $(STAMP)
 # three workers, each test file on one (its module fixtures trained once), the files with the most slow
 # tests first (tests/conftest.py): on 2 cores a third worker runs while another waits on a subprocess,
 # a signal or SLURM (2026-12-07, empty cache: 484-598 s in the checkout, 482-651 s from a fresh clone;
-# 749-850 s in the checkout while the VM ran 1.5 times as slow that morning, 721-733 s in the checkout and
+# 749-850 s in the checkout while the VM ran 1.5 times as slow that morning, 721-770 s in the checkout and
 # 687-731 s from a fresh clone that afternoon, two workers 681-718 s beside them; bench/README.md)
 TEST_WORKERS ?= 3
 # the suite keeps Python's bytecode (__pycache__/, git-ignored) even where PYTHONDONTWRITEBYTECODE is set (the
